@@ -1,0 +1,168 @@
+"""Capture: pick the variables of a namespace worth saving, group them, and serialize each group.
+
+Nothing here writes to storage; the result (a KernelImage) is handed to `persist`.
+"""
+
+from __future__ import annotations
+
+import io
+import socket
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from . import pickling
+from .grouping import shared_groups
+from .units import format_size
+
+EXTRAS_NAME = "@extras"
+_NEVER_PICKLABLE = {
+    types.GeneratorType: "generators cannot be saved (re-create it after restore)",
+    types.CoroutineType: "coroutines cannot be saved",
+    types.AsyncGeneratorType: "async generators cannot be saved",
+    socket.socket: "open sockets cannot be saved",
+    type(threading.Lock()): "locks cannot be saved",
+    type(threading.RLock()): "locks cannot be saved",
+}
+
+
+@dataclass
+class CaptureOptions:
+    """Which variables to save (the policy's --include / --exclude / --max-var-size)."""
+
+    include: frozenset[str] | None = None
+    exclude: frozenset[str] = frozenset()
+    max_var_size: int | None = None
+
+
+@dataclass
+class GroupImage:
+    """Variables that share objects, serialized together."""
+
+    names: list[str]
+    pickled: pickling.Pickled
+    types: dict[str, str]
+
+    @property
+    def nbytes(self) -> int:
+        return len(self.pickled.data) + sum(b.nbytes for b in self.pickled.buffers)
+
+
+@dataclass
+class KernelImage:
+    """A consistent, serialized image of one kernel's variables, ready to be persisted."""
+
+    groups: list[GroupImage] = field(default_factory=list)
+    imports: dict[str, str] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(g.nbytes for g in self.groups)
+
+
+def type_name(value: Any) -> str:
+    t = type(value)
+    return t.__qualname__ if t.__module__ in ("builtins", "__main__") else f"{t.__module__}.{t.__qualname__}"
+
+
+def _error_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else 'cannot be serialized'}"
+
+
+def _cheap_size(value: Any) -> int | None:
+    nbytes = getattr(value, "nbytes", None)
+    if isinstance(nbytes, int):
+        return nbytes
+    if hasattr(value, "element_size") and hasattr(value, "numel"):
+        try:
+            return int(value.element_size() * value.numel())
+        except Exception:  # noqa: BLE001
+            return None
+    return None
+
+
+def select_variables(
+    namespace: Mapping[str, Any], hidden: Mapping[str, Any] | None, options: CaptureOptions
+) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
+    """Split a namespace into (values to save, modules by name, skipped names with reasons)."""
+    values: dict[str, Any] = {}
+    imports: dict[str, str] = {}
+    skipped: dict[str, str] = {}
+    hidden = hidden or {}
+    for name, value in list(namespace.items()):
+        if name.startswith("_") or (name in hidden and hidden[name] is value):
+            continue
+        if options.include is not None and name not in options.include:
+            continue
+        if name in options.exclude:
+            skipped[name] = "excluded by policy"
+            continue
+        if isinstance(value, types.ModuleType):
+            imports[name] = value.__name__
+            continue
+        reason = _NEVER_PICKLABLE.get(type(value))
+        if reason is None and isinstance(value, io.IOBase):
+            reason = "open files cannot be saved (re-open it after restore)"
+        if reason:
+            skipped[name] = f"{type_name(value)}: {reason}"
+            continue
+        size = _cheap_size(value)
+        if options.max_var_size is not None and size is not None and size > options.max_var_size:
+            skipped[name] = f"{format_size(size)} is over --max-var-size {format_size(options.max_var_size)}"
+            continue
+        values[name] = value
+    return values, imports, skipped
+
+
+def _by_value(group: Mapping[str, Any]) -> tuple[Any, ...]:
+    """Notebook-defined functions and classes bound under their own name: the definitions themselves."""
+    return tuple(
+        value for name, value in group.items()
+        if isinstance(value, (types.FunctionType, type))
+        and getattr(value, "__module__", None) == "__main__"
+        and getattr(value, "__qualname__", None) == name
+    )
+
+
+def serialize_group(names: list[str], values: Mapping[str, Any], skipped: dict[str, str],
+                    max_size: int | None = None) -> list[GroupImage]:
+    """Serialize names together; if that fails, each alone, skipping (with a reason) what cannot be saved."""
+    group = {n: values[n] for n in names}
+    try:
+        pickled = pickling.dumps(group, by_value=_by_value(group))
+    except Exception as exc:  # noqa: BLE001
+        if len(names) == 1:
+            skipped[names[0]] = _error_line(exc)
+            return []
+        out: list[GroupImage] = []
+        for name in names:
+            out.extend(serialize_group([name], values, skipped, max_size))
+        return out
+    pickled.requires -= set(names)
+    image = GroupImage(names, pickled, {n: type_name(values[n]) for n in names})
+    if max_size is not None and image.nbytes > max_size:
+        for n in names:
+            skipped[n] = f"{format_size(image.nbytes)} is over --max-var-size {format_size(max_size)}"
+        return []
+    return [image]
+
+
+def capture_namespace(
+    namespace: Mapping[str, Any],
+    hidden: Mapping[str, Any] | None = None,
+    options: CaptureOptions | None = None,
+    extras: Mapping[str, Any] | None = None,
+) -> KernelImage:
+    """Serialize every saveable variable of `namespace` (plus `extras`, engine state such as RNGs)."""
+    options = options or CaptureOptions()
+    values, imports, skipped = select_variables(namespace, hidden, options)
+    image = KernelImage(imports=imports, skipped=skipped)
+    for names in shared_groups(values):
+        image.groups.extend(serialize_group(names, values, skipped, options.max_var_size))
+    if extras:
+        pickled = pickling.dumps(dict(extras))
+        image.groups.append(GroupImage([EXTRAS_NAME], pickled, {EXTRAS_NAME: "spotwarp state"}))
+    return image

@@ -1,0 +1,24 @@
+"""Content hashes: blake3 names stored objects (tamper-evident); xxh3 spots changes cheaply."""
+
+from __future__ import annotations
+
+import blake3
+import xxhash
+
+Buffer = bytes | bytearray | memoryview
+
+
+def object_id(data: Buffer) -> str:
+    """The content address of `data`: its blake3 digest in hex."""
+    # blake3 releases the GIL on large inputs, so writer threads hash in parallel.
+    return blake3.blake3(data).hexdigest()
+
+
+def fingerprint(data: Buffer) -> str:
+    """A fast change-detection digest (xxh3-128); not a security boundary."""
+    return xxhash.xxh3_128_hexdigest(data)
+
+
+def is_object_id(text: str) -> bool:
+    """True when `text` has the shape of an object id (64 lowercase hex digits)."""
+    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)

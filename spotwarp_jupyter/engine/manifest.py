@@ -1,0 +1,141 @@
+"""The manifest: a small JSON record that names every object of one snapshot. Writing it is the commit."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import secrets
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from .errors import ManifestError, SignatureError
+
+FORMAT = 1
+_ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
+
+
+def new_snapshot_id() -> str:
+    """A short random id, easy to type (no 0/o/1/l)."""
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
+
+
+def signing_key(env: dict[str, str] | None = None) -> bytes | None:
+    """The HMAC key from `SPOTWARP_KEY`, if set."""
+    value = (env if env is not None else os.environ).get("SPOTWARP_KEY")
+    return value.encode() if value else None
+
+
+def _canonical(body: dict[str, Any]) -> bytes:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+
+
+@dataclass
+class Manifest:
+    """One committed snapshot: who, when, what it holds, and the objects it names."""
+
+    id: str
+    project: str
+    created: float
+    host: str
+    kind: str = "kernel"
+    message: str | None = None
+    parent: str | None = None
+    kernels: dict[str, Any] = field(default_factory=dict)
+    files: dict[str, Any] = field(default_factory=dict)
+    env: dict[str, Any] = field(default_factory=dict)
+    stats: dict[str, Any] = field(default_factory=dict)
+    objects: dict[str, int] = field(default_factory=dict)
+    signed: bool = False
+
+    @property
+    def name(self) -> str:
+        """The stored file name; sorting names sorts snapshots by creation time."""
+        stamp = datetime.fromtimestamp(self.created, timezone.utc).strftime("%Y%m%dT%H%M%S")
+        millis = int(self.created * 1000) % 1000
+        return f"{stamp}{millis:03d}Z-{self.id}.json"
+
+    @property
+    def created_iso(self) -> str:
+        return datetime.fromtimestamp(self.created, timezone.utc).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+    @property
+    def size(self) -> int:
+        """Bytes of all objects this snapshot names (its restorable size)."""
+        return sum(self.objects.values())
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "format": FORMAT,
+            "id": self.id,
+            "project": self.project,
+            "created": self.created_iso,
+            "created_ts": self.created,
+            "host": self.host,
+            "kind": self.kind,
+            "message": self.message,
+            "parent": self.parent,
+            "kernels": self.kernels,
+            "files": self.files,
+            "env": self.env,
+            "stats": self.stats,
+            "objects": self.objects,
+        }
+
+    def to_bytes(self, key: bytes | None = None) -> bytes:
+        """Serialized manifest with a checksum (catches truncation) and, with a key, an HMAC."""
+        body = self.body()
+        payload = _canonical(body)
+        doc = dict(body)
+        doc["checksum"] = hashlib.sha256(payload).hexdigest()
+        if key:
+            doc["signature"] = hmac.new(key, payload, hashlib.sha256).hexdigest()
+        return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False).encode()
+
+    @classmethod
+    def from_bytes(cls, data: bytes, name: str = "?", key: bytes | None = None, require_signature: bool = False) -> "Manifest":
+        """Parse and check a stored manifest; raise ManifestError/SignatureError when it cannot be trusted."""
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+            raise ManifestError(f"snapshot manifest {name} has an unknown format")
+        checksum = doc.pop("checksum", None)
+        signature = doc.pop("signature", None)
+        payload = _canonical(doc)
+        if checksum != hashlib.sha256(payload).hexdigest():
+            raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
+        if key:
+            if signature is None:
+                if require_signature:
+                    raise SignatureError(f"snapshot {doc.get('id')} is unsigned, but SPOTWARP_KEY is set: refusing to load it")
+            elif not hmac.compare_digest(signature, hmac.new(key, payload, hashlib.sha256).hexdigest()):
+                raise SignatureError(
+                    f"snapshot {doc.get('id')} is signed with another key or was altered: refusing to load it"
+                )
+        try:
+            return cls(
+                id=doc["id"],
+                project=doc["project"],
+                created=float(doc["created_ts"]),
+                host=doc.get("host", "?"),
+                kind=doc.get("kind", "kernel"),
+                message=doc.get("message"),
+                parent=doc.get("parent"),
+                kernels=doc.get("kernels") or {},
+                files=doc.get("files") or {},
+                env=doc.get("env") or {},
+                stats=doc.get("stats") or {},
+                objects={str(k): int(v) for k, v in (doc.get("objects") or {}).items()},
+                signed=signature is not None,
+            )
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None
+
+
+def now() -> float:
+    return time.time()

@@ -1,0 +1,247 @@
+"""Serialization of one group of variables: pickle protocol 5 with large buffers out of band.
+
+The fast C pickler does the work; code defined in the notebook (functions, lambdas, classes)
+is handed to dill by value; names the notebook defines at top level are saved by reference to
+`__main__` and listed in `requires`, so restore defines them first and identities survive.
+Contiguous NumPy arrays and torch tensors leave their bytes out of band, as buffers that go
+straight to storage without an in-memory copy.
+"""
+
+from __future__ import annotations
+
+import io
+import pickle
+import sys
+import threading
+import types
+import warnings
+from dataclasses import dataclass, field
+from typing import Any
+
+import dill
+
+PROTOCOL = 5
+_CODE_TYPES = (types.FunctionType, type)
+_restore_notes = threading.local()
+
+
+@dataclass
+class Pickled:
+    """One serialized group: the in-band stream, its out-of-band buffers, what it needs from `__main__`."""
+
+    codec: str
+    data: bytes
+    buffers: list[memoryview]
+    requires: set[str] = field(default_factory=set)
+
+
+class _NamespaceModule(types.ModuleType):
+    """Stands in for `__main__` when the engine works on a plain dict namespace."""
+
+
+def _main_module() -> types.ModuleType:
+    override = getattr(_restore_notes, "main", None)
+    return override if override is not None else sys.modules["__main__"]
+
+
+class main_namespace:
+    """Within this block, `__main__` lookups (save and load) use `namespace` instead of sys.modules."""
+
+    def __init__(self, namespace: dict[str, Any] | None):
+        self.namespace = namespace
+
+    def __enter__(self) -> "main_namespace":
+        main = sys.modules.get("__main__")
+        if self.namespace is not None and (main is None or main.__dict__ is not self.namespace):
+            module = _NamespaceModule("__main__")
+            module.__dict__.update(self.namespace)
+            module.__dict__["__name__"] = "__main__"
+            self._module = module
+            _restore_notes.main = module
+        else:
+            self._module = None
+            _restore_notes.main = None
+        return self
+
+    def bind(self, name: str, value: Any) -> None:
+        """Make `name` visible to `__main__` lookups during this block."""
+        if self._module is not None:
+            setattr(self._module, name, value)
+
+    def __exit__(self, *exc: Any) -> None:
+        _restore_notes.main = None
+
+
+def _is_top_level_main(obj: Any) -> bool:
+    """True for a function or class bound in `__main__` under its own name."""
+    if getattr(obj, "__module__", None) != "__main__":
+        return False
+    qualname = getattr(obj, "__qualname__", "")
+    return "." not in qualname and "<" not in qualname and getattr(_main_module(), qualname, None) is obj
+
+
+def _dill_by_value(obj: Any) -> bytes:
+    pickler_buf = io.BytesIO()
+    pickler = dill.Pickler(pickler_buf, protocol=PROTOCOL, recurse=False, byref=False)
+    pickler._main = _main_module()  # functions keep live globals: the kernel's __main__ namespace
+    pickler.dump(obj)
+    return pickler_buf.getvalue()
+
+
+def _load_dill(data: bytes) -> Any:
+    return dill.loads(data)
+
+
+def _main_attr(name: str) -> Any:
+    """A name the notebook defines, looked up in `__main__` at load time."""
+    return getattr(_main_module(), name)
+
+
+class _Reducer:
+    """The reducer_override shared by the C and the dill picklers."""
+
+    _by_value: set[int]
+    requires: set[str]
+
+    def reducer_override(self, obj: Any):  # noqa: D401 - pickle hook
+        if isinstance(obj, _CODE_TYPES):
+            if id(obj) in self._by_value:
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
+            if getattr(obj, "__module__", None) == "__main__":
+                if _is_top_level_main(obj):
+                    self.requires.add(obj.__qualname__)
+                    return (_main_attr, (obj.__qualname__,))
+                if isinstance(self, dill.Pickler):
+                    return NotImplemented
+                return (_load_dill, (_dill_by_value(obj),))
+            return NotImplemented
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(obj, torch.Tensor):
+            return _reduce_tensor(torch, obj)
+        return NotImplemented
+
+
+class _CPickler(_Reducer, pickle.Pickler):
+    def __init__(self, file, buffers: list, by_value: set[int]):
+        super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
+        self._by_value = by_value
+        self.requires = set()
+
+
+class _DillPickler(_Reducer, dill.Pickler):
+    def __init__(self, file, buffers: list, by_value: set[int]):
+        dill.Pickler.__init__(self, file, protocol=PROTOCOL, buffer_callback=buffers.append, recurse=False, byref=False)
+        self._main = _main_module()
+        self._by_value = by_value
+        self.requires = set()
+
+
+def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
+    """Serialize `obj`; `by_value` lists notebook-defined code objects to save by value (not by name).
+
+    Tries the C pickler first, then dill; raises the dill error when both fail.
+    """
+    ids = {id(o) for o in by_value}
+    first_error: Exception | None = None
+    for codec, cls in (("pickle", _CPickler), ("dill", _DillPickler)):
+        out = io.BytesIO()
+        buffers: list[pickle.PickleBuffer] = []
+        pickler = cls(out, buffers, ids)
+        try:
+            pickler.dump(obj)
+        except Exception as exc:  # noqa: BLE001 - any failure moves on to the next codec
+            first_error = first_error or exc
+            last_error = exc
+            continue
+        views = [b.raw() for b in buffers]
+        return Pickled(codec, out.getvalue(), views, set(pickler.requires))
+    raise last_error if isinstance(first_error, pickle.PicklingError) else first_error  # type: ignore[misc]
+
+
+def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
+    """Inverse of `dumps`; buffers are writable bytearrays read from storage."""
+    if codec == "pickle":
+        return pickle.loads(data, buffers=buffers)
+    if codec == "dill":
+        return dill.loads(data, buffers=buffers)
+    raise ValueError(f"unknown codec {codec!r}")
+
+
+# -- torch tensors ----------------------------------------------------------------------------
+
+def _reduce_tensor(torch: Any, t: Any):
+    if t.layout != torch.strided or t.is_quantized or t.is_nested or type(t) not in (torch.Tensor, torch.nn.Parameter):
+        return NotImplemented
+    if t.device.type == "meta":
+        return NotImplemented
+    data = t.detach()
+    if data.device.type != "cpu":
+        data = data.to("cpu")  # staging: device memory cannot be written out directly
+    if not data.is_contiguous():
+        data = data.contiguous()
+    flat = data.reshape(-1).view(torch.uint8) if data.numel() else None
+    raw = pickle.PickleBuffer(flat.numpy()) if flat is not None else pickle.PickleBuffer(b"")
+    dtype = str(t.dtype).removeprefix("torch.")
+    is_param = isinstance(t, torch.nn.Parameter)
+    return (_rebuild_tensor, (raw, dtype, tuple(t.shape), str(t.device), bool(t.requires_grad), is_param))
+
+
+def _rebuild_tensor(buf: Any, dtype: str, shape: tuple, device: str, requires_grad: bool, is_param: bool):
+    import torch
+
+    torch_dtype = getattr(torch, dtype)
+    view = memoryview(buf)
+    if view.nbytes == 0:
+        t = torch.empty(shape, dtype=torch_dtype)
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # read-only buffers only come from tests
+            t = torch.frombuffer(view, dtype=torch.uint8).view(torch_dtype).reshape(shape)
+    target = restore_device(device)
+    if target != "cpu":
+        t = t.to(target)
+    if is_param:
+        return torch.nn.Parameter(t, requires_grad=requires_grad)
+    if requires_grad:
+        t.requires_grad_(True)
+    return t
+
+
+def restore_device(device: str) -> str:
+    """The device a tensor saved on `device` goes to here: the same one if present, else CPU."""
+    if device == "cpu" or device.startswith("cpu"):
+        return "cpu"
+    mapping = getattr(_restore_notes, "device_map", None)
+    if mapping and device in mapping:
+        return mapping[device]
+    import torch
+
+    kind, _, index = device.partition(":")
+    available = False
+    if kind == "cuda":
+        available = torch.cuda.is_available() and int(index or 0) < torch.cuda.device_count()
+    elif kind == "mps":
+        available = bool(getattr(torch.backends, "mps", None)) and torch.backends.mps.is_available()
+    if available:
+        return device
+    notes = getattr(_restore_notes, "moved", None)
+    if notes is not None:
+        notes.add(device)
+    return "cpu"
+
+
+class device_notes:
+    """Collects the devices that were missing during one restore (they went to CPU)."""
+
+    def __init__(self, device_map: dict[str, str] | None = None):
+        self.moved: set[str] = set()
+        self.device_map = device_map
+
+    def __enter__(self) -> "device_notes":
+        _restore_notes.moved = self.moved
+        _restore_notes.device_map = self.device_map
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _restore_notes.moved = None
+        _restore_notes.device_map = None

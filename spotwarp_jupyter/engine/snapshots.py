@@ -1,0 +1,245 @@
+"""The snapshot engine: one object that makes, lists, restores, verifies and prunes snapshots.
+
+The kernel extension, the server, and the CLI are thin doors onto this class.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .capture import CaptureOptions, KernelImage, capture_namespace
+from .environment import collect_facts, version_warnings
+from .errors import ManifestError, SnapshotNotFound, SpotWarpError
+from .manifest import Manifest, new_snapshot_id, signing_key
+from .persist import persist_image
+from .restore import RestoreResult, restore_record
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger("spotwarp")
+DEFAULT_NOTEBOOK = "default"
+
+
+@dataclass
+class VerifyReport:
+    """The outcome of re-reading and re-hashing snapshots."""
+
+    snapshots: list[str] = field(default_factory=list)
+    objects_checked: int = 0
+    bytes_checked: int = 0
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+@dataclass
+class GcReport:
+    """What `gc` dropped and kept."""
+
+    kept: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    objects_deleted: int = 0
+    bytes_freed: int = 0
+
+
+class SnapshotEngine:
+    """Snapshots of one project in one storage location."""
+
+    def __init__(self, settings: Settings, key: bytes | None = None, create: bool = True):
+        self.settings = settings
+        self.key = key if key is not None else signing_key()
+        self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
+        self._cache: dict[str, Manifest] = {}
+        self.rejected: dict[str, str] = {}
+        self._lock = threading.Lock()
+
+    # -- reading ----------------------------------------------------------------------------
+    def manifests(self, notebook: str | None = None) -> list[Manifest]:
+        """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given)."""
+        names = self.store.manifest_names()
+        out: list[Manifest] = []
+        for name in names:
+            manifest = self._cache.get(name)
+            if manifest is None and name not in self.rejected:
+                try:
+                    manifest = Manifest.from_bytes(self.store.read_manifest(name), name, self.key, require_signature=bool(self.key))
+                except FileNotFoundError:
+                    continue  # dropped by a concurrent gc
+                except ManifestError as exc:
+                    self.rejected[name] = str(exc)
+                    log.warning("%s", exc)
+                    continue
+                self._cache[name] = manifest
+            if manifest is not None and (notebook is None or notebook in manifest.kernels):
+                out.append(manifest)
+        out.sort(key=lambda m: (m.created, m.id), reverse=True)
+        return out
+
+    def get(self, ref: str = "latest", notebook: str | None = None) -> Manifest:
+        """A snapshot by `latest`, full id, or unique id prefix."""
+        ref = (ref or "latest").strip()
+        listing = self.manifests(notebook)
+        if ref == "latest":
+            if not listing:
+                where = f" for notebook {notebook!r}" if notebook else ""
+                raise SnapshotNotFound(f"project {self.settings.project!r} has no snapshot{where} yet in {self.settings.storage}")
+            return listing[0]
+        if not ref.replace("-", "").isalnum() or len(ref) > 64:
+            raise SnapshotNotFound(f"bad snapshot id {ref!r}: use an id from `spotwarp list`, or latest")
+        for name, reason in self.rejected.items():
+            if name.endswith(f"-{ref}.json"):
+                raise ManifestError(reason)
+        matches = [m for m in self.manifests() if m.id.startswith(ref)]
+        if not matches:
+            raise SnapshotNotFound(f"no snapshot {ref!r} in project {self.settings.project!r} (see `spotwarp list`)")
+        if len(matches) > 1:
+            raise SnapshotNotFound(f"snapshot id {ref!r} is ambiguous: {', '.join(m.id for m in matches)}")
+        return matches[0]
+
+    # -- kernels ----------------------------------------------------------------------------
+    def snapshot_kernel(
+        self,
+        namespace: Mapping[str, Any],
+        notebook: str = DEFAULT_NOTEBOOK,
+        message: str | None = None,
+        hidden: Mapping[str, Any] | None = None,
+        options: CaptureOptions | None = None,
+        extras: Mapping[str, Any] | None = None,
+    ) -> Manifest:
+        """Capture and commit the variables of `namespace` as one snapshot, synchronously."""
+        started = time.perf_counter()
+        from .pickling import main_namespace
+
+        with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
+            image = capture_namespace(namespace, hidden, options, extras)
+        return self.commit_image(image, notebook, message, started=started)
+
+    def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
+                     started: float | None = None, stats: dict[str, Any] | None = None) -> Manifest:
+        """Persist a captured image (only what changed) and commit its manifest."""
+        started = time.perf_counter() if started is None else started
+        with self._lock:
+            previous = self._previous(notebook)
+            records = [r for m in previous for r in m.kernels.values()]
+            kernel, objects, pstats = persist_image(self.store, image, records)
+            manifest = Manifest(
+                id=new_snapshot_id(),
+                project=self.settings.project,
+                created=time.time(),
+                host=socket.gethostname(),
+                kind="kernel",
+                message=message,
+                parent=previous[0].id if previous else None,
+                kernels={notebook: kernel},
+                env=collect_facts(),
+                objects=objects,
+            )
+            manifest.stats = {
+                "bytes_total": pstats.bytes_total,
+                "bytes_written": pstats.bytes_written,
+                "objects_written": pstats.objects_written,
+                "objects_reused": pstats.objects_reused,
+                "variables": len(kernel["variables"]),
+                "skipped": len(kernel["skipped"]),
+                **(stats or {}),
+            }
+            manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
+            self.store.write_manifest(manifest.name, manifest.to_bytes(self.key))
+            self._cache[manifest.name] = manifest
+            return manifest
+
+    def _previous(self, notebook: str) -> list[Manifest]:
+        try:
+            mine = self.manifests(notebook)
+        except SpotWarpError:
+            return []
+        return mine[:1]
+
+    def restore_kernel(
+        self,
+        ref: str,
+        namespace: dict[str, Any],
+        notebook: str = DEFAULT_NOTEBOOK,
+        variables: list[str] | None = None,
+        device_map: dict[str, str] | None = None,
+    ) -> tuple[Manifest, RestoreResult]:
+        """Bring a snapshot's kernel variables back into `namespace`; nothing changes if it fails."""
+        manifest = self.get(ref, notebook if ref in ("latest", "", None) and self._has_notebook(notebook) else None)
+        record = self.kernel_record(manifest, notebook)
+        result = restore_record(self.store, record, namespace, variables, device_map)
+        result.warnings[:0] = version_warnings(manifest.env)
+        return manifest, result
+
+    def _has_notebook(self, notebook: str) -> bool:
+        return any(notebook in m.kernels for m in self.manifests())
+
+    @staticmethod
+    def kernel_record(manifest: Manifest, notebook: str) -> dict[str, Any]:
+        """The manifest's state for `notebook`, or its only kernel's."""
+        if notebook in manifest.kernels:
+            return manifest.kernels[notebook]
+        if len(manifest.kernels) == 1:
+            return next(iter(manifest.kernels.values()))
+        if not manifest.kernels:
+            raise SnapshotNotFound(f"snapshot {manifest.id} holds no kernel state")
+        raise SnapshotNotFound(
+            f"snapshot {manifest.id} holds kernels of {', '.join(sorted(manifest.kernels))}, not of {notebook!r}"
+        )
+
+    # -- maintenance --------------------------------------------------------------------------
+    def verify(self, ref: str | None = None) -> VerifyReport:
+        """Re-read and re-hash every object of one snapshot (or all); collect every problem found."""
+        report = VerifyReport()
+        manifests = [self.get(ref)] if ref else self.manifests()
+        for name, reason in self.rejected.items():
+            report.problems.append(f"manifest {name}: {reason}")
+        referenced: dict[str, list[str]] = {}
+        for m in manifests:
+            report.snapshots.append(m.id)
+            for oid, size in m.objects.items():
+                referenced.setdefault(oid, []).append(m.id)
+        sizes = {oid: size for m in manifests for oid, size in m.objects.items()}
+        for oid, snapshot_ids in sorted(referenced.items()):
+            try:
+                self.store.read_object(oid, sizes[oid])
+            except SpotWarpError as exc:
+                report.problems.append(f"{exc} [snapshots {', '.join(sorted(set(snapshot_ids)))}]")
+                continue
+            report.objects_checked += 1
+            report.bytes_checked += sizes[oid]
+        return report
+
+    def gc(self, keep: int, grace_s: float = 3600.0) -> GcReport:
+        """Drop all but the newest `keep` snapshots, then objects no kept snapshot names.
+
+        Objects younger than `grace_s` are left alone: a writer may be about to commit a manifest naming them.
+        """
+        if keep < 1:
+            raise SpotWarpError("--keep must be at least 1: gc never deletes the newest snapshot")
+        with self._lock:
+            report = GcReport()
+            listing = self.manifests()
+            kept, dropped = listing[:keep], listing[keep:]
+            for m in dropped:
+                self.store.delete_manifest(m.name)
+                self._cache.pop(m.name, None)
+                report.dropped.append(m.id)
+            report.kept = [m.id for m in kept]
+            live = {oid for m in kept for oid in m.objects}
+            now = time.time()
+            for oid, (size, mtime) in self.store.list_objects_with_times().items():
+                if oid in live or (mtime is not None and now - mtime < grace_s):
+                    continue
+                self.store.delete_object(oid)
+                report.objects_deleted += 1
+                report.bytes_freed += size
+            for path in self.store.stale_temporaries(grace_s):
+                self.store.fs.rm(path)
+            return report
