@@ -60,7 +60,8 @@ class Store:
         except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
             raise StorageError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}") from None
         self.local = isinstance(self.fs, LocalFileSystem)
-        self.root = posixpath.join(base.rstrip("/"), project) if base else project
+        self.base = base.rstrip("/")
+        self.root = posixpath.join(self.base, project) if base else project
         self.objects_dir = posixpath.join(self.root, "objects")
         self.snapshots_dir = posixpath.join(self.root, "snapshots")
         self._check(create)
@@ -77,6 +78,8 @@ class Store:
                     os.makedirs(self.snapshots_dir, exist_ok=True)
                     if not os.access(self.root, os.W_OK):
                         raise StorageError(f"storage {self.url!r} is not writable")
+                elif not os.path.isdir(self.base or "/"):
+                    raise StorageError(f"storage {self.url!r} does not exist (nothing has been stored there yet)")
             else:
                 self.fs.ls(self.root.split("/")[0] if "/" in self.root else self.root, detail=False)
         except StorageError:

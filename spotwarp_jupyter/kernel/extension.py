@@ -1,0 +1,27 @@
+"""`%load_ext spotwarp`: register the magic and the kernel's hooks; `%unload_ext` undoes it."""
+
+from __future__ import annotations
+
+from . import session as session_module
+from .magics import SpotWarpMagics
+
+_loaded: dict[int, SpotWarpMagics] = {}
+
+
+def load_ipython_extension(ipython) -> None:
+    """Register `%spotwarp` and start this kernel's SpotWarp session."""
+    if id(ipython) in _loaded:
+        return
+    magics = SpotWarpMagics(shell=ipython, parent=ipython)
+    ipython.register_magics(magics)
+    _loaded[id(ipython)] = magics
+
+
+def unload_ipython_extension(ipython) -> None:
+    """Remove the magic and hooks; snapshots already committed stay in storage."""
+    magics = _loaded.pop(id(ipython), None)
+    if magics is None:
+        return
+    ipython.magics_manager.magics["line"].pop("spotwarp", None)
+    ipython.magics_manager.registry.pop(type(magics).__name__, None)
+    session_module.set_current(None)

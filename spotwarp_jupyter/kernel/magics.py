@@ -1,0 +1,201 @@
+"""The `%spotwarp` line magic: status, policy, snapshot, list, restore, on/off, widget."""
+
+from __future__ import annotations
+
+import shlex
+import time
+
+from IPython.core.error import UsageError
+from IPython.core.magic import Magics, line_magic, magics_class
+from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
+from traitlets import Bool, Dict, Float, Int, Unicode
+
+from ..engine import Settings, SpotWarpError
+from ..engine.units import format_duration, format_size, parse_duration, parse_size
+from . import session as session_module
+from .policy import Policy
+from .session import KernelSession
+
+SUBCOMMANDS = ("status", "policy", "snapshot", "list", "restore", "on", "off", "widget")
+
+
+def _names(text: str, flag: str) -> frozenset[str]:
+    names = frozenset(n.strip() for n in text.split(",") if n.strip())
+    bad = [n for n in names if not n.isidentifier()]
+    if bad or not names:
+        raise UsageError(f"{flag} takes variable names separated by commas, got {text!r}")
+    return names
+
+
+@magics_class
+class SpotWarpMagics(Magics):
+    """`%spotwarp`: keep this kernel's state in durable storage. Configurable as `c.SpotWarpMagics.*`."""
+
+    project = Unicode("", help="Project id (overridden by SPOTWARP_PROJECT and by %spotwarp policy --project).").tag(config=True)
+    storage = Unicode("", help="Storage URL, any fsspec URL (overridden by SPOTWARP_STORAGE).").tag(config=True)
+    storage_options = Dict(help="fsspec storage options (overridden by SPOTWARP_STORAGE_OPTIONS).").tag(config=True)
+    every = Unicode("5m", help="Default interval between automatic snapshots, e.g. 30s, 5m, 1h.").tag(config=True)
+    after_cell = Bool(True, help="Take automatic snapshots after cells once the interval has passed.").tag(config=True)
+    autosnapshot = Bool(True, help="Automatic snapshots on when the extension loads.").tag(config=True)
+    max_var_size = Unicode("8GB", help="Variables larger than this are skipped.").tag(config=True)
+    keep = Int(0, help="Keep only the newest N snapshots of the project (0 keeps all).").tag(config=True)
+    show_widget = Bool(True, help="Show the status widget when the extension is first loaded in a notebook.").tag(config=True)
+    min_interval = Float(0.0, help="Never snapshot automatically more often than this many seconds.").tag(config=True)
+
+    def __init__(self, shell=None, **kwargs):
+        super().__init__(shell=shell, **kwargs)
+        try:
+            settings = Settings.resolve(
+                config={"project": self.project, "storage": self.storage, "storage_options": self.storage_options}
+            )
+            policy = Policy(
+                enabled=self.autosnapshot,
+                every_s=parse_duration(self.every),
+                after_cell=self.after_cell,
+                max_var_size=parse_size(self.max_var_size),
+                keep=self.keep or None,
+            )
+        except SpotWarpError as exc:
+            raise UsageError(str(exc)) from None
+        self.session = KernelSession(shell.user_ns, shell.user_ns_hidden, settings, policy)
+        session_module.set_current(self.session)
+
+    # -- dispatch -----------------------------------------------------------------------------
+    @line_magic
+    def spotwarp(self, line: str = ""):
+        """Keep this kernel's state safe. Subcommands: status, policy, snapshot, list, restore, on, off, widget."""
+        try:
+            words = shlex.split(line)
+        except ValueError as exc:
+            raise UsageError(f"%spotwarp: {exc}") from None
+        command = words[0] if words else "status"
+        if command not in SUBCOMMANDS:
+            raise UsageError(f"%spotwarp: unknown command {command!r}; use one of {', '.join(SUBCOMMANDS)}")
+        rest = line.strip()[len(command):] if words else ""
+        try:
+            return getattr(self, f"_do_{command}")(rest)
+        except SpotWarpError as exc:
+            raise UsageError(f"%spotwarp {command}: {exc}") from None
+
+    def _no_args(self, command: str, rest: str) -> None:
+        if rest.strip():
+            raise UsageError(f"%spotwarp {command} takes no arguments, got {rest.strip()!r}")
+
+    # -- subcommands --------------------------------------------------------------------------
+    def _do_status(self, rest: str) -> None:
+        self._no_args("status", rest)
+        s = self.session.status()
+        print(f"SpotWarp: project {s['project']} · notebook {s['notebook']}")
+        print(f"  storage   {s['storage']}")
+        print(f"  policy    {self.session.policy.describe()}")
+        last = s["last_snapshot"]
+        if last:
+            print(f"  last      {last['id']} · {format_duration(last['age_s'])} ago · {format_size(last['size'])}"
+                  f" · wrote {format_size(last['bytes_written'] or 0)} in {format_duration(last['duration_s'] or 0)}")
+        else:
+            print("  last      no snapshot from this kernel yet")
+        if s["last_error"]:
+            print(f"  error     {s['last_error']}")
+        if s["skipped"]:
+            print("  skipped   (not saved)")
+            for name, reason in sorted(s["skipped"].items()):
+                print(f"    {name}: {reason}")
+
+    @magic_arguments()
+    @argument("--every", help="interval between automatic snapshots, e.g. 30s, 5m, 1h")
+    @argument("--after-cell", dest="after_cell", action="store_true", default=None, help="snapshot after cells")
+    @argument("--no-after-cell", dest="after_cell", action="store_false", help="not after cells")
+    @argument("--exclude", help="variables never saved, comma separated")
+    @argument("--include", help="save only these variables, comma separated")
+    @argument("--max-var-size", dest="max_var_size", help="skip variables larger than this, e.g. 8GB")
+    @argument("--keep", type=str, help="keep only the newest N snapshots of the project")
+    @argument("--project", help="project id")
+    @argument("--storage", help="storage URL (fsspec)")
+    def _policy(self, line):  # pragma: no cover - parser holder
+        """%spotwarp policy: set the snapshot policy; with no flags, print it."""
+
+    def _do_policy(self, rest: str) -> None:
+        args = parse_argstring(self._policy, rest)
+        p = self.session.policy
+        # validate everything before changing anything
+        every = parse_duration(args.every) if args.every is not None else p.every_s
+        max_size = parse_size(args.max_var_size) if args.max_var_size is not None else p.max_var_size
+        include = _names(args.include, "--include") if args.include is not None else p.include
+        exclude = _names(args.exclude, "--exclude") if args.exclude is not None else p.exclude
+        keep = p.keep
+        if args.keep is not None:
+            if not args.keep.isdigit() or int(args.keep) < 1:
+                raise UsageError(f"--keep takes a whole number of at least 1, got {args.keep!r}")
+            keep = int(args.keep)
+        if args.project is not None or args.storage is not None:
+            self.session.configure(project=args.project, storage=args.storage)
+        p.every_s, p.max_var_size, p.include, p.exclude, p.keep = every, max_size, include, exclude, keep
+        if args.after_cell is not None:
+            p.after_cell = args.after_cell
+        print(f"SpotWarp policy: {p.describe()}")
+        print(f"  project {self.session.settings.project} · storage {self.session.settings.storage}")
+
+    @magic_arguments()
+    @argument("-m", "--message", help="a note stored with the snapshot")
+    def _snapshot(self, line):  # pragma: no cover - parser holder
+        """%spotwarp snapshot: take a snapshot now."""
+
+    def _do_snapshot(self, rest: str):
+        args = parse_argstring(self._snapshot, rest)
+        started = time.perf_counter()
+        manifest = self.session.snapshot(args.message)
+        took = time.perf_counter() - started
+        skipped = self.session.skipped()
+        print(f"SpotWarp snapshot {manifest.id}: {format_size(manifest.size)}, "
+              f"wrote {format_size(manifest.stats.get('bytes_written', 0))} in {format_duration(took)}"
+              + (f"; skipped {', '.join(sorted(skipped))} (see %spotwarp status)" if skipped else ""))
+
+    def _do_list(self, rest: str) -> None:
+        self._no_args("list", rest)
+        listing = self.session.engine.manifests(self.session.notebook)
+        if not listing:
+            print(f"No snapshots of notebook {self.session.notebook!r} in project {self.session.settings.project!r} yet.")
+            return
+        print(f"{'id':<10} {'created (UTC)':<24} {'host':<20} {'size':>10} {'written':>10}  message")
+        for m in listing:
+            print(f"{m.id:<10} {m.created_iso:<24} {m.host[:20]:<20} {format_size(m.size):>10} "
+                  f"{format_size(m.stats.get('bytes_written', 0)):>10}  {m.message or ''}")
+
+    @magic_arguments()
+    @argument("snapshot", nargs="?", default="latest", help="snapshot id or latest")
+    @argument("--vars", help="restore only these variables, comma separated")
+    def _restore(self, line):  # pragma: no cover - parser holder
+        """%spotwarp restore: bring variables back from a snapshot."""
+
+    def _do_restore(self, rest: str) -> None:
+        args = parse_argstring(self._restore, rest)
+        variables = sorted(_names(args.vars, "--vars")) if args.vars is not None else None
+        started = time.perf_counter()
+        manifest, result = self.session.restore(args.snapshot, variables)
+        took = time.perf_counter() - started
+        for line in result.warnings:
+            print(f"warning: {line}")
+        print(f"SpotWarp restored {len(result.restored)} variables from {manifest.id} "
+              f"({manifest.host}, {manifest.created_iso}) in {format_duration(took)}: "
+              + ", ".join(result.restored[:20]) + (" ..." if len(result.restored) > 20 else ""))
+        skipped = result.skipped_at_snapshot
+        if skipped and variables is None:
+            print("  not in the snapshot: " + "; ".join(f"{n} ({r})" for n, r in sorted(skipped.items())))
+
+    def _do_on(self, rest: str) -> None:
+        self._no_args("on", rest)
+        self.session.policy.enabled = True
+        print(f"SpotWarp automatic snapshots on: {self.session.policy.describe()}")
+
+    def _do_off(self, rest: str) -> None:
+        self._no_args("off", rest)
+        self.session.policy.enabled = False
+        print("SpotWarp automatic snapshots off (%spotwarp snapshot still works)")
+
+    def _do_widget(self, rest: str):
+        self._no_args("widget", rest)
+        try:
+            from ..widget import StatusWidget
+        except ImportError as exc:
+            raise UsageError(f"%spotwarp widget needs anywidget: pip install anywidget ({exc})") from None
+        return StatusWidget(self.session)

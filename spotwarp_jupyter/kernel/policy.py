@@ -1,0 +1,47 @@
+"""The automatic-snapshot policy of one kernel and how it is printed."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..engine.units import format_duration, format_size
+
+
+@dataclass
+class Policy:
+    """When to snapshot automatically, and what to leave out."""
+
+    enabled: bool = True
+    every_s: float = 300.0
+    after_cell: bool = True
+    include: frozenset[str] | None = None
+    exclude: frozenset[str] = field(default_factory=frozenset)
+    max_var_size: int | None = 8 * 10**9
+    keep: int | None = None
+
+    def describe(self) -> str:
+        parts = [
+            "on" if self.enabled else "off",
+            f"every {format_duration(self.every_s)}",
+            "after cells" if self.after_cell else "not after cells",
+        ]
+        if self.max_var_size:
+            parts.append(f"max-var-size {format_size(self.max_var_size)}")
+        if self.include is not None:
+            parts.append("include " + ",".join(sorted(self.include)))
+        if self.exclude:
+            parts.append("exclude " + ",".join(sorted(self.exclude)))
+        if self.keep:
+            parts.append(f"keep {self.keep}")
+        return ", ".join(parts)
+
+    def as_dict(self) -> dict:
+        return {
+            "enabled": self.enabled,
+            "every_s": self.every_s,
+            "after_cell": self.after_cell,
+            "include": sorted(self.include) if self.include is not None else None,
+            "exclude": sorted(self.exclude),
+            "max_var_size": self.max_var_size,
+            "keep": self.keep,
+        }
