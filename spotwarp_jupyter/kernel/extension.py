@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from .. import safepoints
 from . import session as session_module
 from .magics import SpotWarpMagics
 
@@ -15,6 +16,12 @@ def load_ipython_extension(ipython) -> None:
     magics = SpotWarpMagics(shell=ipython, parent=ipython)
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
+    safepoints.set_handler(magics.session.at_safe_point)
+    ipython.events.register("post_run_cell", _post_run_cell)
+
+
+def _post_run_cell(result) -> None:
+    safepoints.reached("cell")
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -24,4 +31,9 @@ def unload_ipython_extension(ipython) -> None:
         return
     ipython.magics_manager.magics["line"].pop("spotwarp", None)
     ipython.magics_manager.registry.pop(type(magics).__name__, None)
+    try:
+        ipython.events.unregister("post_run_cell", _post_run_cell)
+    except ValueError:
+        pass
+    safepoints.set_handler(None)
     session_module.set_current(None)

@@ -56,6 +56,7 @@ class KernelSession:
         self.last_restore: tuple[Manifest, RestoreResult] | None = None
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
+        self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
         self._lock = threading.RLock()
 
@@ -101,6 +102,26 @@ class KernelSession:
             manifest.stats.setdefault("pause_s", round(time.perf_counter() - started, 4))
             self._committed(manifest)
             return manifest
+
+    def due(self, reasons: list[str]) -> bool:
+        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
+        if reasons:
+            return True
+        if not self.policy.enabled:
+            return False
+        last = self.last_snapshot_at or self.started_at
+        return time.time() - last >= self.policy.every_s
+
+    def at_safe_point(self, where: str, reasons: list[str]) -> None:
+        """Run at every safe point (a resumable step, the end of a cell): snapshot when due."""
+        if where == "cell" and not reasons and not self.policy.after_cell:
+            return
+        if not self.due(reasons):
+            return
+        try:
+            self.snapshot(message=("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None)
+        except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
+            self.last_error = f"{type(exc).__name__}: {exc}"
 
     def _committed(self, manifest: Manifest) -> None:
         self.last = manifest
