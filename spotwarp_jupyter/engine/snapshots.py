@@ -129,18 +129,8 @@ class SnapshotEngine:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
             kernel, objects, pstats = persist_image(self.store, image, records)
-            manifest = Manifest(
-                id=new_snapshot_id(),
-                project=self.settings.project,
-                created=time.time(),
-                host=socket.gethostname(),
-                kind="kernel",
-                message=message,
-                parent=previous[0].id if previous else None,
-                kernels={notebook: kernel},
-                env=collect_facts(),
-                objects=objects,
-            )
+            manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
+                                         kernels={notebook: kernel}, objects=objects)
             manifest.stats = {
                 "bytes_total": pstats.bytes_total,
                 "bytes_written": pstats.bytes_written,
@@ -151,9 +141,18 @@ class SnapshotEngine:
                 **(stats or {}),
             }
             manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
-            self.store.write_manifest(manifest.name, manifest.to_bytes(self.key))
-            self._cache[manifest.name] = manifest
-            return manifest
+            return self.commit_manifest(manifest)
+
+    def commit_manifest(self, manifest: Manifest) -> Manifest:
+        """Commit: write the manifest (signed when a key is set) after every object it names is stored."""
+        self.store.write_manifest(manifest.name, manifest.to_bytes(self.key))
+        self._cache[manifest.name] = manifest
+        return manifest
+
+    def new_manifest(self, kind: str, message: str | None = None, **fields: Any) -> Manifest:
+        """A manifest for this project, stamped now on this host, with environment facts."""
+        return Manifest(id=new_snapshot_id(), project=self.settings.project, created=time.time(),
+                        host=socket.gethostname(), kind=kind, message=message, env=collect_facts(), **fields)
 
     def _previous(self, notebook: str) -> list[Manifest]:
         try:
