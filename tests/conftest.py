@@ -20,6 +20,7 @@ def store_url(tmp_path: Path) -> str:
 @pytest.fixture
 def kernel_env(store_url: str, tmp_path: Path) -> dict[str, str]:
     """Environment for a test kernel: its own HOME, the shared store, a project."""
+    (tmp_path / "home").mkdir(exist_ok=True)
     return {
         "SPOTWARP_STORAGE": store_url,
         "SPOTWARP_PROJECT": "proj",
