@@ -163,6 +163,6 @@ def capture_namespace(
     for names in shared_groups(values):
         image.groups.extend(serialize_group(names, values, skipped, options.max_var_size))
     if extras:
-        pickled = pickling.dumps(dict(extras))
+        pickled = pickling.dumps({EXTRAS_NAME: dict(extras)})
         image.groups.append(GroupImage([EXTRAS_NAME], pickled, {EXTRAS_NAME: "spotwarp state"}))
     return image

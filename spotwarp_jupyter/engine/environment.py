@@ -7,6 +7,7 @@ import platform
 import re
 import socket
 import sys
+import threading
 from functools import lru_cache
 from importlib import metadata
 from typing import Any, Mapping
@@ -41,11 +42,19 @@ def _distributions() -> dict[str, list[str]]:
 
 def package_versions() -> dict[str, str]:
     """Versions of the packages imported in this process (and a few that matter to restores)."""
+    with _versions_lock:
+        return dict(_package_versions(frozenset(m.partition(".")[0] for m in list(sys.modules))))
+
+
+_versions_lock = threading.Lock()
+
+
+@lru_cache(maxsize=8)
+def _package_versions(top_modules: frozenset[str]) -> dict[str, str]:
     names = set(_ALWAYS)
     dists = _distributions()
     stdlib = getattr(sys, "stdlib_module_names", frozenset())
-    for module in list(sys.modules):
-        top = module.partition(".")[0]
+    for top in top_modules:
         if top and not top.startswith("_") and top not in stdlib:
             names.update(dists.get(top, []))
     versions: dict[str, str] = {}

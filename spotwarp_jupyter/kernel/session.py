@@ -10,7 +10,10 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine
+from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, start_background
+from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from .policy import Policy
 
@@ -25,6 +28,12 @@ def notebook_name(env: Mapping[str, str] | None = None) -> str:
     """Which notebook this kernel belongs to: `JPY_SESSION_NAME` (set by jupyter_server), else `default`."""
     env = os.environ if env is None else env
     name = (env.get("JPY_SESSION_NAME") or "").strip()
+    workspace = (env.get("SPOTWARP_WORKSPACE") or "").strip()
+    if name and workspace and os.path.isabs(name):
+        # the server passes an absolute path; key notebooks by their place in the workspace, same on every host
+        relative = os.path.relpath(os.path.realpath(name), os.path.realpath(workspace))
+        if relative != ".." and not relative.startswith(".." + os.sep):
+            name = relative.replace(os.sep, "/")
     return name.lstrip("/") if name else "default"
 
 
@@ -56,8 +65,16 @@ class KernelSession:
         self.last_restore: tuple[Manifest, RestoreResult] | None = None
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
+        self.last_started_at: float | None = None
+        self.last_pause_s: float | None = None
+        self.in_flight: BackgroundSnapshot | None = None
+        self._flight_done = threading.Event()
+        self._flight_done.set()
+        self._deferred: list[str] = []
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
+        # package versions are recorded with each snapshot; learn them once, off the main thread
+        threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
 
     @property
@@ -89,7 +106,8 @@ class KernelSession:
         return out
 
     def snapshot(self, message: str | None = None) -> Manifest:
-        """A synchronous snapshot of this kernel's variables."""
+        """A synchronous snapshot of this kernel's variables (waits for one in flight first)."""
+        self.wait_in_flight()
         with self._lock:
             started = time.perf_counter()
             try:
@@ -99,9 +117,60 @@ class KernelSession:
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise
-            manifest.stats.setdefault("pause_s", round(time.perf_counter() - started, 4))
+            self.last_pause_s = time.perf_counter() - started
+            manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
             self._committed(manifest)
             return manifest
+
+    def snapshot_in_background(self, message: str | None = None) -> BackgroundSnapshot | Manifest | None:
+        """Start a snapshot the kernel does not wait for; None if one is already in flight.
+
+        Falls back to a synchronous snapshot where fork is unavailable.
+        """
+        if fork_unavailable_reason():
+            return self.snapshot(message)
+        with self._lock:
+            if self.in_flight is not None:
+                return None
+            engine, notebook = self.engine, self.notebook
+            started = time.perf_counter()
+            self.last_started_at = time.time()
+            self._flight_done.clear()
+
+            def commit(image):
+                return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"})
+
+            try:
+                self.in_flight = start_background(commit, self.namespace, self.hidden, self.capture_options(),
+                                                  self.extras, on_done=self._background_done)
+            except BaseException:
+                self._flight_done.set()
+                raise
+            self.last_pause_s = self.in_flight.pause_s
+            return self.in_flight
+
+    def _background_done(self, job: BackgroundSnapshot) -> None:
+        """Runs in the reaper thread once the child has exited."""
+        try:
+            result = job.result
+            if result is not None and result.ok and result.snapshot_id:
+                manifest = self.engine.get(result.snapshot_id)
+                manifest.stats["pause_s"] = round(job.pause_s, 4)
+                self._committed(manifest)
+            else:
+                self.last_error = (result.error if result else None) or "background snapshot failed"
+        except Exception as exc:  # noqa: BLE001 - a reaper thread must not die silently
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.in_flight = None
+            deferred, self._deferred = self._deferred, []
+            self._flight_done.set()
+            for reason in deferred:
+                safepoints.request(reason)
+
+    def wait_in_flight(self, timeout: float | None = None) -> bool:
+        """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
+        return self._flight_done.wait(timeout)
 
     def due(self, reasons: list[str]) -> bool:
         """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
@@ -109,17 +178,21 @@ class KernelSession:
             return True
         if not self.policy.enabled:
             return False
-        last = self.last_snapshot_at or self.started_at
+        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
         return time.time() - last >= self.policy.every_s
 
     def at_safe_point(self, where: str, reasons: list[str]) -> None:
-        """Run at every safe point (a resumable step, the end of a cell): snapshot when due."""
+        """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due."""
         if where == "cell" and not reasons and not self.policy.after_cell:
             return
         if not self.due(reasons):
             return
+        if self.in_flight is not None:
+            self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
+            return
+        message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
         try:
-            self.snapshot(message=("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None)
+            self.snapshot_in_background(message)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
 
@@ -164,6 +237,8 @@ class KernelSession:
                 "duration_s": last.stats.get("duration_s"),
                 "pause_s": last.stats.get("pause_s"),
             },
+            "in_flight": self.in_flight is not None,
+            "last_pause_s": None if self.last_pause_s is None else round(self.last_pause_s, 4),
             "skipped": self.skipped(),
             "last_error": self.last_error,
         }

@@ -1,0 +1,190 @@
+"""Background snapshots: a forked child serializes and writes while the parent runs on (Redis BGSAVE-style).
+
+fork() gives the child a copy-on-write, point-in-time image of the whole process, so the snapshot
+can never see a half-updated object, and the parent pauses only for the fork itself. State that
+lives on a GPU cannot be read from a forked child: when CUDA is in use the parent serializes
+first (staging device tensors to host memory), then forks a child that only writes. Where fork
+is unavailable the caller falls back to a synchronous snapshot.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+from .capture import CaptureOptions, KernelImage, capture_namespace
+from .pickling import main_namespace
+
+_MADV_DONTNEED = 4
+
+
+def fork_unavailable_reason() -> str | None:
+    """Why a forked background snapshot cannot be used here, or None when it can."""
+    if not hasattr(os, "fork"):
+        return "this platform has no fork()"
+    if os.environ.get("SPOTWARP_NO_FORK"):
+        return "SPOTWARP_NO_FORK is set"
+    return None
+
+
+def cuda_in_use() -> bool:
+    """True when this process has initialised CUDA (a forked child must not touch it)."""
+    torch = sys.modules.get("torch")
+    try:
+        return bool(torch is not None and torch.cuda.is_initialized())
+    except Exception:  # noqa: BLE001
+        return False
+
+
+@dataclass
+class BackgroundResult:
+    """What the child reported: the committed snapshot's id, or the error that stopped it."""
+
+    ok: bool
+    snapshot_id: str | None = None
+    error: str | None = None
+    stats: dict[str, Any] = field(default_factory=dict)
+    exit_status: int | None = None
+
+
+@dataclass
+class BackgroundSnapshot:
+    """A snapshot being written by a child process."""
+
+    pid: int
+    started: float
+    pause_s: float
+    staged: bool
+    done: threading.Event = field(default_factory=threading.Event)
+    result: BackgroundResult | None = None
+
+    def wait(self, timeout: float | None = None) -> BackgroundResult | None:
+        self.done.wait(timeout)
+        return self.result
+
+    def kill(self) -> None:
+        """Stop the writer (its snapshot is then not committed; the previous ones stay intact)."""
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def _quiet_child() -> None:
+    """Detach the child from the kernel's I/O: no prints over zmq, default signals, one thread for torch."""
+    for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        try:
+            signal.signal(sig, signal.SIG_DFL)
+        except (ValueError, OSError):
+            pass
+    devnull = open(os.devnull, "w")  # noqa: SIM115 - lives until os._exit
+    sys.stdout = sys.stderr = devnull
+    try:
+        os.dup2(devnull.fileno(), 1)
+        os.dup2(devnull.fileno(), 2)
+    except OSError:
+        pass
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        try:
+            torch.set_num_threads(1)
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def release_pages(view: memoryview) -> None:
+    """In the child, drop our copy-on-write share of pages already written, so the parent's later
+    writes to them no longer need a copy (keeps the kernel's extra memory low while training runs on)."""
+    if not sys.platform.startswith("linux") or view.readonly or view.nbytes < (1 << 20):
+        return
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return
+    page = os.sysconf("SC_PAGE_SIZE")
+    start = (address + page - 1) // page * page
+    end = (address + view.nbytes) // page * page
+    if end > start:
+        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+
+
+def start_background(
+    commit: Callable[[KernelImage], Any],
+    namespace: Mapping[str, Any],
+    hidden: Mapping[str, Any] | None,
+    options: CaptureOptions | None,
+    extras: Callable[[], Mapping[str, Any]],
+    on_done: Callable[[BackgroundSnapshot], None] | None = None,
+) -> BackgroundSnapshot:
+    """Fork a child that captures (unless CUDA forces staging first) and commits; return at once.
+
+    `commit(image)` persists the image and returns the committed manifest (run in the child).
+    `on_done` runs in a reaper thread of the parent once the child has exited.
+    """
+    paused = time.perf_counter()
+    staged_image: KernelImage | None = None
+    staged = cuda_in_use()
+    extra_state = dict(extras())  # RNG states and loop positions: taken at this very safe point
+    if staged:
+        with main_namespace(namespace if isinstance(namespace, dict) else dict(namespace)):
+            staged_image = capture_namespace(namespace, hidden, options, extra_state)
+    read_fd, write_fd = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns
+        os.close(read_fd)
+        code = 1
+        try:
+            _quiet_child()
+            if staged_image is None:
+                with main_namespace(namespace if isinstance(namespace, dict) else dict(namespace)):
+                    image = capture_namespace(namespace, hidden, options, extra_state)
+            else:
+                image = staged_image
+            manifest = commit(image)
+            payload = {"ok": True, "id": manifest.id, "stats": manifest.stats}
+            code = 0
+        except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+            payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+        try:
+            os.write(write_fd, json.dumps(payload).encode())
+            os.close(write_fd)
+        finally:
+            os._exit(code)
+    os.close(write_fd)
+    job = BackgroundSnapshot(pid=pid, started=time.time(), pause_s=time.perf_counter() - paused, staged=staged)
+
+    def reap() -> None:
+        chunks = []
+        with os.fdopen(read_fd, "rb") as pipe:
+            while True:
+                data = pipe.read(65536)
+                if not data:
+                    break
+                chunks.append(data)
+        _, status = os.waitpid(pid, 0)
+        exit_status = os.waitstatus_to_exitcode(status)
+        try:
+            payload = json.loads(b"".join(chunks) or b"{}")
+        except ValueError:
+            payload = {}
+        if payload.get("ok"):
+            job.result = BackgroundResult(True, payload["id"], stats=payload.get("stats", {}), exit_status=exit_status)
+        else:
+            reason = payload.get("error") or (
+                f"background writer was killed by signal {-exit_status}" if exit_status < 0
+                else f"background writer exited with status {exit_status}"
+            )
+            job.result = BackgroundResult(False, error=reason, exit_status=exit_status)
+        job.done.set()
+        if on_done is not None:
+            on_done(job)
+
+    threading.Thread(target=reap, name=f"spotwarp-reap-{pid}", daemon=True).start()
+    return job
