@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from typing import Any, Callable, Sequence
 
 from . import __version__
-from .engine import Manifest, Settings, SnapshotEngine, SpotWarpError
+from .engine import ConfigError, Manifest, Settings, SnapshotEngine, SpotWarpError
+from .engine.project import restore_project_files, snapshot_project, with_files
 from .engine.units import format_duration, format_size
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -46,6 +48,18 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="project, storage, last snapshot and its age")
     _common(p)
 
+    p = sub.add_parser("start", help="run JupyterLab with SpotWarp on; on an empty workspace, restore it first",
+                       description="Run JupyterLab with SpotWarp on. Arguments after -- go to jupyter lab.")
+    _common(p)
+    p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
+    p.add_argument("--port", type=_port, help="port JupyterLab listens on")
+    p.add_argument("--snapshot", default="latest", help="snapshot an empty workspace is restored from (default latest)")
+
+    p = sub.add_parser("snapshot", help="a snapshot now: files, and live kernels when a server runs the project")
+    _common(p)
+    p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
+    p.add_argument("-m", "--message", help="a note stored with the snapshot")
+
     p = sub.add_parser("restore", help="restore a snapshot (kernel state is restored in the kernel)")
     _common(p)
     p.add_argument("--workspace-path", dest="workspace", help="the workspace folder files are restored into")
@@ -59,6 +73,12 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
     p.add_argument("--keep", required=True, type=_positive_int, help="how many of the newest snapshots to keep")
     return parser
+
+
+def _port(text: str) -> int:
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {text!r}")
+    return int(text)
 
 
 def _positive_int(text: str) -> int:
@@ -139,13 +159,171 @@ def cmd_status(args: argparse.Namespace) -> int:
 @command("restore")
 def cmd_restore(args: argparse.Namespace) -> int:
     engine = _engine(args)
-    manifest = engine.get(args.snapshot)
+    workspace = engine.settings.workspace
+    manifest = (with_files(engine, args.snapshot) if workspace else None) or engine.get(args.snapshot)
     notebooks = sorted(manifest.kernels)
-    data = {"id": manifest.id, "notebooks": notebooks, "files_restored": 0}
-    text = (f"snapshot {manifest.id} ({manifest.host}, {manifest.created_iso}) is ready: "
-            f"kernel state of {', '.join(notebooks) or 'no notebook'} is restored in the kernel with "
-            f"`%load_ext spotwarp` then `%spotwarp restore {manifest.id}`")
-    _print(args, data, text)
+    data: dict[str, Any] = {"id": manifest.id, "notebooks": notebooks, "files_restored": 0}
+    lines = []
+    if workspace:
+        report = _restore_files(engine, manifest, workspace, quiet=args.json)
+        data.update(report.as_dict())
+        data["workspace"] = workspace
+        lines.append(_restore_summary(manifest, report, workspace))
+    lines.append(f"snapshot {manifest.id} ({manifest.host}, {manifest.created_iso}) is ready: "
+                 f"kernel state of {', '.join(notebooks) or 'no notebook'} is restored in the kernel with "
+                 f"`%load_ext spotwarp` then `%spotwarp restore {manifest.id}`")
+    _print(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+class _ProgressBar:
+    """A one-line progress bar on stderr, drawn only on a terminal and at most ten times a second."""
+
+    def __init__(self, label: str, enabled: bool | None = None):
+        self.label = label
+        self.enabled = sys.stderr.isatty() if enabled is None else enabled
+        self._last = 0.0
+
+    def __call__(self, done: int, total: int, path: str) -> None:
+        now = time.monotonic()
+        if not self.enabled or (now - self._last < 0.1 and done < total):
+            return
+        self._last = now
+        share = done / total if total else 1.0
+        bar = "#" * int(share * 30)
+        sys.stderr.write(f"\r{self.label} [{bar:<30}] {share:4.0%} {format_size(done)}/{format_size(total)} "
+                         f"{path[-40:]:<40}")
+        sys.stderr.flush()
+
+    def close(self) -> None:
+        if self.enabled:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+
+
+def _restore_files(engine: SnapshotEngine, manifest: Manifest, workspace: str, quiet: bool = False):
+    bar = _ProgressBar(f"restoring {manifest.id}", enabled=False if quiet else None)
+    try:
+        return restore_project_files(engine, manifest, workspace, progress=bar)
+    finally:
+        bar.close()
+
+
+def _restore_summary(manifest: Manifest, report, workspace: str) -> str:
+    text = (f"restored {report.files_restored} files ({format_size(report.bytes_restored)}) into {workspace} "
+            f"from snapshot {manifest.id} ({manifest.host}, {manifest.created_iso}) in "
+            f"{format_duration(report.duration_s)}")
+    if report.files_unchanged:
+        text += f"; {report.files_unchanged} already up to date"
+    if report.links_restored:
+        text += f"; {report.links_restored} links"
+    if report.unstable:
+        text += f"; changing while backed up (may be inconsistent): {', '.join(report.unstable[:5])}"
+    return text
+
+
+def _workspace(settings: Settings, command_name: str) -> str:
+    if not settings.workspace:
+        raise ConfigError(f"{command_name} needs --workspace-path PATH (or SPOTWARP_WORKSPACE)")
+    return settings.workspace
+
+
+@command("start")
+def cmd_start(args: argparse.Namespace) -> int:
+    engine = _engine(args, create=True)
+    workspace = _workspace(engine.settings, "start")
+    if os.path.exists(workspace) and not os.path.isdir(workspace):
+        raise ConfigError(f"workspace {workspace} exists and is not a folder")
+    started = time.perf_counter()
+    summary: dict[str, Any] = {"workspace": workspace, "restored": None}
+    if not os.path.isdir(workspace) or not os.listdir(workspace):
+        manifest = with_files(engine, args.snapshot)
+        if manifest is None:
+            print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
+        else:
+            report = _restore_files(engine, manifest, workspace, quiet=args.json)
+            summary["restored"] = {"id": manifest.id, **report.as_dict()}
+            if not args.json:
+                print(_restore_summary(manifest, report, workspace))
+                if manifest.kernels:
+                    print(f"kernel state of {', '.join(sorted(manifest.kernels))} comes back when the notebook's "
+                          f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
+    os.makedirs(workspace, exist_ok=True)
+    summary["prepared_s"] = round(time.perf_counter() - started, 3)
+    if args.json:
+        print(json.dumps(summary, sort_keys=True))
+    env = {**os.environ, "SPOTWARP_PROJECT": engine.settings.project, "SPOTWARP_STORAGE": engine.settings.storage,
+           "SPOTWARP_WORKSPACE": workspace}
+    if engine.settings.storage_options:
+        env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
+    argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}",
+            "--ServerApp.jpserver_extensions=spotwarp_jupyter.server=True"]
+    if args.port:
+        argv += [f"--port={args.port}", "--ServerApp.port_retries=0"]
+    argv += list(getattr(args, "passthrough", []))
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, argv, env)  # the server takes this process's place: same pid, same signals
+    return EXIT_FAILURE  # pragma: no cover - execve does not return
+
+
+def _running_server(settings: Settings) -> dict[str, Any] | None:
+    """The running Jupyter server serving this project's workspace with SpotWarp on, if any."""
+    try:
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:
+        return None
+    for info in list_running_servers():
+        try:
+            status = _server_call(info, "GET", "status", timeout=5)
+        except (OSError, ValueError):
+            continue
+        if status.get("project") == settings.project and status.get("workspace") == settings.workspace:
+            return info
+    return None
+
+
+def _server_call(info: dict[str, Any], method: str, path: str, body: dict | None = None, timeout: float = 600) -> Any:
+    import urllib.request
+
+    url = info["url"].rstrip("/") + "/spotwarp/api/" + path
+    data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+    request = urllib.request.Request(url, data=data, method=method,
+                                     headers={"Authorization": f"token {info.get('token', '')}",
+                                              "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - a local server's URL
+        return json.loads(response.read())
+
+
+@command("snapshot")
+def cmd_snapshot(args: argparse.Namespace) -> int:
+    engine = _engine(args, create=True)
+    workspace = _workspace(engine.settings, "snapshot")
+    if not os.path.isdir(workspace):
+        raise ConfigError(f"workspace {workspace} is not a folder")
+    server = _running_server(engine.settings)
+    if server is not None:
+        import urllib.error
+
+        try:
+            data = _server_call(server, "POST", "snapshots", {"message": args.message} if args.message else None)
+        except urllib.error.HTTPError as exc:
+            detail = json.loads(exc.read() or b"{}").get("message", exc.reason)
+            raise SpotWarpError(f"the server at {server['url']} refused: {detail}") from None
+        where = f"through the server at {server['url']}"
+    else:
+        bar = _ProgressBar("backing up", enabled=False if args.json else None)
+        try:
+            manifest = snapshot_project(engine, workspace, message=args.message, progress=bar)
+        finally:
+            bar.close()
+        data = {**manifest_summary(manifest), "stats": manifest.stats}
+        where = "files only (no running server for this project)"
+    stats = data.get("stats", {})
+    _print(args, data, f"snapshot {data['id']}: {data['files']} files, {len(data['notebooks'])} kernels "
+                       f"({', '.join(data['notebooks']) or 'none'}), {format_size(data['size'])}, wrote "
+                       f"{format_size(stats.get('bytes_written', 0))} in {format_duration(stats.get('duration_s') or 0)}, "
+                       f"{where}")
     return EXIT_OK
 
 
@@ -178,7 +356,15 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    passthrough: list[str] = []
+    if "--" in argv:  # everything after `--` belongs to jupyter lab
+        cut = argv.index("--")
+        argv, passthrough = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if passthrough and args.command != "start":
+        parser.error(f"only `start` takes arguments after --, got {' '.join(passthrough)!r}")
+    args.passthrough = passthrough
     if not args.command:
         parser.print_help()
         return EXIT_USAGE

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import safepoints
+from . import comm as comm_target
 from . import session as session_module
 from .magics import SpotWarpMagics
 
@@ -18,6 +19,7 @@ def load_ipython_extension(ipython) -> None:
     _loaded[id(ipython)] = magics
     safepoints.set_handler(magics.session.at_safe_point)
     ipython.events.register("post_run_cell", _post_run_cell)
+    comm_target.register()
 
 
 def _post_run_cell(result) -> None:
@@ -36,4 +38,5 @@ def unload_ipython_extension(ipython) -> None:
     except ValueError:
         pass
     safepoints.set_handler(None)
+    comm_target.unregister()
     session_module.set_current(None)

@@ -1,0 +1,60 @@
+"""Which workspace paths are left out of a snapshot: built-in defaults plus `.spotwarpignore` (gitignore syntax)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pathspec
+
+from .errors import ConfigError
+
+IGNORE_FILE = ".spotwarpignore"
+
+# Rebuildable or private by nature; a `!pattern` line in .spotwarpignore brings any of them back.
+DEFAULT_PATTERNS = (
+    ".git/",
+    ".hg/",
+    ".svn/",
+    "__pycache__/",
+    "*.py[cod]",
+    ".ipynb_checkpoints/",
+    ".pytest_cache/",
+    ".mypy_cache/",
+    ".ruff_cache/",
+    ".cache/",
+    "checkpoints/",
+    ".Trash-*/",
+    ".spotwarp/",
+    "*.spotwarp-tmp-*",
+)
+
+
+class IgnoreRules:
+    """gitignore-style rules for one workspace, plus absolute paths (such as a local store) never backed up."""
+
+    def __init__(self, lines: list[str] | tuple[str, ...] = (), excluded_paths: list[str] | tuple[str, ...] = ()):
+        self.lines = [*DEFAULT_PATTERNS, *lines]
+        try:
+            self.spec = pathspec.GitIgnoreSpec.from_lines(self.lines)
+        except Exception as exc:  # noqa: BLE001 - pathspec raises several types for a bad pattern
+            raise ConfigError(f"{IGNORE_FILE}: bad pattern: {exc}") from None
+        self.excluded = {os.path.realpath(p) for p in excluded_paths if p}
+
+    @classmethod
+    def for_workspace(cls, root: str, excluded_paths: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
+        """Defaults plus the workspace's own `.spotwarpignore`, if it has one."""
+        path = Path(root) / IGNORE_FILE
+        lines: list[str] = []
+        if path.is_file() and not path.is_symlink():
+            try:
+                lines = path.read_text(encoding="utf-8").splitlines()
+            except (OSError, UnicodeDecodeError) as exc:
+                raise ConfigError(f"cannot read {path}: {exc}") from None
+        return cls(lines, excluded_paths)
+
+    def ignored(self, relpath: str, is_dir: bool, abspath: str | None = None) -> bool:
+        """True when `relpath` (posix, relative to the workspace) is left out."""
+        if abspath is not None and self.excluded and os.path.realpath(abspath) in self.excluded:
+            return True
+        return self.spec.match_file(relpath + "/" if is_dir else relpath)

@@ -1,0 +1,323 @@
+"""Workspace backup: every file under the workspace as content-addressed chunks, only what changed read and written.
+
+A file whose size, mtime and inode match the previous snapshot (and was not modified just before it)
+is named again without being read. Changed files are read in fixed chunks; a chunk whose xxh3
+fingerprint is already known (from the previous snapshot or another file) is not written again, so
+editing a few bytes of a 10 GB file uploads one chunk. A file that changes while it is read is read
+again; if it never holds still it is kept as read and marked `unstable`. Symbolic links are recorded,
+never followed; one pointing outside the workspace is skipped.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import stat
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterator
+
+from .hashing import fingerprint
+from .ignore import IgnoreRules
+from .persist import CHUNK_SIZE
+from .store import Store
+
+READ_ATTEMPTS = 3
+RACY_WINDOW_NS = 2_000_000_000  # mtimes this close to a scan may hide a later write with the same mtime
+BATCH_BYTES = 256 * 1024 * 1024
+
+Progress = Callable[[int, int, str], None]
+
+
+@dataclass
+class FileBackupStats:
+    """What one workspace backup read, reused and wrote."""
+
+    files: int = 0
+    files_read: int = 0
+    files_reused: int = 0
+    bytes_total: int = 0
+    bytes_read: int = 0
+    bytes_written: int = 0
+    objects_written: int = 0
+    objects_reused: int = 0
+    unstable: list[str] = field(default_factory=list)
+    skipped: dict[str, str] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "files": self.files, "files_read": self.files_read, "files_reused": self.files_reused,
+            "file_bytes_total": self.bytes_total, "file_bytes_read": self.bytes_read,
+            "file_bytes_written": self.bytes_written, "file_objects_written": self.objects_written,
+            "file_objects_reused": self.objects_reused,
+        }
+
+
+@dataclass
+class _Seen:
+    relpath: str
+    abspath: str
+    st: os.stat_result
+
+
+def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[_Seen]:
+    """Every file and symlink under `root` that the rules keep, sorted, without following links."""
+    stack = [""]
+    while stack:
+        reldir = stack.pop()
+        absdir = os.path.join(root, reldir) if reldir else root
+        try:
+            with os.scandir(absdir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+            continue
+        subdirs = []
+        for entry in entries:
+            rel = f"{reldir}/{entry.name}" if reldir else entry.name
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished since listing
+            if stat.S_ISDIR(st.st_mode):
+                if not rules.ignored(rel, True, entry.path):
+                    subdirs.append(rel)
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                if not rules.ignored(rel, False, entry.path):
+                    yield _Seen(rel, entry.path, st)
+            elif not rules.ignored(rel, False, entry.path):
+                skipped[rel] = "not a regular file (device, socket or pipe)"
+        stack.extend(reversed(subdirs))
+
+
+def link_target(root: str, seen: _Seen) -> str | None:
+    """The link's target relative to its folder, or None when it resolves outside the workspace."""
+    real_root = os.path.realpath(root)
+    resolved = os.path.realpath(seen.abspath)
+    if resolved != real_root and not resolved.startswith(real_root + os.sep):
+        return None
+    return os.path.relpath(resolved, os.path.realpath(os.path.dirname(seen.abspath)))
+
+
+class _Uploads:
+    """New chunks queued for writing in batches; content already known is named, not written."""
+
+    def __init__(self, store: Store, known: dict[str, tuple[str, int]], stats: FileBackupStats, present: set[str]):
+        self.store = store
+        self.known = known
+        self.stats = stats
+        self.present = present
+        self.pending: dict[str, bytes] = {}
+        self.pending_bytes = 0
+        self.waiting: list[tuple[dict[str, Any], str]] = []
+
+    def add(self, data: bytes) -> dict[str, Any]:
+        fp = fingerprint(data)
+        ref: dict[str, Any] = {"size": len(data), "fp": fp}
+        hit = self.known.get(fp)
+        if hit is not None and hit[1] == len(data) and self._still_there(hit[0]):
+            ref["id"] = hit[0]
+            self.stats.objects_reused += 1
+        elif fp in self.pending:
+            self.waiting.append((ref, fp))
+        else:
+            self.pending[fp] = data
+            self.pending_bytes += len(data)
+            self.waiting.append((ref, fp))
+            if self.pending_bytes >= BATCH_BYTES:
+                self.flush()
+        return ref
+
+    def _still_there(self, oid: str) -> bool:
+        # a concurrent or earlier gc may have dropped what only old snapshots named
+        if oid not in self.present:
+            if not self.store.has_object(oid):
+                return False
+            self.present.add(oid)
+        return True
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        fps = list(self.pending)
+        results = self.store.put_objects([self.pending[fp] for fp in fps])
+        for fp, (oid, size) in zip(fps, results):
+            self.known[fp] = (oid, size)
+            self.present.add(oid)
+            self.stats.bytes_written += size
+            self.stats.objects_written += 1
+        for ref, fp in self.waiting:
+            ref["id"] = self.known[fp][0]
+        self.pending.clear()
+        self.waiting.clear()
+        self.pending_bytes = 0
+
+
+def _read_exactly(f, n: int) -> bytes:
+    """Up to `n` bytes, fewer only at end of file (a short read is not EOF on every filesystem)."""
+    parts = []
+    while n > 0:
+        data = f.read(n)
+        if not data:
+            break
+        parts.append(data)
+        n -= len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _same_stat(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_size, a.st_mtime_ns, a.st_ino) == (b.st_size, b.st_mtime_ns, b.st_ino)
+
+
+def _read_file(seen: _Seen, uploads: _Uploads, chunk_size: int,
+               on_chunk: Callable[[int], None]) -> tuple[list[dict[str, Any]], os.stat_result, bool]:
+    """Chunk refs of the file's content, its stat, and whether it held still while read."""
+    st = seen.st
+    chunks: list[dict[str, Any]] = []
+    for _attempt in range(READ_ATTEMPTS):
+        chunks = []
+        fd = os.open(seen.abspath, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            before = os.fstat(fd)
+            with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+                offset = 0
+                while True:
+                    # one byte past the expected end, so growth since the stat shows up
+                    want = min(chunk_size, max(before.st_size - offset, 0) + 1)
+                    data = _read_exactly(f, want)
+                    if not data:
+                        break
+                    offset += len(data)
+                    uploads.stats.bytes_read += len(data)
+                    chunks.append(uploads.add(data))
+                    on_chunk(len(data))
+                    if len(data) < chunk_size:
+                        break
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        try:
+            on_disk = os.stat(seen.abspath, follow_symlinks=False)
+        except FileNotFoundError:
+            on_disk = after
+        total = sum(c["size"] for c in chunks)
+        if _same_stat(before, after) and _same_stat(after, on_disk) and total == after.st_size:
+            return chunks, after, True
+        st = after
+    return chunks, st, False
+
+
+def _known_chunks(previous: dict[str, Any] | None) -> dict[str, tuple[str, int]]:
+    known: dict[str, tuple[str, int]] = {}
+    for entry in ((previous or {}).get("entries") or {}).values():
+        for chunk in entry.get("chunks", []):
+            if chunk.get("fp") and chunk.get("id"):
+                known[chunk["fp"]] = (chunk["id"], int(chunk["size"]))
+    return known
+
+
+def _present(store: Store, oids: set[str]) -> set[str]:
+    """Which of `oids` are still stored (a gc may have dropped what only old snapshots named)."""
+    if not oids:
+        return set()
+    ordered = sorted(oids)
+    if store.local:
+        return {o for o in ordered if store.has_object(o)}
+    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="spotwarp-check") as pool:
+        return {o for o, ok in zip(ordered, pool.map(store.has_object, ordered)) if ok}
+
+
+def backup_workspace(
+    store: Store,
+    root: str,
+    previous: dict[str, Any] | None = None,
+    rules: IgnoreRules | None = None,
+    chunk_size: int = CHUNK_SIZE,
+    progress: Progress | None = None,
+) -> tuple[dict[str, Any], dict[str, int], FileBackupStats]:
+    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks."""
+    root = os.path.realpath(root)
+    if not os.path.isdir(root):
+        from .errors import SpotWarpError
+
+        raise SpotWarpError(f"workspace {root} is not a folder")
+    rules = rules or IgnoreRules.for_workspace(root)
+    stats = FileBackupStats()
+    scanned_at = time.time_ns()
+    prev_entries = (previous or {}).get("entries") or {}
+    prev_scanned = int((previous or {}).get("scanned_at_ns") or 0)
+    seen_all = list(scan(root, rules, stats.skipped))
+
+    # stat-clean files are named again without reading, if their chunks are still stored
+    reuse: dict[str, dict[str, Any]] = {}
+    for seen in seen_all:
+        old = prev_entries.get(seen.relpath)
+        if (old and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
+                and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
+                and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
+            reuse[seen.relpath] = old
+    present = _present(store, {c["id"] for e in reuse.values() for c in e["chunks"]})
+    uploads = _Uploads(store, _known_chunks(previous), stats, present)
+    entries: dict[str, dict[str, Any]] = {}
+    total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
+    done = 0
+
+    def advance(n: int, relpath: str) -> None:
+        nonlocal done
+        done = min(done + n, total)
+        if progress is not None:
+            progress(done, total, relpath)
+
+    for seen in seen_all:
+        st = seen.st
+        if stat.S_ISLNK(st.st_mode):
+            target = link_target(root, seen)
+            if target is None:
+                stats.skipped[seen.relpath] = "symbolic link to a path outside the workspace (not followed)"
+            else:
+                entries[seen.relpath] = {"link": target, "size": 0}
+            continue
+        old = reuse.get(seen.relpath)
+        if old is not None and all(c["id"] in present for c in old["chunks"]):
+            entry = {k: old[k] for k in ("size", "mode", "mtime_ns", "ino", "chunks")}
+            stats.files_reused += 1
+            stats.objects_reused += len(old["chunks"])
+            advance(entry["size"], seen.relpath)
+        else:
+            try:
+                chunks, st, stable = _read_file(seen, uploads, chunk_size, lambda n: advance(n, seen.relpath))
+            except FileNotFoundError:
+                continue  # deleted since the scan: not part of this snapshot
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:  # replaced by a symlink since the scan
+                    continue
+                stats.skipped[seen.relpath] = f"cannot read: {exc.strerror or exc}"
+                continue
+            entry = {"size": sum(c["size"] for c in chunks), "mode": stat.S_IMODE(st.st_mode),
+                     "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "chunks": chunks}
+            if not stable:
+                entry["unstable"] = True
+                stats.unstable.append(seen.relpath)
+            stats.files_read += 1
+        entries[seen.relpath] = entry
+        stats.files += 1
+        stats.bytes_total += entry["size"]
+    uploads.flush()
+    objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
+    files = {
+        "scanned_at_ns": scanned_at,
+        "chunk_size": chunk_size,
+        "entries": entries,
+        "skipped": stats.skipped,
+        "unstable": stats.unstable,
+    }
+    return files, objects, stats
+
+
+def files_changed(a: dict[str, Any] | None, b: dict[str, Any] | None) -> bool:
+    """True when two `files` records name different content, modes or links."""
+    def shape(files: dict[str, Any] | None) -> dict[str, Any]:
+        return {p: (e.get("link"), e.get("mode"), tuple(c["id"] for c in e.get("chunks", [])))
+                for p, e in ((files or {}).get("entries") or {}).items()}
+    return shape(a) != shape(b)

@@ -1,0 +1,229 @@
+"""Restore workspace files from a snapshot, never writing outside the workspace whatever the manifest says.
+
+Every path and entry is checked before anything is written: an absolute path, a `..` component,
+a malformed chunk list or a link leading out of the workspace refuses the whole restore. Folders
+on the way are created one by one and never entered through a symbolic link. Each file is written
+to a temporary name and renamed into place, so a failed restore leaves no half-written file.
+Files already holding the snapshot's content are left alone; files the snapshot does not name are
+never deleted.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import secrets
+import stat
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from .errors import ManifestError, SpotWarpError
+from .hashing import fingerprint, is_object_id
+from .store import Store
+
+Progress = Callable[[int, int, str], None]
+TMP_MARK = ".spotwarp-tmp-"
+
+
+class UnsafePathError(ManifestError):
+    """A snapshot names a file outside the workspace (absolute, `..`, or through a link)."""
+
+
+@dataclass
+class FileRestoreReport:
+    """What came back into the workspace."""
+
+    files_restored: int = 0
+    files_unchanged: int = 0
+    links_restored: int = 0
+    bytes_restored: int = 0
+    bytes_total: int = 0
+    duration_s: float = 0.0
+    unstable: list[str] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {
+            "files_restored": self.files_restored, "files_unchanged": self.files_unchanged,
+            "links_restored": self.links_restored, "bytes_restored": self.bytes_restored,
+            "bytes_total": self.bytes_total, "duration_s": round(self.duration_s, 3), "unstable": self.unstable,
+        }
+
+
+def check_relpath(relpath: Any) -> str:
+    """`relpath` if it names a place inside the workspace, else raise UnsafePathError."""
+    if not isinstance(relpath, str) or not relpath or "\x00" in relpath:
+        raise UnsafePathError(f"snapshot names an invalid file path {relpath!r}: refusing to restore")
+    parts = relpath.split("/")
+    if (relpath.startswith("/") or "\\" in relpath or (len(relpath) > 1 and relpath[1] == ":")
+            or any(p in ("", ".", "..") for p in parts)):
+        raise UnsafePathError(
+            f"snapshot names a file outside the workspace ({relpath!r}): refusing to restore anything from it")
+    return relpath
+
+
+def _check_entry(relpath: str, entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
+    if "link" in entry:
+        target = entry["link"]
+        if not isinstance(target, str) or not target or target.startswith("/") or "\x00" in target:
+            raise UnsafePathError(f"snapshot link {relpath!r} -> {target!r} leaves the workspace: refusing to restore")
+        joined = posixpath.normpath(posixpath.join(posixpath.dirname(relpath), target))
+        if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+            raise UnsafePathError(f"snapshot link {relpath!r} -> {target!r} leaves the workspace: refusing to restore")
+        return
+    chunks = entry.get("chunks")
+    size = entry.get("size")
+    if not isinstance(chunks, list) or not isinstance(size, int) or size < 0:
+        raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
+    total = 0
+    for c in chunks:
+        if (not isinstance(c, dict) or not is_object_id(str(c.get("id", ""))) or not isinstance(c.get("size"), int)
+                or c["size"] < 0):
+            raise ManifestError(f"snapshot entry for {relpath!r} has a malformed chunk")
+        total += c["size"]
+    if total != size:
+        raise ManifestError(f"snapshot entry for {relpath!r}: chunks hold {total} bytes, not {size}")
+
+
+def check_files(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The entries of a `files` record, every one checked; raises before anything is written."""
+    entries = (files or {}).get("entries") or {}
+    if not isinstance(entries, dict):
+        raise ManifestError("snapshot files record is malformed")
+    for relpath, entry in entries.items():
+        check_relpath(relpath)
+        _check_entry(relpath, entry)
+    folders = {posixpath.dirname(p) for p in entries}
+    for relpath, entry in entries.items():
+        if any(f == relpath or f.startswith(relpath + "/") for f in folders if f):
+            raise ManifestError(f"snapshot names {relpath!r} both as a file and as a folder")
+    return entries
+
+
+def _folder(root: str, reldir: str) -> str:
+    """The absolute folder for `reldir`, created one level at a time, never through a symbolic link."""
+    path = root
+    for part in reldir.split("/") if reldir else []:
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            try:
+                os.mkdir(path, 0o755)
+            except FileExistsError:
+                pass
+            st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"{path} is a symbolic link: refusing to restore files through it")
+        if not stat.S_ISDIR(st.st_mode):
+            raise SpotWarpError(f"cannot restore into {reldir!r}: {path} exists and is not a folder")
+    return path
+
+
+def _holds(path: str, entry: dict[str, Any]) -> bool:
+    """True when the regular file at `path` already has exactly the entry's content."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
+        return False
+    with open(path, "rb") as f:
+        for chunk in entry["chunks"]:
+            data = f.read(chunk["size"])
+            if not chunk.get("fp") or fingerprint(data) != chunk["fp"]:
+                return False
+    return True
+
+
+def _write_file(store: Store, folder: str, name: str, entry: dict[str, Any], on_bytes: Callable[[int], None]) -> None:
+    target = os.path.join(folder, name)
+    tmp = os.path.join(folder, f".{name}{TMP_MARK}{secrets.token_hex(4)}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in entry["chunks"]:
+                data = store.read_object(chunk["id"], chunk["size"])  # checked against its hash
+                f.write(data)
+                on_bytes(len(data))
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, int(entry.get("mode", 0o644)) & 0o777)
+        if entry.get("mtime_ns"):
+            os.utime(tmp, ns=(int(entry["mtime_ns"]), int(entry["mtime_ns"])))
+        if os.path.isdir(target) and not os.path.islink(target):
+            raise SpotWarpError(f"cannot restore file {target}: a folder is in the way")
+        os.replace(tmp, target)  # replaces a symlink itself, never what it points to
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _write_link(folder: str, name: str, target: str) -> None:
+    path = os.path.join(folder, name)
+    tmp = os.path.join(folder, f".{name}{TMP_MARK}{secrets.token_hex(4)}")
+    os.symlink(target, tmp)
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise SpotWarpError(f"cannot restore link {path}: a folder is in the way")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
+
+def restore_files(store: Store, files: dict[str, Any], root: str, progress: Progress | None = None,
+                  workers: int | None = None) -> FileRestoreReport:
+    """Write the snapshot's files into `root` (created if missing); see the module docstring for the rules."""
+    started = time.perf_counter()
+    entries = check_files(files)
+    os.makedirs(root, exist_ok=True)
+    root = os.path.realpath(root)
+    report = FileRestoreReport(unstable=sorted(p for p, e in entries.items() if e.get("unstable")))
+    report.bytes_total = sum(e.get("size", 0) for e in entries.values())
+    lock = threading.Lock()
+    done = [0]
+
+    def advance(n: int, relpath: str) -> None:
+        with lock:
+            done[0] += n
+            if progress is not None:
+                progress(done[0], report.bytes_total, relpath)
+
+    def one(item: tuple[str, dict[str, Any]]) -> None:
+        relpath, entry = item
+        folder = _folder(root, posixpath.dirname(relpath))
+        name = posixpath.basename(relpath)
+        if "link" in entry:
+            _write_link(folder, name, entry["link"])
+            with lock:
+                report.links_restored += 1
+            return
+        if _holds(os.path.join(folder, name), entry):
+            advance(entry["size"], relpath)
+            with lock:
+                report.files_unchanged += 1
+            return
+        _write_file(store, folder, name, entry, lambda n: advance(n, relpath))
+        with lock:
+            report.files_restored += 1
+            report.bytes_restored += entry["size"]
+
+    items = sorted(entries.items())
+    regular = [i for i in items if "link" not in i[1]]
+    links = [i for i in items if "link" in i[1]]
+    workers = workers or (4 if store.local else 16)
+    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spotwarp-files") as pool:
+        for _ in pool.map(one, regular):
+            pass
+    for item in links:  # after the files, so a link never redirects a file write
+        one(item)
+    report.duration_s = time.perf_counter() - started
+    return report

@@ -1,0 +1,11 @@
+"""The SpotWarp jupyter_server extension (enabled as `spotwarp_jupyter.server`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def _jupyter_server_extension_points() -> list[dict[str, Any]]:
+    from .app import SpotWarpApp
+
+    return [{"module": "spotwarp_jupyter.server", "app": SpotWarpApp}]

@@ -1,0 +1,108 @@
+"""The SpotWarp jupyter_server extension: configuration, the project service, the REST routes, continuous backup."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+from jupyter_server.extension.application import ExtensionApp
+from traitlets import Dict, Float, Unicode, default
+from traitlets.config import Configurable
+
+from ..engine import Settings, SnapshotEngine, SpotWarpError
+from ..engine.units import parse_duration
+from .handlers import handlers
+from .service import ProjectService
+
+
+def _env_seconds(name: str, fallback: float) -> float:
+    text = os.environ.get(name)
+    if not text:
+        return fallback
+    if text.strip() == "0":
+        return 0.0
+    return parse_duration(text)
+
+
+class SpotWarp(Configurable):
+    """SpotWarp's server settings: `c.SpotWarp.*` in jupyter_server_config.py, or `SPOTWARP_*` variables."""
+
+    project = Unicode(help="Project id: the name of this workspace's snapshots (default: $SPOTWARP_PROJECT or 'default').").tag(config=True)
+    storage = Unicode(help="Storage URL, any fsspec URL (default: $SPOTWARP_STORAGE or ~/.spotwarp/store).").tag(config=True)
+    storage_options = Dict(help="fsspec storage options, e.g. an endpoint (default: JSON in $SPOTWARP_STORAGE_OPTIONS).").tag(config=True)
+    workspace = Unicode(help="The folder whose files are backed up (default: $SPOTWARP_WORKSPACE, else the server's root_dir).").tag(config=True)
+    backup_interval = Float(help="Seconds between automatic file backups when something changed; 0 turns them off "
+                                 "(default: $SPOTWARP_BACKUP_INTERVAL, e.g. 5m, else 300).").tag(config=True)
+    kernel_timeout = Float(help="Seconds to wait for a busy kernel to answer a snapshot request before using its "
+                                "newest committed state (default: $SPOTWARP_KERNEL_TIMEOUT, else 60).").tag(config=True)
+
+    @default("project")
+    def _default_project(self) -> str:
+        return os.environ.get("SPOTWARP_PROJECT", "")
+
+    @default("storage")
+    def _default_storage(self) -> str:
+        return os.environ.get("SPOTWARP_STORAGE", "")
+
+    @default("storage_options")
+    def _default_storage_options(self) -> dict:
+        from ..engine.settings import parse_storage_options
+
+        return parse_storage_options(os.environ.get("SPOTWARP_STORAGE_OPTIONS"))
+
+    @default("workspace")
+    def _default_workspace(self) -> str:
+        return os.environ.get("SPOTWARP_WORKSPACE", "")
+
+    @default("backup_interval")
+    def _default_backup_interval(self) -> float:
+        return _env_seconds("SPOTWARP_BACKUP_INTERVAL", 300.0)
+
+    @default("kernel_timeout")
+    def _default_kernel_timeout(self) -> float:
+        return _env_seconds("SPOTWARP_KERNEL_TIMEOUT", 60.0)
+
+
+class SpotWarpApp(ExtensionApp):
+    """Serves `{base_url}spotwarp/api/` and backs the workspace up while JupyterLab runs."""
+
+    name = "spotwarp"
+    load_other_extensions = True
+    classes = [SpotWarp]
+
+    def initialize_settings(self) -> None:
+        config = SpotWarp(parent=self)
+        serverapp = self.serverapp
+        workspace = config.workspace or serverapp.root_dir
+        try:
+            settings = Settings.resolve(config={"project": config.project, "storage": config.storage,
+                                                "storage_options": config.storage_options, "workspace": workspace})
+            engine = SnapshotEngine(settings)
+        except SpotWarpError as exc:
+            self.log.error("SpotWarp is off: %s", exc)
+            raise
+        self.config_object = config
+        self.service = ProjectService(engine, settings.workspace or workspace, serverapp.root_dir,
+                                      serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
+        # kernels inherit the server's environment: they snapshot into the same project, and name their
+        # notebook relative to the same workspace
+        os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
+                           "SPOTWARP_WORKSPACE": self.service.workspace})
+        self.settings.update({"spotwarp": self.service})
+        self._backup_task: asyncio.Task | None = None
+        self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
+                      self.service.workspace)
+
+    def initialize_handlers(self) -> None:
+        self.handlers.extend(handlers())
+
+    async def _start_jupyter_server_extension(self, serverapp) -> None:
+        interval = self.config_object.backup_interval
+        if interval > 0:
+            self._backup_task = asyncio.create_task(self.service.backup_loop(interval))
+
+    async def stop_extension(self) -> None:
+        if getattr(self, "_backup_task", None) is not None:
+            self._backup_task.cancel()
+        if getattr(self, "service", None) is not None:
+            self.service.close()

@@ -1,0 +1,102 @@
+"""REST handlers under `{base_url}spotwarp/api/`: parse, call the project service, answer JSON.
+
+The contract is written down in api/openapi.yaml. Domain errors map to HTTP in one place.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from jupyter_server.auth.decorator import authorized
+from jupyter_server.base.handlers import APIHandler
+from tornado import web
+
+from ..cli import manifest_summary
+from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
+from .service import ProjectService
+
+_ID = r"(?P<snapshot_id>[^/]+)"
+
+
+class SpotWarpHandler(APIHandler):
+    """Shared by every SpotWarp route: the service, JSON answers, error mapping."""
+
+    auth_resource = "spotwarp"
+
+    @property
+    def service(self) -> ProjectService:
+        return self.settings["spotwarp"]
+
+    def reply(self, data: Any, status: int = 200) -> None:
+        self.set_status(status)
+        self.set_header("Content-Type", "application/json")
+        self.finish(json.dumps(data))
+
+    def json_body(self) -> dict[str, Any]:
+        """The request's JSON object (empty when there is no body); 400 for anything else."""
+        raw = self.request.body
+        if not raw or not raw.strip():
+            return {}
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise web.HTTPError(400, "request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise web.HTTPError(400, "request body must be a JSON object")
+        return body
+
+    async def call(self, coro) -> Any:
+        try:
+            return await coro
+        except SnapshotNotFound as exc:
+            raise web.HTTPError(404, str(exc)) from None
+        except ManifestError as exc:  # damaged, tampered or unsafe snapshot: refused, nothing changed
+            raise web.HTTPError(400, str(exc)) from None
+        except SpotWarpError as exc:
+            raise web.HTTPError(500, str(exc)) from None
+
+
+class StatusHandler(SpotWarpHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply(await self.call(self.service.status()))
+
+
+class SnapshotsHandler(SpotWarpHandler):
+    @web.authenticated
+    @authorized
+    async def get(self) -> None:
+        self.reply({"snapshots": await self.call(self.service.snapshots())})
+
+    @web.authenticated
+    @authorized
+    async def post(self) -> None:
+        body = self.json_body()
+        unknown = sorted(set(body) - {"message"})
+        if unknown:
+            raise web.HTTPError(400, f"unknown field(s) {', '.join(unknown)}: the body takes only a message")
+        message = body.get("message")
+        if message is not None and (not isinstance(message, str) or len(message) > 1000):
+            raise web.HTTPError(400, "message must be a string of at most 1000 characters")
+        manifest = await self.call(self.service.snapshot(message or None))
+        self.reply({**manifest_summary(manifest), "stats": manifest.stats}, status=201)
+
+
+class RestoreHandler(SpotWarpHandler):
+    @web.authenticated
+    @authorized
+    async def post(self, snapshot_id: str) -> None:
+        if self.json_body():
+            raise web.HTTPError(400, "restore takes no body: the snapshot id is in the URL")
+        self.reply(await self.call(self.service.restore(snapshot_id)))
+
+
+def handlers() -> list[tuple[str, type[SpotWarpHandler]]]:
+    """Routes relative to the server's base_url."""
+    return [
+        (r"/spotwarp/api/status", StatusHandler),
+        (r"/spotwarp/api/snapshots", SnapshotsHandler),
+        (rf"/spotwarp/api/snapshots/{_ID}/restore", RestoreHandler),
+    ]

@@ -1,0 +1,51 @@
+"""Asking a live kernel something over the `spotwarp` comm, from the server, without blocking the event loop."""
+
+from __future__ import annotations
+
+import time
+import uuid
+from queue import Empty
+from typing import Any
+
+from ..kernel.comm import TARGET
+
+
+class KernelUnavailable(Exception):
+    """The kernel did not answer: SpotWarp not loaded, busy past the timeout, or gone."""
+
+
+async def ask_kernel(kernel_manager: Any, kernel_id: str, data: dict[str, Any], timeout: float) -> dict[str, Any]:
+    """Open a `spotwarp` comm on the kernel with `data` and return its answer (a dict with `ok`)."""
+    try:
+        km = kernel_manager.get_kernel(kernel_id)
+    except KeyError:
+        raise KernelUnavailable("no such kernel") from None
+    client = km.client()
+    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+    deadline = time.monotonic() + timeout
+    try:
+        try:
+            # a kernel answers kernel_info only between cells, so this also waits out a running cell
+            await client.wait_for_ready(timeout=timeout)
+        except RuntimeError as exc:
+            raise KernelUnavailable(f"busy or not responding ({exc})") from None
+        comm_id = uuid.uuid4().hex
+        msg = client.session.msg("comm_open", {"comm_id": comm_id, "target_name": TARGET, "data": data})
+        client.shell_channel.send(msg)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KernelUnavailable(f"no answer within {timeout:g} s (a cell is running)")
+            try:
+                reply = await client.get_iopub_msg(timeout=remaining)
+            except Empty:
+                continue
+            content = reply.get("content") or {}
+            if content.get("comm_id") != comm_id:
+                continue
+            if reply["msg_type"] == "comm_msg":
+                return content.get("data") or {}
+            if reply["msg_type"] == "comm_close":
+                raise KernelUnavailable("SpotWarp is not loaded in this kernel (%load_ext spotwarp)")
+    finally:
+        client.stop_channels()

@@ -1,0 +1,161 @@
+"""The server's door onto the engine: project status, snapshots of files and live kernels, restores.
+
+HTTP handlers call these coroutines; blocking engine work (fsspec, hashing, file walks) runs in a
+thread pool so the event loop keeps serving notebooks.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+from typing import Any, Callable, TypeVar
+
+from .. import __version__
+from ..cli import manifest_summary
+from ..engine import Manifest, SnapshotEngine
+from ..engine.project import (
+    kernel_state,
+    latest_kernel_state,
+    restore_project_files,
+    snapshot_project,
+    with_files,
+)
+from .kernel_link import KernelUnavailable, ask_kernel
+
+log = logging.getLogger("spotwarp")
+T = TypeVar("T")
+
+
+class ProjectService:
+    """One project's snapshots as seen by one Jupyter server."""
+
+    def __init__(self, engine: SnapshotEngine, workspace: str, root_dir: str, kernel_manager: Any,
+                 session_manager: Any, kernel_timeout: float = 60.0):
+        self.engine = engine
+        self.workspace = os.path.realpath(workspace)
+        self.root_dir = os.path.realpath(root_dir)
+        self.kernel_manager = kernel_manager
+        self.session_manager = session_manager
+        self.kernel_timeout = kernel_timeout
+        self.watchers: list[dict[str, Any]] = []
+        self.last_error: str | None = None
+        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spotwarp-server")
+        self._lock = asyncio.Lock()  # one project snapshot or restore at a time
+
+    async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        """Run blocking engine work off the event loop."""
+        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+
+    def close(self) -> None:
+        self._executor.shutdown(wait=False, cancel_futures=True)
+
+    # -- kernels ------------------------------------------------------------------------------
+    def notebook_of(self, api_path: str) -> str:
+        """A session's notebook as the kernel names it: its path relative to the workspace."""
+        absolute = os.path.realpath(os.path.join(self.root_dir, api_path.lstrip("/")))
+        relative = os.path.relpath(absolute, self.workspace)
+        return api_path.lstrip("/") if relative.startswith("..") else relative.replace(os.sep, "/")
+
+    async def live_kernels(self) -> list[dict[str, Any]]:
+        """Every running kernel with the notebook of its session (None for a kernel without one)."""
+        sessions = await self.session_manager.list_sessions()
+        notebooks = {s["kernel"]["id"]: self.notebook_of(s["path"]) for s in sessions if s.get("kernel")}
+        return [{"kernel_id": kid, "notebook": notebooks.get(kid)} for kid in self.kernel_manager.list_kernel_ids()]
+
+    async def _ask_all(self, kernels: list[dict[str, Any]], data: dict[str, Any]) -> list[dict[str, Any] | str]:
+        async def one(k: dict[str, Any]) -> dict[str, Any] | str:
+            try:
+                answer = await ask_kernel(self.kernel_manager, k["kernel_id"], data, self.kernel_timeout)
+            except KernelUnavailable as exc:
+                return str(exc)
+            return answer if answer.get("ok") else str(answer.get("error") or "failed")
+        return list(await asyncio.gather(*(one(k) for k in kernels)))
+
+    # -- REST operations ----------------------------------------------------------------------
+    async def status(self) -> dict[str, Any]:
+        listing = await self.run(self.engine.manifests)
+        last = listing[0] if listing else None
+        kernels = await self.live_kernels()
+        for k in kernels:
+            k["last_snapshot"] = next((m.id for m in listing if k["notebook"] and k["notebook"] in m.kernels), None)
+        return {
+            "version": __version__,
+            "project": self.engine.settings.project,
+            "storage": self.engine.settings.storage,
+            "workspace": self.workspace,
+            "last_snapshot": None if last is None else {**manifest_summary(last), "age_s": round(time.time() - last.created, 1)},
+            "kernels": kernels,
+            "watchers": self.watchers,
+            "last_error": self.last_error,
+        }
+
+    async def snapshots(self) -> list[dict[str, Any]]:
+        return [manifest_summary(m) for m in await self.run(self.engine.manifests)]
+
+    async def snapshot(self, message: str | None = None, ask_kernels: bool = True,
+                       only_if_changed: bool = False) -> Manifest | None:
+        """One project snapshot: every live kernel snapshots itself, then files, then one commit naming all."""
+        async with self._lock:
+            live = await self.live_kernels()
+            answers = await self._ask_all(live, {"request": "snapshot", "message": message}) if ask_kernels \
+                else ["not asked"] * len(live)
+            kernels: dict[str, Any] = {}
+            fresh, stale, missing = [], [], {}
+            for k, answer in zip(live, answers):
+                if isinstance(answer, dict):
+                    kernels[answer["notebook"]] = await self.run(kernel_state, self.engine, answer["id"], answer["notebook"])
+                    fresh.append(answer["notebook"])
+                    continue
+                # a busy kernel keeps its newest committed state in the project snapshot
+                previous = await self.run(latest_kernel_state, self.engine, k["notebook"]) if k["notebook"] else None
+                if previous is not None:
+                    kernels[k["notebook"]] = previous[1]
+                    stale.append(k["notebook"])
+                if ask_kernels:
+                    missing[k["notebook"] or k["kernel_id"]] = answer
+            extra = {"kernels_fresh": sorted(fresh), "kernels_stale": sorted(stale), "kernels_missing": missing}
+            try:
+                manifest = await self.run(snapshot_project, self.engine, self.workspace, kernels, message,
+                                          extra, only_if_changed)
+            except Exception as exc:
+                self.last_error = f"{type(exc).__name__}: {exc}"
+                raise
+            self.last_error = None
+            return manifest
+
+    async def restore(self, ref: str) -> dict[str, Any]:
+        """Files back into the workspace, then every live kernel of a notebook the snapshot holds."""
+        async with self._lock:
+            manifest = await self.run(with_files, self.engine, ref)
+            if manifest is None:
+                manifest = await self.run(self.engine.get, ref)
+            report = await self.run(restore_project_files, self.engine, manifest, self.workspace)
+            live = [k for k in await self.live_kernels() if k["notebook"] in manifest.kernels]
+            answers = await self._ask_all(live, {"request": "restore", "snapshot": manifest.id})
+            kernels = []
+            for k, answer in zip(live, answers):
+                if isinstance(answer, dict):
+                    kernels.append({**k, "restored": answer.get("restored", []), "warnings": answer.get("warnings", [])})
+                else:
+                    kernels.append({**k, "restored": [], "error": answer})
+            return {"id": manifest.id, "files_restored": report.files_restored,
+                    "files_unchanged": report.files_unchanged, "bytes_restored": report.bytes_restored,
+                    "duration_s": round(report.duration_s, 3), "kernels": kernels}
+
+    async def backup_loop(self, interval: float) -> None:
+        """Continuous backup: files (and the newest state of live kernels) every `interval` seconds, when changed."""
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                manifest = await self.snapshot("automatic backup", ask_kernels=False, only_if_changed=True)
+                if manifest is not None:
+                    log.info("SpotWarp: backup %s committed (%d files)", manifest.id, len(manifest.files["entries"]))
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the loop keeps going; status shows the error
+                log.warning("SpotWarp: automatic backup failed: %s", exc)
+

@@ -1,0 +1,153 @@
+"""`spotwarp start` as a user runs it: a real JupyterLab process, its REST API, kernels over websockets."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+from typing import Any
+
+import websocket  # websocket-client, a jupyter_server dependency
+
+TOKEN = "spotwarp-test-token"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def host_env(home: Path, **extra: str) -> dict[str, str]:
+    """A fresh "host": its own HOME and Jupyter folders, nothing configured but what is passed."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTWARP_", "JUPYTER", "JPY_"))}
+    env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
+               IPYTHONDIR=str(home / ".ipython"), PYTHONUNBUFFERED="1", **extra)
+    return env
+
+
+class LabServer:
+    """`spotwarp start ... -- jupyter args` in its own process group, like a terminal session."""
+
+    def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.env = env
+        self.log_path = log
+        self.started = time.perf_counter()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", project, "--storage", store,
+             "--workspace-path", str(workspace), "--port", str(self.port), "--",
+             "--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
+             "--LabApp.extension_manager=readonly"],
+            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
+        )
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, path: str, body: Any = None, token: str | None = TOKEN, timeout: float = 120) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
+        headers = {"Content-Type": "application/json"}
+        if token is not None:
+            headers["Authorization"] = f"token {token}"
+        req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
+        try:
+            with urllib.request.urlopen(req, timeout=timeout) as r:
+                raw = r.read()
+                return r.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            return exc.code, json.loads(raw) if raw else None
+
+    def wait_ready(self, timeout: float = 180) -> float:
+        """Seconds from start until SpotWarp's status endpoint answers (the session is served)."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"spotwarp start exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                code, _ = self.request("GET", "spotwarp/api/status", timeout=5)
+                if code == 200:
+                    return time.perf_counter() - self.started
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.05)  # poll interval of a deadline-bounded wait, not a stand-in for synchronisation
+        raise AssertionError(f"server not ready after {timeout} s:\n{self.log()}")
+
+    def open_notebook(self, path: str) -> "KernelSocket":
+        """Start the notebook's kernel as JupyterLab does (POST /api/sessions) and connect to it."""
+        code, session = self.request("POST", "api/sessions", {
+            "path": path, "name": Path(path).name, "type": "notebook", "kernel": {"name": "python3"}})
+        assert code == 201, session
+        return KernelSocket(self, session["kernel"]["id"])
+
+    def kill(self) -> None:
+        """SIGKILL to the whole process group: the host vanishes."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
+
+
+class KernelSocket:
+    """A kernel's websocket, as the notebook frontend uses it."""
+
+    def __init__(self, server: LabServer, kernel_id: str):
+        self.kernel_id = kernel_id
+        self.ws = websocket.create_connection(
+            f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?token={TOKEN}", timeout=120)
+
+    def run(self, code: str, timeout: float = 120) -> str:
+        """Execute `code`; return its output; raise AssertionError with the output if it failed."""
+        msg_id = uuid.uuid4().hex
+        self.ws.send(json.dumps({
+            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
+                       "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        }))
+        out, status, idle = [], None, False
+        deadline = time.monotonic() + timeout
+        while status is None or not idle:
+            self.ws.settimeout(max(deadline - time.monotonic(), 0.1))
+            msg = json.loads(self.ws.recv())
+            if msg.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind, content = msg["msg_type"], msg["content"]
+            if kind == "stream":
+                out.append(content["text"])
+            elif kind in ("execute_result", "display_data"):
+                out.append(content["data"].get("text/plain", "") + "\n")
+            elif kind == "error":
+                out.append(f"{content['ename']}: {content['evalue']}")
+            elif kind == "execute_reply":
+                status = content["status"]
+            elif kind == "status" and content["execution_state"] == "idle":
+                idle = True
+        if status != "ok":
+            raise AssertionError("".join(out))
+        return "".join(out)
+
+    def value(self, expr: str) -> Any:
+        text = self.run(f"import json as _j; print('@@' + _j.dumps({expr}))")
+        return json.loads([ln for ln in text.splitlines() if ln.startswith("@@")][-1][2:])
+
+    def close(self) -> None:
+        self.ws.close()
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    """relative path -> bytes of every regular file under root."""
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
+            if p.is_file() and not p.is_symlink()}

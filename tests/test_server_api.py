@@ -1,0 +1,212 @@
+"""The REST API under `{base_url}spotwarp/api/` on a real jupyter_server (pytest-jupyter, base URL `/a%40b/`)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from pathlib import Path
+
+import pytest
+from tornado.httpclient import HTTPClientError
+
+from spotwarp_jupyter import __version__
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+
+pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+ENDPOINTS = [
+    ("GET", ("spotwarp", "api", "status")),
+    ("GET", ("spotwarp", "api", "snapshots")),
+    ("POST", ("spotwarp", "api", "snapshots")),
+    ("POST", ("spotwarp", "api", "snapshots", "latest", "restore")),
+]
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def jp_server_config(store_dir, monkeypatch):
+    # the extension exports these to its kernels; monkeypatch puts the test process's values back afterwards
+    for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS"):
+        monkeypatch.setenv(name, "unset")
+        monkeypatch.delenv(name)
+    return {
+        "ServerApp": {"jpserver_extensions": {"spotwarp_jupyter.server": True}, "allow_root": True},
+        "SpotWarp": {"project": "api", "storage": str(store_dir), "backup_interval": 0, "kernel_timeout": 30},
+    }
+
+
+@pytest.fixture
+def workspace(jp_root_dir: Path) -> Path:
+    (jp_root_dir / "data").mkdir()
+    (jp_root_dir / "data" / "values.csv").write_text("x,y\n1,2\n")
+    (jp_root_dir / "notes.md").write_text("# notes\n")
+    return jp_root_dir
+
+
+async def call(jp_fetch, method, *parts, body=None, **kwargs):
+    if method == "POST" and body is None:
+        body = ""
+    response = await jp_fetch(*parts, method=method, body=body, **kwargs)
+    return response.code, json.loads(response.body or b"null")
+
+
+async def fails(jp_fetch, method, *parts, body=None, **kwargs):
+    with pytest.raises(HTTPClientError) as info:
+        await call(jp_fetch, method, *parts, body=body, **kwargs)
+    error = info.value
+    payload = json.loads(error.response.body) if error.response is not None and error.response.body else {}
+    return error.code, payload
+
+
+async def test_every_endpoint_needs_authentication(jp_fetch, workspace, jp_base_url):
+    assert jp_base_url != "/"
+    for method, parts in ENDPOINTS:
+        code, _ = await fails(jp_fetch, method, *parts, headers={"Authorization": "token wrong"})
+        assert code == 403, (method, parts)
+        code, _ = await fails(jp_fetch, method, *parts, headers={"Authorization": ""})
+        assert code == 403, (method, parts)
+
+
+async def test_status_of_a_new_project(jp_fetch, workspace, store_dir):
+    code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+    assert code == 200
+    assert status["version"] == __version__ and status["project"] == "api"
+    assert status["storage"] == str(store_dir) and status["workspace"] == str(workspace.resolve())
+    assert status["last_snapshot"] is None and status["kernels"] == [] and status["watchers"] == []
+    code, listing = await call(jp_fetch, "GET", "spotwarp", "api", "snapshots")
+    assert (code, listing) == (200, {"snapshots": []})
+
+
+async def test_snapshot_list_and_restore_files(jp_fetch, workspace, store_dir):
+    code, first = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", body=json.dumps({"message": "one"}))
+    assert code == 201 and first["kind"] == "project" and first["message"] == "one" and first["files"] == 2
+    (workspace / "notes.md").write_text("# changed\n")
+    code, second = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")  # no body at all
+    assert code == 201 and second["id"] != first["id"] and second["parent"] == first["id"]
+    code, listing = await call(jp_fetch, "GET", "spotwarp", "api", "snapshots")
+    assert [s["id"] for s in listing["snapshots"]] == [second["id"], first["id"]]
+    code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+    assert status["last_snapshot"]["id"] == second["id"] and status["last_snapshot"]["age_s"] >= 0
+
+    (workspace / "data" / "values.csv").unlink()
+    code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", first["id"], "restore")
+    assert code == 200 and restored["id"] == first["id"] and restored["kernels"] == []
+    assert restored["files_restored"] == 2
+    assert (workspace / "notes.md").read_text() == "# notes\n"
+    assert (workspace / "data" / "values.csv").read_text() == "x,y\n1,2\n"
+    code, latest = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
+    assert code == 200 and latest["id"] == second["id"] and (workspace / "notes.md").read_text() == "# changed\n"
+    # the snapshot the API committed verifies like any other
+    assert SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={})).verify().ok
+
+
+@pytest.mark.parametrize("body", ["{not json", "[1, 2]", '"text"', '{"message": 5}', '{"message": "x", "force": true}',
+                                  json.dumps({"message": "m" * 1001})])
+async def test_bad_snapshot_bodies_are_400(jp_fetch, workspace, store_dir, body):
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots", body=body)
+    assert code == 400 and payload["message"]
+    assert not (store_dir / "api" / "snapshots").exists() or not list((store_dir / "api" / "snapshots").iterdir())
+
+
+async def test_bad_ids_are_404_and_a_restore_body_is_400(jp_fetch, workspace):
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
+    assert code == 404 and "no snapshot" in payload["message"]
+    await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    for bad in ("nope2345", "x" * 80, "a.b", "%2E%2E"):
+        code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots", bad, "restore")
+        assert code == 404 and payload["message"], bad
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore",
+                                body='{"files": false}')
+    assert code == 400
+
+
+async def test_a_snapshot_naming_paths_outside_the_workspace_is_refused(jp_fetch, workspace, store_dir, tmp_path):
+    _code, good = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
+    manifest = engine.get(good["id"])
+    entry = manifest.files["entries"]["notes.md"]
+    evil = engine.new_manifest("project", "evil", files={"entries": {"../escaped.md": entry, "ok.md": entry}},
+                               objects=dict(manifest.objects))
+    engine.commit_manifest(evil)
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots", evil.id, "restore")
+    assert code == 400 and "outside the workspace" in payload["message"]
+    assert not (workspace.parent / "escaped.md").exists() and not (workspace / "ok.md").exists()
+
+
+# -- live kernels over the comm ---------------------------------------------------------------------
+async def execute(ws, code: str, timeout: float = 120) -> str:
+    """Run `code` in the kernel behind a kernel websocket; return its output, raise on error."""
+    msg_id = uuid.uuid4().hex
+    await ws.write_message(json.dumps({
+        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,
+                   "version": "5.3", "date": ""},
+        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                    "allow_stdin": False, "stop_on_error": True},
+    }))
+    out, status, idle = [], None, False
+    while status is None or not idle:
+        msg = json.loads(await asyncio.wait_for(ws.read_message(), timeout))
+        if msg.get("parent_header", {}).get("msg_id") != msg_id:
+            continue
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            out.append(content["text"])
+        elif kind in ("execute_result", "display_data"):
+            out.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "error":
+            out.append(f"{content['ename']}: {content['evalue']}")
+        elif kind == "execute_reply":
+            status = content["status"]
+        elif kind == "status" and content["execution_state"] == "idle":
+            idle = True
+    if status != "ok":
+        raise AssertionError("".join(out))
+    return "".join(out)
+
+
+async def open_notebook(jp_fetch, jp_ws_fetch, path: str):
+    """Start a kernel for a notebook as JupyterLab does (a session), and open its websocket."""
+    body = {"path": path, "name": Path(path).name, "type": "notebook", "kernel": {"name": "python3"}}
+    code, session = await call(jp_fetch, "POST", "api", "sessions", body=json.dumps(body))
+    assert code == 201
+    ws = await jp_ws_fetch("api", "kernels", session["kernel"]["id"], "channels")
+    return session["kernel"]["id"], ws
+
+
+async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetch, workspace):
+    (workspace / "nb").mkdir()
+    kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "nb/train.ipynb")
+    plain_kid, plain_ws = await open_notebook(jp_fetch, jp_ws_fetch, "plain.ipynb")  # SpotWarp not loaded there
+    try:
+        await execute(ws, "%load_ext spotwarp\nweights = [1.5, 2.5]\nstep = 7")
+        await execute(plain_ws, "z = 1")
+        code, snap = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", body='{"message": "both"}')
+        assert code == 201 and snap["notebooks"] == ["nb/train.ipynb"]
+        assert {"weights", "step"} <= set(snap["variables"])
+        assert snap["stats"]["kernels_fresh"] == ["nb/train.ipynb"]
+        assert "plain.ipynb" in snap["stats"]["kernels_missing"]
+        assert "not loaded" in snap["stats"]["kernels_missing"]["plain.ipynb"]
+
+        code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+        kernels = {k["kernel_id"]: k for k in status["kernels"]}
+        assert kernels[kid]["notebook"] == "nb/train.ipynb"
+        assert kernels[kid]["last_snapshot"] == snap["id"]
+        assert kernels[plain_kid] == {"kernel_id": plain_kid, "notebook": "plain.ipynb", "last_snapshot": None}
+
+        await execute(ws, "weights = None\nstep = 0")
+        code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
+        assert code == 200 and restored["id"] == snap["id"]
+        (k,) = restored["kernels"]
+        assert k["kernel_id"] == kid and k["notebook"] == "nb/train.ipynb" and {"weights", "step"} <= set(k["restored"])
+        assert "[1.5, 2.5] 7" in await execute(ws, "print(weights, step)")
+    finally:
+        ws.close()
+        plain_ws.close()
+        for k in (kid, plain_kid):
+            await jp_fetch("api", "kernels", k, method="DELETE")
