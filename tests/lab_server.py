@@ -37,24 +37,31 @@ def host_env(home: Path, **extra: str) -> dict[str, str]:
 class LabServer:
     """`spotwarp start ... -- jupyter args` in its own process group, like a terminal session."""
 
-    def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path):
+    def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path, plain: bool = False):
+        """`plain` runs `jupyter lab` itself without SpotWarp (the reference a benchmark compares with)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.env = env
         self.log_path = log
+        self.ready_path = "api/status" if plain else "spotwarp/api/status"
+        jupyter_args = ["--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
+                        "--LabApp.extension_manager=readonly"]
+        if plain:
+            workspace.mkdir(parents=True, exist_ok=True)
+            argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}", f"--port={self.port}",
+                    *jupyter_args]
+        else:
+            argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", project, "--storage", store,
+                    "--workspace-path", str(workspace), "--port", str(self.port), "--", *jupyter_args]
         self.started = time.perf_counter()
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", project, "--storage", store,
-             "--workspace-path", str(workspace), "--port", str(self.port), "--",
-             "--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
-             "--LabApp.extension_manager=readonly"],
-            stdout=open(log, "wb"), stderr=subprocess.STDOUT, env=env, start_new_session=True,
-        )
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
 
-    def request(self, method: str, path: str, body: Any = None, token: str | None = TOKEN, timeout: float = 120) -> tuple[int, Any]:
+    def request(self, method: str, path: str, body: Any = None, token: str | None = TOKEN,
+                timeout: float = 120) -> tuple[int, Any]:
         data = json.dumps(body).encode() if body is not None else (b"" if method in ("POST", "PUT") else None)
         headers = {"Content-Type": "application/json"}
         if token is not None:
@@ -69,13 +76,13 @@ class LabServer:
             return exc.code, json.loads(raw) if raw else None
 
     def wait_ready(self, timeout: float = 180) -> float:
-        """Seconds from start until SpotWarp's status endpoint answers (the session is served)."""
+        """Seconds from start until the status endpoint answers (the session is served)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise AssertionError(f"spotwarp start exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                code, _ = self.request("GET", "spotwarp/api/status", timeout=5)
+                code, _ = self.request("GET", self.ready_path, timeout=5)
                 if code == 200:
                     return time.perf_counter() - self.started
             except (urllib.error.URLError, ConnectionError, TimeoutError):

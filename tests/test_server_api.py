@@ -210,3 +210,106 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         plain_ws.close()
         for k in (kid, plain_kid):
             await jp_fetch("api", "kernels", k, method="DELETE")
+
+
+# -- the written contract and the configuration ---------------------------------------------------
+def required(schema_name: str) -> set[str]:
+    import yaml
+
+    spec = yaml.safe_load((Path(__file__).parents[1] / "api" / "openapi.yaml").read_text())
+    return set(spec["components"]["schemas"][schema_name]["required"])
+
+
+async def test_answers_match_api_openapi_yaml(jp_fetch, workspace):
+    _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+    assert required("Status") <= set(status)
+    _code, snap = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    assert required("SnapshotSummary") <= set(snap)
+    _code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
+    assert required("RestoreResult") <= set(restored)
+    _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+    assert required("SnapshotSummary") | {"age_s"} <= set(status["last_snapshot"])
+
+
+def test_settings_come_from_spotwarp_environment_variables(monkeypatch):
+    from spotwarp_jupyter.engine import ConfigError
+    from spotwarp_jupyter.server.app import SpotWarp
+
+    monkeypatch.setenv("SPOTWARP_PROJECT", "from-env")
+    monkeypatch.setenv("SPOTWARP_BACKUP_INTERVAL", "2m")
+    monkeypatch.setenv("SPOTWARP_KERNEL_TIMEOUT", "0")
+    monkeypatch.setenv("SPOTWARP_STORAGE_OPTIONS", '{"anon": true}')
+    config = SpotWarp()
+    assert (config.project, config.backup_interval, config.kernel_timeout) == ("from-env", 120.0, 0.0)
+    assert config.storage_options == {"anon": True}
+    assert SpotWarp(backup_interval=5).backup_interval == 5  # explicit config beats the default
+    monkeypatch.setenv("SPOTWARP_BACKUP_INTERVAL", "soon")
+    with pytest.raises(ConfigError, match="bad duration"):
+        SpotWarp().backup_interval  # noqa: B018
+
+
+class TestContinuousBackup:
+    @pytest.fixture
+    def jp_server_config(self, jp_server_config):
+        jp_server_config["SpotWarp"]["backup_interval"] = 0.2
+        return jp_server_config
+
+    async def test_changed_files_are_backed_up_automatically(self, jp_fetch, jp_serverapp, workspace):
+        await jp_serverapp.extension_manager.start_all_extensions()  # what a running server does once serving
+
+        async def automatic() -> list[dict]:
+            _code, listing = await call(jp_fetch, "GET", "spotwarp", "api", "snapshots")
+            return [s for s in listing["snapshots"] if s["message"] == "automatic backup"]
+
+        async def until(predicate, what: str, timeout: float = 30) -> list[dict]:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + timeout
+            while loop.time() < deadline:
+                found = await automatic()
+                if predicate(found):
+                    return found
+                await asyncio.sleep(0.1)
+            raise AssertionError(f"no {what} within {timeout} s")
+
+        (first,) = await until(lambda s: len(s) == 1, "first automatic backup")
+        assert first["files"] == 2
+        (workspace / "new.txt").write_text("written later")
+        found = await until(lambda s: len(s) == 2, "second automatic backup")
+        assert found[0]["files"] == 3 and found[0]["parent"] == first["id"]
+
+
+class TestBusyKernel:
+    @pytest.fixture
+    def jp_server_config(self, jp_server_config):
+        jp_server_config["SpotWarp"]["kernel_timeout"] = 2
+        return jp_server_config
+
+    async def test_a_kernel_busy_past_the_timeout_keeps_its_last_committed_state(self, jp_fetch, jp_ws_fetch,
+                                                                                  workspace, tmp_path):
+        kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "busy.ipynb")
+        flag = tmp_path / "release"
+        try:
+            await execute(ws, "%load_ext spotwarp\nepoch = 1\n%spotwarp snapshot")
+            await execute(ws, "epoch = 2")
+            # a long cell: the kernel answers nothing until the test releases it
+            await ws.write_message(json.dumps({
+                "header": {"msg_id": "long", "msg_type": "execute_request", "username": "t", "session": "s",
+                           "version": "5.3", "date": ""},
+                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+                "content": {"code": f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)",
+                            "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
+            }))
+            code, snap = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+            assert code == 201
+            assert snap["stats"]["kernels_stale"] == ["busy.ipynb"] and snap["stats"]["kernels_fresh"] == []
+            assert "busy.ipynb" in snap["stats"]["kernels_missing"]
+            assert snap["notebooks"] == ["busy.ipynb"] and "epoch" in snap["variables"]
+            flag.write_text("go")
+            await execute(ws, "epoch = 0")
+            code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
+            assert restored["kernels"][0]["restored"] == ["epoch"]
+            assert (await execute(ws, "print(epoch)")).strip() == "1"  # the state committed before the long cell
+        finally:
+            flag.write_text("go")
+            ws.close()
+            await jp_fetch("api", "kernels", kid, method="DELETE")

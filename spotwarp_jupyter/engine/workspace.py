@@ -286,7 +286,7 @@ def backup_workspace(
             advance(entry["size"], seen.relpath)
         else:
             try:
-                chunks, st, stable = _read_file(seen, uploads, chunk_size, lambda n: advance(n, seen.relpath))
+                chunks, st, stable = _read_file(seen, uploads, chunk_size, lambda n, rel=seen.relpath: advance(n, rel))
             except FileNotFoundError:
                 continue  # deleted since the scan: not part of this snapshot
             except OSError as exc:

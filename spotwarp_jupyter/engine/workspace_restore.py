@@ -98,7 +98,7 @@ def check_files(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
         check_relpath(relpath)
         _check_entry(relpath, entry)
     folders = {posixpath.dirname(p) for p in entries}
-    for relpath, entry in entries.items():
+    for relpath in entries:
         if any(f == relpath or f.startswith(relpath + "/") for f in folders if f):
             raise ManifestError(f"snapshot names {relpath!r} both as a file and as a folder")
     return entries

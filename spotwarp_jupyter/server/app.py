@@ -27,10 +27,18 @@ def _env_seconds(name: str, fallback: float) -> float:
 class SpotWarp(Configurable):
     """SpotWarp's server settings: `c.SpotWarp.*` in jupyter_server_config.py, or `SPOTWARP_*` variables."""
 
-    project = Unicode(help="Project id: the name of this workspace's snapshots (default: $SPOTWARP_PROJECT or 'default').").tag(config=True)
-    storage = Unicode(help="Storage URL, any fsspec URL (default: $SPOTWARP_STORAGE or ~/.spotwarp/store).").tag(config=True)
-    storage_options = Dict(help="fsspec storage options, e.g. an endpoint (default: JSON in $SPOTWARP_STORAGE_OPTIONS).").tag(config=True)
-    workspace = Unicode(help="The folder whose files are backed up (default: $SPOTWARP_WORKSPACE, else the server's root_dir).").tag(config=True)
+    project = Unicode(
+        help="Project id: the name of this workspace's snapshots (default: $SPOTWARP_PROJECT or 'default')."
+    ).tag(config=True)
+    storage = Unicode(
+        help="Storage URL, any fsspec URL (default: $SPOTWARP_STORAGE or ~/.spotwarp/store)."
+    ).tag(config=True)
+    storage_options = Dict(
+        help="fsspec storage options, e.g. an endpoint (default: the JSON object in $SPOTWARP_STORAGE_OPTIONS)."
+    ).tag(config=True)
+    workspace = Unicode(
+        help="The folder whose files are backed up (default: $SPOTWARP_WORKSPACE, else the server's root_dir)."
+    ).tag(config=True)
     backup_interval = Float(help="Seconds between automatic file backups when something changed; 0 turns them off "
                                  "(default: $SPOTWARP_BACKUP_INTERVAL, e.g. 5m, else 300).").tag(config=True)
     kernel_timeout = Float(help="Seconds to wait for a busy kernel to answer a snapshot request before using its "
