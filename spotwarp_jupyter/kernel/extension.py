@@ -20,6 +20,21 @@ def load_ipython_extension(ipython) -> None:
     safepoints.set_handler(magics.session.at_safe_point)
     ipython.events.register("post_run_cell", _post_run_cell)
     comm_target.register()
+    if magics.show_widget and getattr(ipython, "kernel", None) is not None:  # a notebook, not a terminal
+        _show_widget(magics)
+
+
+def _show_widget(magics: SpotWarpMagics) -> None:
+    try:
+        from IPython.display import display
+
+        from ..widget import StatusWidget
+    except ImportError:  # anywidget missing: %spotwarp widget says how to get it
+        return
+    try:
+        display(StatusWidget(magics.session))
+    except Exception as exc:  # noqa: BLE001 - the widget is a convenience; loading must not fail for it
+        print(f"SpotWarp: status widget unavailable ({type(exc).__name__}: {exc}); %spotwarp status still works")
 
 
 def _post_run_cell(result) -> None:

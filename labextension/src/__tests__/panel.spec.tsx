@@ -1,0 +1,135 @@
+import * as React from 'react';
+import { act, render, screen, fireEvent } from '@testing-library/react';
+import { Widget } from '@lumino/widgets';
+
+import { EventsView, ServerNotice, StatusView, Timeline } from '../components';
+import { SpotWarpModel } from '../model';
+import { SpotWarpActions } from '../actions';
+import { SpotWarpPanel } from '../panel';
+import { FakeServer, snapshot } from './fakeServer';
+
+async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
+  const deadline = Date.now() + ms;
+  while (!cond()) {
+    if (Date.now() > deadline) {
+      throw new Error(`timed out waiting for ${what}`);
+    }
+    await new Promise(r => setTimeout(r, 10));
+  }
+}
+
+describe('Timeline', () => {
+  const snaps = [
+    snapshot({ id: 'bbb', created: '2026-12-02T11:00:00.000Z', host: 'spot-b', variables: ['model', 'opt', 'lr'], files: 4, message: 'after epoch 3' }),
+    snapshot({ id: 'aaa', created: '2026-12-02T10:00:00.000Z', host: 'spot-a' })
+  ];
+
+  it('shows time, host, size, what changed and contents, newest first', () => {
+    render(<Timeline snapshots={snaps} onRestore={() => undefined} />);
+    const items = document.querySelectorAll('.jp-SpotWarp-snapshot');
+    expect([...items].map(i => i.getAttribute('data-snapshot-id'))).toEqual(['bbb', 'aaa']);
+    expect(items[0].textContent).toContain('2026-12-02 11:00:00 UTC');
+    expect(items[0].textContent).toContain('spot-b');
+    expect(items[0].textContent).toContain('1.5 MB');
+    expect(items[0].textContent).toContain('after epoch 3');
+    expect(items[0].querySelector('.jp-SpotWarp-change')?.textContent).toBe('+lr · +1 file · wrote 250.0 KB · in 420 ms');
+    expect(items[0].querySelector('.jp-SpotWarp-contents')?.textContent).toBe('train.ipynb · 3 variables · 4 files');
+    expect(items[1].querySelector('.jp-SpotWarp-change')?.textContent).toMatch(/^first snapshot/);
+  });
+
+  it('calls back with the snapshot to restore, and disables buttons while busy', () => {
+    const chosen: string[] = [];
+    const { rerender } = render(<Timeline snapshots={snaps} onRestore={s => chosen.push(s.id)} />);
+    fireEvent.click(screen.getAllByText('Restore')[1]);
+    expect(chosen).toEqual(['aaa']);
+    rerender(<Timeline snapshots={snaps} busy="restore" onRestore={s => chosen.push(s.id)} />);
+    const buttons = screen.getAllByText('Restoring…') as HTMLButtonElement[];
+    expect(buttons.every(b => b.disabled)).toBe(true);
+  });
+
+  it('limits its length and says how many are hidden', () => {
+    render(<Timeline snapshots={snaps} limit={1} onRestore={() => undefined} />);
+    expect(document.querySelectorAll('.jp-SpotWarp-snapshot')).toHaveLength(1);
+    expect(screen.getByText('1 older snapshots not shown')).toBeTruthy();
+  });
+
+  it('says when there is nothing yet', () => {
+    render(<Timeline snapshots={[]} onRestore={() => undefined} />);
+    expect(screen.getByText('No snapshots in this project yet.')).toBeTruthy();
+  });
+});
+
+describe('StatusView, EventsView, ServerNotice', () => {
+  it('shows storage, watchers and kernels', () => {
+    const server = new FakeServer();
+    server.snapshots = [snapshot()];
+    render(<StatusView status={server.status()} error={null} now={Date.parse('2026-12-02T10:05:00Z')} />);
+    expect(screen.getByText('gs://bucket/spotwarp')).toBeTruthy();
+    expect(document.querySelector('.jp-SpotWarp-last')?.textContent).toBe('a1b2c3d4 · 5 min ago · 1.5 MB · 420 ms');
+    expect(document.querySelector('.jp-SpotWarp-watcher-watching')?.textContent).toContain('sigterm: watching');
+    expect(document.querySelector('.jp-SpotWarp-kernels')?.textContent).toContain('train.ipynb: a1b2c3d4');
+  });
+
+  it('renders the report: preemptions survived and time to resume', () => {
+    render(
+      <EventsView
+        report={{ preemptions_survived: 2, time_to_resume_s: 14.2, events: [{ host: 'spot-b', time_to_resume_s: 12 }] }}
+      />
+    );
+    const text = document.querySelector('.jp-SpotWarp-events')?.textContent ?? '';
+    expect(text).toContain('Preemptions survived2');
+    expect(text).toContain('Time to resume14.2 s');
+    expect(text).toContain('Host: spot-b · Time to resume: 12.0 s');
+  });
+
+  it('shows nothing when all is well and an alert otherwise', () => {
+    const { container, rerender } = render(<ServerNotice state="ok" message="" />);
+    expect(container.textContent).toBe('');
+    rerender(<ServerNotice state="missing" message="The SpotWarp server extension is not running" />);
+    expect(screen.getByRole('alert').textContent).toMatch(/not running/);
+  });
+});
+
+describe('SpotWarpPanel', () => {
+  it('renders its sections from the model and restores after confirmation', async () => {
+    const server = new FakeServer();
+    server.snapshots = [snapshot({ id: 'abc123', host: 'spot-a' })];
+    const model = new SpotWarpModel({ version: '0.1.0', request: server.request, refreshInterval: 3600 });
+    const confirmed: string[] = [];
+    const actions = new SpotWarpActions(model, async title => (confirmed.push(title), true), () => undefined);
+    const panel = new SpotWarpPanel({ model, actions });
+    Widget.attach(panel, document.body);
+    await act(async () => {
+      await model.start();
+    });
+    expect(model.visible).toBe(true);
+    await until(() => !!panel.node.querySelector('[data-snapshot-id="abc123"]'), 'the timeline');
+    expect(panel.node.textContent).toContain('gs://bucket/spotwarp');
+    expect(panel.title.caption).toBe('SpotWarp snapshots');
+    const restore = panel.node.querySelector('[data-snapshot-id="abc123"] button') as HTMLButtonElement;
+    await act(async () => {
+      restore.click();
+      await until(() => server.calls.includes('POST snapshots/abc123/restore'), 'the restore call');
+    });
+    expect(confirmed).toEqual(['Restore snapshot abc123?']);
+    panel.hide();
+    expect(model.visible).toBe(false);
+    panel.dispose();
+    model.dispose();
+  });
+
+  it('tells the user when the server extension is missing', async () => {
+    const server = new FakeServer();
+    server.missing = true;
+    const model = new SpotWarpModel({ version: '0.1.0', request: server.request });
+    const panel = new SpotWarpPanel({ model, actions: new SpotWarpActions(model, async () => true, () => undefined) });
+    Widget.attach(panel, document.body);
+    await act(async () => {
+      await model.start();
+    });
+    await until(() => !!panel.node.querySelector('[role="alert"]'), 'the alert');
+    expect(panel.node.querySelector('[role="alert"]')?.textContent).toMatch(/SpotWarp server extension is not running/);
+    panel.dispose();
+    model.dispose();
+  });
+});

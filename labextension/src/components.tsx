@@ -1,0 +1,218 @@
+/** The panel's sections as plain React components: props in, markup out (tested with jest). */
+
+import * as React from 'react';
+
+import { ServerState } from './model';
+import {
+  describeChange,
+  describeContents,
+  formatAge,
+  formatDuration,
+  formatSize,
+  formatTime,
+  previousOf
+} from './format';
+import { ISnapshotSummary, IStatus } from './types';
+
+export function ServerNotice(props: { state: ServerState; message: string }): JSX.Element | null {
+  if (props.state === 'ok') {
+    return null;
+  }
+  if (props.state === 'checking') {
+    return <div className="jp-SpotWarp-notice">Connecting to the SpotWarp server extension…</div>;
+  }
+  return (
+    <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error" role="alert">
+      {props.message}
+    </div>
+  );
+}
+
+export interface IStatusViewProps {
+  status: IStatus | null;
+  error: string | null;
+  now?: number;
+}
+
+export function StatusView({ status, error, now }: IStatusViewProps): JSX.Element {
+  if (!status) {
+    return <div className="jp-SpotWarp-empty">No status yet.</div>;
+  }
+  const last = status.last_snapshot;
+  const watchers = status.watchers ?? [];
+  const kernels = status.kernels ?? [];
+  return (
+    <div className="jp-SpotWarp-status">
+      {error && <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error">{error}</div>}
+      <dl className="jp-SpotWarp-facts">
+        <dt>Project</dt>
+        <dd>{status.project}</dd>
+        <dt>Storage</dt>
+        <dd className="jp-SpotWarp-storage" title={status.storage}>
+          {status.storage}
+        </dd>
+        {status.workspace && (
+          <>
+            <dt>Workspace</dt>
+            <dd title={status.workspace}>{status.workspace}</dd>
+          </>
+        )}
+        <dt>Last snapshot</dt>
+        <dd className="jp-SpotWarp-last">
+          {last ? (
+            <>
+              <code>{last.id}</code> · {formatAge(last.created, now)} · {formatSize(last.size)}
+              {last.duration_s !== null && last.duration_s !== undefined && ` · ${formatDuration(last.duration_s)}`}
+            </>
+          ) : (
+            'none yet'
+          )}
+        </dd>
+      </dl>
+      <h4 className="jp-SpotWarp-subhead">Watchers</h4>
+      {watchers.length ? (
+        <ul className="jp-SpotWarp-watchers">
+          {watchers.map(w => (
+            <li key={w.name} className={`jp-SpotWarp-watcher jp-SpotWarp-watcher-${w.state}`}>
+              <span className="jp-SpotWarp-dot" /> {w.name}: {w.state}
+            </li>
+          ))}
+        </ul>
+      ) : (
+        <div className="jp-SpotWarp-empty">No preemption watchers running.</div>
+      )}
+      <h4 className="jp-SpotWarp-subhead">Kernels</h4>
+      {kernels.length ? (
+        <ul className="jp-SpotWarp-kernels">
+          {kernels.map(k => (
+            <li key={k.kernel_id}>
+              {k.notebook || k.kernel_id}: {lastOf(k.last_snapshot, now)}
+            </li>
+          ))}
+        </ul>
+      ) : (
+        <div className="jp-SpotWarp-empty">No live kernels.</div>
+      )}
+    </div>
+  );
+}
+
+function lastOf(last: ISnapshotSummary | string | null | undefined, now?: number): string {
+  if (!last) {
+    return 'no snapshot yet';
+  }
+  if (typeof last === 'string') {
+    return last;
+  }
+  return `${last.id} · ${formatAge(last.created, now)}`;
+}
+
+export interface ITimelineProps {
+  snapshots: ISnapshotSummary[];
+  limit?: number;
+  busy?: string;
+  disabled?: boolean;
+  onRestore: (snapshot: ISnapshotSummary) => void;
+}
+
+export function Timeline({ snapshots, limit, busy, disabled, onRestore }: ITimelineProps): JSX.Element {
+  if (!snapshots.length) {
+    return <div className="jp-SpotWarp-empty">No snapshots in this project yet.</div>;
+  }
+  const shown = snapshots.slice(0, limit ?? snapshots.length);
+  return (
+    <ol className="jp-SpotWarp-timeline">
+      {shown.map((s, i) => (
+        <li key={s.id} className="jp-SpotWarp-snapshot" data-snapshot-id={s.id}>
+          <div className="jp-SpotWarp-snapshot-head">
+            <span className="jp-SpotWarp-time" title={s.created}>
+              {formatTime(s.created)}
+            </span>
+            <span className="jp-SpotWarp-size">{formatSize(s.size)}</span>
+          </div>
+          <div className="jp-SpotWarp-host">{s.host}</div>
+          <div className="jp-SpotWarp-snapshot-id">
+            <code>{s.id}</code>
+            {s.kind && <span className="jp-SpotWarp-kind">{s.kind}</span>}
+            {s.signed && <span className="jp-SpotWarp-kind">signed</span>}
+            {s.message && <span className="jp-SpotWarp-message">{s.message}</span>}
+          </div>
+          <div className="jp-SpotWarp-change">{describeChange(s, previousOf(snapshots, i))}</div>
+          <div className="jp-SpotWarp-contents">{describeContents(s)}</div>
+          <button
+            className="jp-Button jp-mod-styled jp-mod-reject jp-SpotWarp-restore"
+            disabled={disabled || Boolean(busy)}
+            onClick={() => onRestore(s)}
+          >
+            {busy === 'restore' ? 'Restoring…' : 'Restore'}
+          </button>
+        </li>
+      ))}
+      {snapshots.length > shown.length && (
+        <li className="jp-SpotWarp-more">{snapshots.length - shown.length} older snapshots not shown</li>
+      )}
+    </ol>
+  );
+}
+
+const REPORT_LABELS: Record<string, string> = {
+  preemptions: 'Preemptions survived',
+  preemptions_survived: 'Preemptions survived',
+  work_lost_s: 'Work lost',
+  time_to_resume_s: 'Time to resume',
+  mean_time_to_resume_s: 'Mean time to resume',
+  compute_saved_s: 'Compute saved',
+  snapshots: 'Snapshots'
+};
+
+function reportValue(key: string, value: unknown): string {
+  if (typeof value === 'number' && key.endsWith('_s')) {
+    return formatDuration(value);
+  }
+  if (typeof value === 'number' && key.endsWith('bytes')) {
+    return formatSize(value);
+  }
+  if (value === null || value === undefined) {
+    return '—';
+  }
+  if (typeof value === 'object') {
+    return JSON.stringify(value);
+  }
+  return String(value);
+}
+
+function labelOf(key: string): string {
+  return REPORT_LABELS[key] ?? key.replace(/_s$/, '').replace(/_/g, ' ').replace(/^./, c => c.toUpperCase());
+}
+
+/** The `report` of GET status: preemptions survived, time to resume, and the events behind them. */
+export function EventsView({ report }: { report?: Record<string, unknown> | null }): JSX.Element {
+  if (!report || !Object.keys(report).length) {
+    return <div className="jp-SpotWarp-empty">No preemptions recorded yet.</div>;
+  }
+  const events = Array.isArray(report.events) ? (report.events as Record<string, unknown>[]) : [];
+  const facts = Object.entries(report).filter(([k]) => k !== 'events');
+  return (
+    <div className="jp-SpotWarp-events">
+      <dl className="jp-SpotWarp-facts">
+        {facts.map(([k, v]) => (
+          <React.Fragment key={k}>
+            <dt>{labelOf(k)}</dt>
+            <dd>{reportValue(k, v)}</dd>
+          </React.Fragment>
+        ))}
+      </dl>
+      {events.length > 0 && (
+        <ol className="jp-SpotWarp-eventlist">
+          {events.map((e, i) => (
+            <li key={i}>
+              {Object.entries(e)
+                .map(([k, v]) => `${labelOf(k)}: ${reportValue(k, v)}`)
+                .join(' · ')}
+            </li>
+          ))}
+        </ol>
+      )}
+    </div>
+  );
+}

@@ -1,0 +1,162 @@
+"""StatusWidget: a live view of one kernel's SpotWarp session, with snapshot-now and restore buttons.
+
+The browser side is `widget.js` + `widget.css` next to this file. Buttons send custom messages
+(`{"action": "snapshot" | "restore" | "refresh"}`); the kernel answers by updating the synced traits.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from pathlib import Path
+from typing import Any
+
+import anywidget
+import traitlets
+
+from ..engine import SpotWarpError
+from ..engine.units import format_duration, format_size
+from ..kernel.session import KernelSession
+
+HERE = Path(__file__).parent
+WATCH_INTERVAL_S = 1.0
+
+
+def protection(status: dict[str, Any]) -> tuple[bool, str]:
+    """Whether the session counts as protected, and the one-line reason shown next to the dot."""
+    if status.get("last_error"):
+        return False, f"last snapshot failed: {status['last_error']}"
+    if not status["policy"]["enabled"]:
+        return False, "automatic snapshots are off (%spotwarp on)"
+    if status.get("last_snapshot") is None:
+        return False, "no snapshot from this kernel yet"
+    return True, "protected"
+
+
+def newer_snapshot(session: KernelSession) -> dict[str, Any] | None:
+    """The newest snapshot of this notebook when it is newer than the kernel's own state (the new-host case)."""
+    listing = session.engine.manifests(session.notebook)
+    if not listing:
+        return None
+    newest = listing[0]
+    known = [m for m in (session.last, session.last_restore[0] if session.last_restore else None) if m is not None]
+    if any(m.id == newest.id or m.created >= newest.created for m in known):
+        return None
+    return {"id": newest.id, "host": newest.host, "created": newest.created_iso,
+            "size": newest.size, "message": newest.message}
+
+
+class StatusWidget(anywidget.AnyWidget):
+    """Protected or not, the last snapshot, the policy, skipped variables; snapshot now; restore from a newer snapshot."""
+
+    _esm = HERE / "widget.js"
+    _css = HERE / "widget.css"
+
+    status = traitlets.Dict(help="What `%spotwarp status` shows, plus `protected` and `protection`.").tag(sync=True)
+    newer = traitlets.Dict(allow_none=True, default_value=None,
+                           help="A newer snapshot of this notebook than the kernel's state, or None.").tag(sync=True)
+    busy = traitlets.Unicode("", help="The action in progress: '', 'snapshot' or 'restore'.").tag(sync=True)
+    notice = traitlets.Unicode("", help="The outcome of the last action, one line.").tag(sync=True)
+    notice_kind = traitlets.Unicode("", help="'ok' or 'error'.").tag(sync=True)
+
+    def __init__(self, session: KernelSession, **kwargs: Any):
+        self._session = session
+        self._stop = threading.Event()
+        status, newer = self._read(check_newer=True)
+        super().__init__(status=status, newer=newer, **kwargs)  # the browser's first state is complete
+        self.on_msg(self._on_message)
+        _start_watcher(self)
+
+    def refresh(self, check_newer: bool = False) -> None:
+        """Push the session's current status (and look for a newer snapshot when asked)."""
+        status, newer = self._read(check_newer)
+        if check_newer:
+            self.newer = newer
+        self.status = status
+
+    def _read(self, check_newer: bool) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        status = self._session.status()
+        status["policy_text"] = self._session.policy.describe()
+        status["protected"], status["protection"] = protection(status)
+        newer = None
+        if check_newer:
+            try:
+                newer = newer_snapshot(self._session)
+            except SpotWarpError as exc:
+                status["protected"], status["protection"] = False, f"storage: {exc}"
+        return status, newer
+
+    def _fingerprint(self) -> tuple:
+        s = self._session
+        return (s.last.id if s.last else None, s.last_error, s.last_restore[0].id if s.last_restore else None,
+                s.policy.describe(), s.settings.project, s.settings.storage)
+
+    def _on_message(self, _widget: Any, content: Any, _buffers: list) -> None:
+        action = content.get("action") if isinstance(content, dict) else None
+        if action == "refresh":
+            self.refresh(check_newer=True)
+        elif action == "snapshot":
+            self._run("snapshot", self._snapshot)
+        elif action == "restore":
+            self._run("restore", lambda: self._restore(str(content.get("id") or "latest")))
+        else:
+            self._say("error", f"unknown widget action {action!r}")
+
+    def _run(self, name: str, work) -> None:
+        if self.busy:
+            self._say("error", f"{self.busy} already in progress")
+            return
+        self.busy = name
+        try:
+            self._say("ok", work())
+        except (SpotWarpError, OSError, ValueError) as exc:
+            self._say("error", f"{name} failed: {exc}")
+        finally:
+            self.busy = ""
+            self.refresh(check_newer=True)
+
+    def _snapshot(self) -> str:
+        started = time.perf_counter()
+        manifest = self._session.snapshot("from the status widget")
+        took = time.perf_counter() - started
+        return (f"Snapshot {manifest.id}: {format_size(manifest.size)}, wrote "
+                f"{format_size(manifest.stats.get('bytes_written', 0))} in {format_duration(took)}")
+
+    def _restore(self, ref: str) -> str:
+        started = time.perf_counter()
+        manifest, result = self._session.restore(ref)
+        took = time.perf_counter() - started
+        warnings = f" ({'; '.join(result.warnings)})" if result.warnings else ""
+        return (f"Restored {len(result.restored)} variables from {manifest.id} ({manifest.host}, "
+                f"{manifest.created_iso}) in {format_duration(took)}{warnings}")
+
+    def _say(self, kind: str, text: str) -> None:
+        self.notice_kind, self.notice = kind, text
+
+    def close(self) -> None:
+        self._stop.set()
+        super().close()
+
+
+def _start_watcher(widget: StatusWidget) -> None:
+    """Push changes made elsewhere (automatic snapshots at safe points, magics) while a cell runs."""
+    ref = weakref.ref(widget)
+    stop = widget._stop
+    seen = [widget._fingerprint()]
+
+    def watch() -> None:
+        while not stop.wait(WATCH_INTERVAL_S):
+            w = ref()
+            if w is None or w.comm is None:
+                return
+            now = w._fingerprint()
+            if now != seen[0] and not w.busy:
+                seen[0] = now
+                try:
+                    w.refresh()
+                except Exception:  # noqa: BLE001 - a display helper never breaks the kernel
+                    pass
+            del w
+
+    threading.Thread(target=watch, name="spotwarp-widget", daemon=True).start()

@@ -1,0 +1,138 @@
+// SpotWarp status widget (anywidget). Hand-written ES module: no bundler, no imports.
+// The kernel owns the state (`status`, `newer`, `busy`, `notice`); buttons send custom messages.
+
+function formatSize(n) {
+  if (n === null || n === undefined) return "?";
+  const units = ["B", "KB", "MB", "GB", "TB"];
+  let i = 0;
+  while (Math.abs(n) >= 1000 && i < units.length - 1) {
+    n /= 1000;
+    i += 1;
+  }
+  return i === 0 ? `${n.toFixed(0)} B` : `${n.toFixed(1)} ${units[i]}`;
+}
+
+function formatDuration(s) {
+  if (s === null || s === undefined) return "?";
+  if (s < 1) return `${Math.round(s * 1000)} ms`;
+  if (s < 60) return `${s.toFixed(1)} s`;
+  if (s < 3600) return `${Math.floor(s / 60)}m ${Math.round(s % 60)}s`;
+  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
+}
+
+function formatAge(iso) {
+  const t = Date.parse(iso);
+  if (Number.isNaN(t)) return "";
+  const s = Math.max(0, (Date.now() - t) / 1000);
+  if (s < 60) return `${Math.floor(s)} s ago`;
+  if (s < 3600) return `${Math.floor(s / 60)} min ago`;
+  if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min ago`;
+  return `${Math.floor(s / 86400)} days ago`;
+}
+
+function formatTime(iso) {
+  const d = new Date(iso);
+  return Number.isNaN(d.getTime()) ? iso : d.toLocaleString();
+}
+
+function node(tag, className, text) {
+  const el = document.createElement(tag);
+  if (className) el.className = className;
+  if (text !== undefined) el.textContent = text;
+  return el;
+}
+
+function row(label, value, className) {
+  const r = node("div", "spotwarp-w-row" + (className ? ` ${className}` : ""));
+  r.append(node("span", "spotwarp-w-label", label));
+  if (typeof value === "string") r.append(node("span", "spotwarp-w-value", value));
+  else r.append(value);
+  return r;
+}
+
+function render({ model, el }) {
+  const root = node("div", "spotwarp-widget");
+  el.append(root);
+  let ageEl = null;
+
+  function draw() {
+    const s = model.get("status") || {};
+    const newer = model.get("newer");
+    const busy = model.get("busy");
+    const last = s.last_snapshot;
+    root.replaceChildren();
+    root.dataset.protected = s.protected ? "yes" : "no";
+
+    const head = node("div", "spotwarp-w-head");
+    head.append(node("span", "spotwarp-w-dot " + (s.protected ? "is-ok" : "is-warn")));
+    head.append(node("span", "spotwarp-w-title", "SpotWarp"));
+    head.append(node("span", "spotwarp-w-state", s.protected ? "protected" : `not protected: ${s.protection || "?"}`));
+    head.append(node("span", "spotwarp-w-where", `${s.project || "?"} · ${s.notebook || "?"}`));
+    root.append(head);
+
+    if (last) {
+      const v = node("span", "spotwarp-w-value");
+      v.append(node("code", "spotwarp-w-id", last.id));
+      ageEl = node("span", "spotwarp-w-age", ` · ${formatAge(last.created)}`);
+      v.append(ageEl);
+      v.append(document.createTextNode(
+        ` · ${formatSize(last.size)} · wrote ${formatSize(last.bytes_written)} in ${formatDuration(last.duration_s)}`
+      ));
+      root.append(row("Last snapshot", v, "spotwarp-w-last"));
+    } else {
+      ageEl = null;
+      root.append(row("Last snapshot", "none from this kernel yet", "spotwarp-w-last"));
+    }
+    root.append(row("Policy", s.policy_text || "", "spotwarp-w-policy"));
+    root.append(row("Storage", s.storage || "", "spotwarp-w-storage"));
+    if (s.last_error) root.append(row("Error", s.last_error, "spotwarp-w-error"));
+
+    const skipped = Object.entries(s.skipped || {});
+    if (skipped.length) {
+      const list = node("ul", "spotwarp-w-skipped");
+      for (const [name, reason] of skipped.sort()) {
+        const li = node("li");
+        li.append(node("code", "", name), document.createTextNode(`: ${reason}`));
+        list.append(li);
+      }
+      root.append(row("Skipped", list, "spotwarp-w-skip"));
+    }
+
+    const actions = node("div", "spotwarp-w-actions");
+    const snap = node("button", "spotwarp-w-button spotwarp-w-snapshot", busy === "snapshot" ? "Taking snapshot…" : "Snapshot now");
+    snap.disabled = Boolean(busy);
+    snap.addEventListener("click", () => model.send({ action: "snapshot" }));
+    actions.append(snap);
+    if (newer) {
+      const label = busy === "restore" ? "Restoring…" : `Restore session from ${newer.host}, ${formatTime(newer.created)}`;
+      const restore = node("button", "spotwarp-w-button spotwarp-w-restore", label);
+      restore.title = `Snapshot ${newer.id}, ${formatSize(newer.size)}${newer.message ? ": " + newer.message : ""}`;
+      restore.disabled = Boolean(busy);
+      restore.addEventListener("click", () => model.send({ action: "restore", id: newer.id }));
+      actions.append(restore);
+    }
+    root.append(actions);
+
+    const notice = model.get("notice");
+    if (notice) root.append(node("div", `spotwarp-w-notice is-${model.get("notice_kind") || "ok"}`, notice));
+  }
+
+  function tick() {
+    const last = (model.get("status") || {}).last_snapshot;
+    if (ageEl && last) ageEl.textContent = ` · ${formatAge(last.created)}`;
+  }
+
+  draw();
+  for (const name of ["status", "newer", "busy", "notice", "notice_kind"]) model.on(`change:${name}`, draw);
+  const ticker = setInterval(tick, 1000);
+  // Ask the kernel now and then whether another host has written a newer snapshot.
+  const poller = setInterval(() => {
+    if (!document.hidden) model.send({ action: "refresh" });
+  }, 30000);
+  return () => {
+    clearInterval(ticker);
+    clearInterval(poller);
+  };
+}
+
+export default { render };

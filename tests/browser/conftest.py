@@ -1,0 +1,133 @@
+"""A real browser (Debian's chromium, driven by Playwright's sync API) on JupyterLab from `spotwarp start`.
+
+This folder runs in its own pytest process (see .ci/run): Playwright's sync API clashes with the
+event loop pytest-jupyter runs in the main test run.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any, Iterator
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parents[1]))
+
+from lab_server import TOKEN, free_port, host_env  # noqa: E402
+
+CHROMIUM = os.environ.get("SPOTWARP_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
+                 "--disable-component-update", "--no-first-run"]
+
+
+class Lab:
+    """`spotwarp start` in its own process group, with the browser-facing options a test needs."""
+
+    def __init__(self, workspace: Path, store: str, home: Path, log: Path):
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}/"
+        self.workspace = workspace
+        self.log_path = log
+        config = home / ".jupyter"
+        (config / "labconfig").mkdir(parents=True, exist_ok=True)
+        # news and update checks off: no network, no notification covering the page
+        (config / "labconfig" / "page_config.json").write_text(json.dumps(
+            {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
+        argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", "browser",
+                "--storage", store, "--workspace-path", str(workspace), "--port", str(self.port), "--",
+                "--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
+                "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
+                "--LabApp.extension_manager=readonly", "--LabApp.expose_app_in_browser=True"]
+        with open(log, "wb") as out:
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=host_env(home),
+                                         start_new_session=True)
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace")
+
+    def request(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+        req = urllib.request.Request(self.url + path, data=data, method=method,
+                                     headers={"Authorization": f"token {TOKEN}", "Content-Type": "application/json"})
+        try:
+            with urllib.request.urlopen(req, timeout=120) as r:
+                raw = r.read()
+                return r.status, json.loads(raw) if raw else None
+        except urllib.error.HTTPError as exc:
+            raw = exc.read()
+            return exc.code, json.loads(raw) if raw else None
+
+    def wait_ready(self, timeout: float = 180) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise AssertionError(f"spotwarp start exited with {self.proc.returncode}:\n{self.log()}")
+            try:
+                if self.request("GET", "spotwarp/api/status")[0] == 200:
+                    return
+            except (urllib.error.URLError, ConnectionError, TimeoutError):
+                pass
+            time.sleep(0.1)  # poll interval of a deadline-bounded wait
+        raise AssertionError(f"JupyterLab not ready after {timeout} s:\n{self.log()}")
+
+    def stop(self) -> None:
+        import signal
+
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture
+def lab(tmp_path: Path) -> Iterator[Lab]:
+    workspace = tmp_path / "workspace"
+    workspace.mkdir()
+    notebook = {
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [], "source": src}
+            for cid, src in [("c1", "%load_ext spotwarp"), ("c2", "weights = [0.25] * 1000\nimport threading\nlock = threading.Lock()"),
+                             ("c3", "%spotwarp snapshot -m epoch3")]
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
+        "nbformat": 4, "nbformat_minor": 5,
+    }
+    (workspace / "train.ipynb").write_text(json.dumps(notebook))
+    (workspace / "data.txt").write_text("epoch 3\n")
+    server = Lab(workspace, str(tmp_path / "store"), tmp_path / "home", tmp_path / "lab.log")
+    try:
+        server.wait_ready()
+        yield server
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def page(tmp_path: Path):
+    """A fresh headless chromium page (function scope: the sync API's loop lives only in this test)."""
+    from playwright.sync_api import sync_playwright
+
+    if not Path(CHROMIUM).exists():
+        pytest.fail(f"{CHROMIUM} not found: apt-get install -y chromium (the browser test never downloads one)")
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
+        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        page = context.new_page()
+        page.set_default_timeout(60_000)
+        try:
+            yield page
+        finally:
+            context.close()
+            browser.close()

@@ -1,0 +1,114 @@
+"""In a real browser: the SpotWarp panel in JupyterLab from `spotwarp start`, and the notebook's status widget."""
+
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+
+from lab_server import TOKEN
+from playwright.sync_api import expect
+
+DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
+
+
+def until(condition, what: str, timeout: float = 60):
+    """Poll `condition` until it returns something truthy, or fail naming `what`."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.1)  # poll interval of a deadline-bounded wait
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def screenshot(locator, name: str, tmp_path: Path) -> Path:
+    """Save a PNG next to the test's files; also into docs/img when SPOTWARP_SCREENSHOTS=1 (README images)."""
+    out = tmp_path / name
+    locator.screenshot(path=str(out))
+    if os.environ.get("SPOTWARP_SCREENSHOTS") == "1":
+        DOCS_IMG.mkdir(parents=True, exist_ok=True)
+        (DOCS_IMG / name).write_bytes(out.read_bytes())
+    return out
+
+
+def widen_left_area(page, pixels: int) -> None:
+    """Drag the left sidebar's edge, as a user does, so the screenshot shows the panel unwrapped."""
+    handle = page.locator("#jp-main-split-panel > .lm-SplitPanel-handle").first
+    box = handle.bounding_box()
+    x, y = box["x"] + box["width"] / 2, box["y"] + box["height"] / 2
+    page.mouse.move(x, y)
+    page.mouse.down()
+    page.mouse.move(x + pixels, y, steps=5)
+    page.mouse.up()
+
+
+def confirm(page, title: str, button: str) -> None:
+    dialog = page.locator(".jp-Dialog")
+    expect(dialog).to_contain_text(title)
+    dialog.get_by_role("button", name=button, exact=True).click()
+    expect(dialog).to_have_count(0)
+
+
+def test_panel_snapshot_restore_and_notebook_widget(lab, page, tmp_path):
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{lab.url}lab?token={TOKEN}")
+
+    # The panel: its own icon in the left sidebar, checked against the server extension's version.
+    page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="spotwarp-panel"]').click()
+    panel = page.locator("#spotwarp-panel")
+    expect(panel).to_be_visible()
+    expect(panel.locator(".jp-SpotWarp-statusSection")).to_contain_text("browser")
+    expect(panel.locator(".jp-SpotWarp-empty").first).to_be_visible()
+    expect(panel.locator('[role="alert"]')).to_have_count(0)
+
+    # Snapshot now, confirmed; the panel's timeline shows the snapshot the server just committed.
+    panel.locator(".jp-SpotWarp-snapshotNow").click()
+    confirm(page, "Take a SpotWarp snapshot?", "Snapshot")
+    snaps = until(lambda: lab.request("GET", "spotwarp/api/snapshots")[1]["snapshots"], "the snapshot")
+    snap_id = snaps[0]["id"]
+    entry = panel.locator(f'[data-snapshot-id="{snap_id}"]')
+    expect(entry).to_be_visible()
+    expect(entry).to_contain_text(snaps[0]["host"])
+    expect(entry.locator(".jp-SpotWarp-contents")).to_contain_text("2 files")
+
+    # A workspace file goes bad; restoring the snapshot from the panel brings it back.
+    (lab.workspace / "data.txt").write_text("garbage\n")
+    entry.get_by_role("button", name="Restore").click()
+    confirm(page, f"Restore snapshot {snap_id}?", "Restore")
+    expect(page.get_by_text(f"Restored {snap_id}")).to_be_visible()
+    assert (lab.workspace / "data.txt").read_text() == "epoch 3\n"
+
+    # The notebook: %load_ext spotwarp shows the widget, which renders the kernel's status live.
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'train.ipynb'})")
+    expect(page.locator(".jp-NotebookPanel .jp-Notebook")).to_be_visible()
+    until(lambda: page.evaluate(
+        "() => { const w = window.jupyterapp.shell.currentWidget;"
+        " return !!(w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
+        " && w.sessionContext.session.kernel.status === 'idle'); }"), "the notebook's kernel", timeout=120)
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    widget = page.locator(".spotwarp-widget")
+    expect(widget).to_be_visible(timeout=120_000)
+    expect(widget.locator(".spotwarp-w-where")).to_have_text("browser · train.ipynb")
+    expect(widget.locator(".spotwarp-w-state")).to_have_text("protected", timeout=120_000)
+    expect(widget.locator(".spotwarp-w-skip")).to_contain_text("lock")
+    expect(widget.locator(".spotwarp-w-policy")).to_contain_text("every 5m")
+
+    widget.get_by_role("button", name="Snapshot now").click()
+    notice = widget.locator(".spotwarp-w-notice")
+    expect(notice).to_contain_text("Snapshot ")
+    widget_snap = notice.inner_text().split()[1].rstrip(":")
+    expect(widget.locator(".spotwarp-w-id")).to_have_text(widget_snap)
+
+    # The panel lists the notebook's snapshots too, with the notebook named.
+    panel.locator(".jp-ToolbarButtonComponent[title='Refresh']").click()
+    nb_entry = panel.locator(f'[data-snapshot-id="{widget_snap}"]')
+    expect(nb_entry).to_be_visible()
+    expect(nb_entry.locator(".jp-SpotWarp-contents")).to_contain_text("train.ipynb")
+
+    widen_left_area(page, 120)
+    screenshot(panel, "panel.png", tmp_path)
+    screenshot(widget, "widget.png", tmp_path)
+    assert not errors, errors
