@@ -106,6 +106,50 @@ class LabServer:
         self.proc.wait(timeout=30)
 
 
+class Execution:
+    """One execute_request over a kernel websocket (JSON protocol) and what came back for it."""
+
+    def __init__(self, code: str, msg_id: str | None = None):
+        self.msg_id = msg_id or uuid.uuid4().hex
+        self.request = json.dumps({
+            "header": {"msg_id": self.msg_id, "msg_type": "execute_request", "username": "test",
+                       "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
+            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+                        "allow_stdin": False, "stop_on_error": True},
+        })
+        self.out: list[str] = []
+        self.status: str | None = None
+        self.idle = False
+
+    @property
+    def done(self) -> bool:
+        return self.status is not None and self.idle
+
+    def feed(self, raw: str | bytes) -> None:
+        """Take one websocket message; those answering other requests are ignored."""
+        msg = json.loads(raw)
+        if msg.get("parent_header", {}).get("msg_id") != self.msg_id:
+            return
+        kind, content = msg["msg_type"], msg["content"]
+        if kind == "stream":
+            self.out.append(content["text"])
+        elif kind in ("execute_result", "display_data"):
+            self.out.append(content["data"].get("text/plain", "") + "\n")
+        elif kind == "error":
+            self.out.append(f"{content['ename']}: {content['evalue']}")
+        elif kind == "execute_reply":
+            self.status = content["status"]
+        elif kind == "status" and content["execution_state"] == "idle":
+            self.idle = True
+
+    def output(self) -> str:
+        """What the code printed; AssertionError with it when the code raised."""
+        if self.status != "ok":
+            raise AssertionError("".join(self.out))
+        return "".join(self.out)
+
+
 class KernelSocket:
     """A kernel's websocket, as the notebook frontend uses it."""
 
@@ -116,35 +160,13 @@ class KernelSocket:
 
     def run(self, code: str, timeout: float = 120) -> str:
         """Execute `code`; return its output; raise AssertionError with the output if it failed."""
-        msg_id = uuid.uuid4().hex
-        self.ws.send(json.dumps({
-            "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test",
-                       "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                        "allow_stdin": False, "stop_on_error": True},
-        }))
-        out, status, idle = [], None, False
+        execution = Execution(code)
+        self.ws.send(execution.request)
         deadline = time.monotonic() + timeout
-        while status is None or not idle:
+        while not execution.done:
             self.ws.settimeout(max(deadline - time.monotonic(), 0.1))
-            msg = json.loads(self.ws.recv())
-            if msg.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind, content = msg["msg_type"], msg["content"]
-            if kind == "stream":
-                out.append(content["text"])
-            elif kind in ("execute_result", "display_data"):
-                out.append(content["data"].get("text/plain", "") + "\n")
-            elif kind == "error":
-                out.append(f"{content['ename']}: {content['evalue']}")
-            elif kind == "execute_reply":
-                status = content["status"]
-            elif kind == "status" and content["execution_state"] == "idle":
-                idle = True
-        if status != "ok":
-            raise AssertionError("".join(out))
-        return "".join(out)
+            execution.feed(self.ws.recv())
+        return execution.output()
 
     def value(self, expr: str) -> Any:
         text = self.run(f"import json as _j; print('@@' + _j.dumps({expr}))")

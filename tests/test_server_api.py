@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-import uuid
 from pathlib import Path
 
 import pytest
+from lab_server import Execution
 from tornado.httpclient import HTTPClientError
 
 from spotwarp_jupyter import __version__
@@ -141,33 +141,11 @@ async def test_a_snapshot_naming_paths_outside_the_workspace_is_refused(jp_fetch
 # -- live kernels over the comm ---------------------------------------------------------------------
 async def execute(ws, code: str, timeout: float = 120) -> str:
     """Run `code` in the kernel behind a kernel websocket; return its output, raise on error."""
-    msg_id = uuid.uuid4().hex
-    await ws.write_message(json.dumps({
-        "header": {"msg_id": msg_id, "msg_type": "execute_request", "username": "test", "session": uuid.uuid4().hex,
-                   "version": "5.3", "date": ""},
-        "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-        "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
-                    "allow_stdin": False, "stop_on_error": True},
-    }))
-    out, status, idle = [], None, False
-    while status is None or not idle:
-        msg = json.loads(await asyncio.wait_for(ws.read_message(), timeout))
-        if msg.get("parent_header", {}).get("msg_id") != msg_id:
-            continue
-        kind, content = msg["msg_type"], msg["content"]
-        if kind == "stream":
-            out.append(content["text"])
-        elif kind in ("execute_result", "display_data"):
-            out.append(content["data"].get("text/plain", "") + "\n")
-        elif kind == "error":
-            out.append(f"{content['ename']}: {content['evalue']}")
-        elif kind == "execute_reply":
-            status = content["status"]
-        elif kind == "status" and content["execution_state"] == "idle":
-            idle = True
-    if status != "ok":
-        raise AssertionError("".join(out))
-    return "".join(out)
+    execution = Execution(code)
+    await ws.write_message(execution.request)
+    while not execution.done:
+        execution.feed(await asyncio.wait_for(ws.read_message(), timeout))
+    return execution.output()
 
 
 async def open_notebook(jp_fetch, jp_ws_fetch, path: str):
@@ -292,13 +270,8 @@ class TestBusyKernel:
             await execute(ws, "%load_ext spotwarp\nepoch = 1\n%spotwarp snapshot")
             await execute(ws, "epoch = 2")
             # a long cell: the kernel answers nothing until the test releases it
-            await ws.write_message(json.dumps({
-                "header": {"msg_id": "long", "msg_type": "execute_request", "username": "t", "session": "s",
-                           "version": "5.3", "date": ""},
-                "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-                "content": {"code": f"import os, time\nwhile not os.path.exists({str(flag)!r}): time.sleep(0.02)",
-                            "silent": False, "store_history": False, "user_expressions": {}, "allow_stdin": False},
-            }))
+            await ws.write_message(Execution(f"import os, time\nwhile not os.path.exists({str(flag)!r}): "
+                                             "time.sleep(0.02)").request)
             code, snap = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
             assert code == 201
             assert snap["stats"]["kernels_stale"] == ["busy.ipynb"] and snap["stats"]["kernels_fresh"] == []

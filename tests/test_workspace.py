@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from lab_server import tree
 
 from spotwarp_jupyter.engine import ManifestError, Settings, SnapshotEngine, SpotWarpError
 from spotwarp_jupyter.engine.errors import DamagedObjectError
@@ -18,12 +19,6 @@ from spotwarp_jupyter.engine.workspace import backup_workspace
 from spotwarp_jupyter.engine.workspace_restore import UnsafePathError, restore_files
 
 CHUNK = 64 * 1024
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    """relative path -> bytes of every regular file under root."""
-    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*"))
-            if p.is_file() and not p.is_symlink()}
 
 
 def age(root: Path, seconds: float = 60) -> None:
