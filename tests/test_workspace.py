@@ -276,3 +276,16 @@ def test_project_snapshot_and_cli_restore_refuse_a_tampered_manifest(engine, ws,
 def test_backup_of_a_missing_workspace_is_a_clear_error(engine, tmp_path):
     with pytest.raises(SpotWarpError, match="not a folder"):
         backup_workspace(engine.store, str(tmp_path / "nope"))
+
+
+def test_gc_keeps_the_newest_snapshot_with_files_whatever_keep_says(engine, ws, tmp_path):
+    """Kernels snapshot far more often than files change; a small --keep must not lose the workspace."""
+    project = snapshot_project(engine, str(ws), message="files", chunk_size=CHUNK)
+    older = snapshot_project(engine, str(ws), message="files again", chunk_size=CHUNK)
+    for step in range(3):
+        engine.snapshot_kernel({"step": step}, notebook="train.ipynb")
+    report = engine.gc(keep=1, grace_s=0)
+    assert older.id in report.kept and project.id in report.dropped and len(report.kept) == 2
+    assert with_files(engine).id == older.id and engine.verify().ok
+    restore_project_files(engine, with_files(engine), str(tmp_path / "new-host"))
+    assert tree(tmp_path / "new-host") == {k: v for k, v in tree(ws).items() if k in older.files["entries"]}

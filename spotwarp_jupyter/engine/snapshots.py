@@ -226,6 +226,11 @@ class SnapshotEngine:
             report = GcReport()
             listing = self.manifests()
             kept, dropped = listing[:keep], listing[keep:]
+            # the newest snapshot holding workspace files is what a new host restores from: never drop it
+            files = next((m for m in listing if (m.files or {}).get("entries") is not None), None)
+            if files is not None and files in dropped:
+                dropped.remove(files)
+                kept.append(files)
             for m in dropped:
                 self.store.delete_manifest(m.name)
                 self._cache.pop(m.name, None)
