@@ -128,3 +128,33 @@ def test_snapshot_without_a_server_backs_up_files(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "restored 6 files" in out.stdout and first["id"] in out.stdout
     assert tree(target) == {k: v for k, v in tree(ws).items() if not k.startswith(("scratch/", ".ipynb_checkpoints/"))}
+
+
+def test_restore_on_a_terminal_draws_a_progress_bar(tmp_path):
+    import pty
+
+    ws = tmp_path / "ws"
+    make_workspace(ws)
+    env = host_env(tmp_path / "home")
+    store = str(tmp_path / "store")
+    base = [sys.executable, "-m", "spotwarp_jupyter.cli"]
+    subprocess.run([*base, "snapshot", "--project-id", "tty", "--storage", store, "--workspace-path", str(ws)],
+                   capture_output=True, env=env, timeout=120, check=True)
+    master, slave = pty.openpty()
+    with os.fdopen(master, "rb", buffering=0) as terminal:
+        proc = subprocess.Popen([*base, "restore", "--project-id", "tty", "--storage", store, "--workspace-path",
+                                 str(tmp_path / "restored")], stdout=subprocess.PIPE, stderr=slave, env=env)
+        os.close(slave)
+        drawn = b""
+        while True:
+            try:
+                data = terminal.read(4096)
+            except OSError:  # the terminal closes when the command exits
+                break
+            if not data:
+                break
+            drawn += data
+        stdout = proc.communicate(timeout=120)[0].decode()
+    assert proc.returncode == 0
+    assert b"100%" in drawn and b"[" + b"#" * 30 + b"]" in drawn, drawn
+    assert "restored 6 files" in stdout
