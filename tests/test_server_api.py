@@ -286,3 +286,15 @@ class TestBusyKernel:
             flag.write_text("go")
             ws.close()
             await jp_fetch("api", "kernels", kid, method="DELETE")
+
+
+def test_a_kernel_names_its_notebook_relative_to_the_workspace(tmp_path):
+    """jupyter_server passes an absolute JPY_SESSION_NAME; the key must be the same on every host."""
+    from spotwarp_jupyter.kernel.session import notebook_name
+
+    ws = tmp_path / "ws"
+    assert notebook_name({"JPY_SESSION_NAME": str(ws / "nb" / "a.ipynb"), "SPOTWARP_WORKSPACE": str(ws)}) == "nb/a.ipynb"
+    assert notebook_name({"JPY_SESSION_NAME": "nb/a.ipynb", "SPOTWARP_WORKSPACE": str(ws)}) == "nb/a.ipynb"
+    outside = str(tmp_path / "elsewhere" / "b.ipynb")
+    assert notebook_name({"JPY_SESSION_NAME": outside, "SPOTWARP_WORKSPACE": str(ws)}) == outside.lstrip("/")
+    assert notebook_name({}) == "default"
