@@ -183,6 +183,13 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         (k,) = restored["kernels"]
         assert k["kernel_id"] == kid and k["notebook"] == "nb/train.ipynb" and {"weights", "step"} <= set(k["restored"])
         assert "[1.5, 2.5] 7" in await execute(ws, "print(weights, step)")
+        # a later kernel-only snapshot: `latest` restores each kernel from its own newest state
+        await execute(ws, "step = 8\n%spotwarp snapshot")
+        await execute(ws, "step = 0")
+        code, latest = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
+        assert code == 200 and latest["id"] == snap["id"]  # files: the newest snapshot holding files
+        assert latest["kernels"][0]["id"] != snap["id"]
+        assert (await execute(ws, "print(step)")).strip() == "8"
     finally:
         ws.close()
         plain_ws.close()

@@ -128,18 +128,26 @@ class ProjectService:
             return manifest
 
     async def restore(self, ref: str) -> dict[str, Any]:
-        """Files back into the workspace, then every live kernel of a notebook the snapshot holds."""
+        """Files back into the workspace, then every live kernel of a notebook the snapshot holds.
+
+        For `latest`, files come from the newest snapshot holding files and each kernel from the newest
+        snapshot of its own notebook (kernels usually snapshot more often than files change).
+        """
         async with self._lock:
             manifest = await self.run(with_files, self.engine, ref)
             if manifest is None:
                 manifest = await self.run(self.engine.get, ref)
             report = await self.run(restore_project_files, self.engine, manifest, self.workspace)
-            live = [k for k in await self.live_kernels() if k["notebook"] in manifest.kernels]
-            answers = await self._ask_all(live, {"request": "restore", "snapshot": manifest.id})
+            latest = ref.strip() in ("latest", "")
+            held = {nb for m in await self.run(self.engine.manifests) for nb in m.kernels} if latest \
+                else set(manifest.kernels)
+            live = [k for k in await self.live_kernels() if k["notebook"] in held]
+            answers = await self._ask_all(live, {"request": "restore", "snapshot": "latest" if latest else manifest.id})
             kernels = []
             for k, answer in zip(live, answers):
                 if isinstance(answer, dict):
-                    kernels.append({**k, "restored": answer.get("restored", []), "warnings": answer.get("warnings", [])})
+                    kernels.append({**k, "id": answer.get("id"), "restored": answer.get("restored", []),
+                                    "warnings": answer.get("warnings", [])})
                 else:
                     kernels.append({**k, "restored": [], "error": answer})
             return {"id": manifest.id, "files_restored": report.files_restored,
