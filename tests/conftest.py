@@ -10,6 +10,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from kernels import Kernel  # noqa: E402
 
+pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixture
+
 
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:

@@ -7,6 +7,7 @@ import hmac
 import json
 import os
 import secrets
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
@@ -27,6 +28,31 @@ def signing_key(env: dict[str, str] | None = None) -> bytes | None:
     """The HMAC key from `SPOTWARP_KEY`, if set."""
     value = (env if env is not None else os.environ).get("SPOTWARP_KEY")
     return value.encode() if value else None
+
+
+def key_id(key: bytes) -> str:
+    """A short public name for a signing key, so a refusal can say "another key" rather than "altered"."""
+    return hmac.new(key, b"spotwarp key id", hashlib.sha256).hexdigest()[:12]
+
+
+_TRUST_WARNING = (
+    "restoring a snapshot runs pickle code from storage, and SPOTWARP_KEY is not set, so nothing checks who "
+    "wrote it: set SPOTWARP_KEY (the same secret on every host of the project) to sign snapshots and refuse others"
+)
+_trust_warned = False
+_trust_lock = threading.Lock()
+
+
+def trust_warning(key: bytes | None) -> str | None:
+    """The warning to show before the first restore without a key in this process; None after that or with a key."""
+    global _trust_warned
+    if key:
+        return None
+    with _trust_lock:
+        if _trust_warned:
+            return None
+        _trust_warned = True
+    return _TRUST_WARNING
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
@@ -93,6 +119,7 @@ class Manifest:
         doc["checksum"] = hashlib.sha256(payload).hexdigest()
         if key:
             doc["signature"] = hmac.new(key, payload, hashlib.sha256).hexdigest()
+            doc["key_id"] = key_id(key)
         return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False).encode()
 
     @classmethod
@@ -106,17 +133,28 @@ class Manifest:
             raise ManifestError(f"snapshot manifest {name} has an unknown format")
         checksum = doc.pop("checksum", None)
         signature = doc.pop("signature", None)
+        signer = doc.pop("key_id", None)
         payload = _canonical(doc)
-        if checksum != hashlib.sha256(payload).hexdigest():
-            raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
+        ident = doc.get("id", name)
         if key:
+            # the signature is checked before the checksum: a forger can recompute a checksum, not an HMAC
             if signature is None:
                 if require_signature:
-                    raise SignatureError(f"snapshot {doc.get('id')} is unsigned, but SPOTWARP_KEY is set: refusing to load it")
-            elif not hmac.compare_digest(signature, hmac.new(key, payload, hashlib.sha256).hexdigest()):
-                raise SignatureError(
-                    f"snapshot {doc.get('id')} is signed with another key or was altered: refusing to load it"
-                )
+                    raise SignatureError(
+                        f"snapshot {ident} is unsigned, but SPOTWARP_KEY is set here: refusing to load it "
+                        "(it was written by a host without the key, or by someone else)"
+                    )
+            elif not isinstance(signature, str) or not hmac.compare_digest(
+                signature, hmac.new(key, payload, hashlib.sha256).hexdigest()
+            ):
+                if signer is not None and signer != key_id(key):
+                    raise SignatureError(
+                        f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
+                        "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
+                    )
+                raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
+        if checksum != hashlib.sha256(payload).hexdigest():
+            raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
         try:
             return cls(
                 id=doc["id"],

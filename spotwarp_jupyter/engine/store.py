@@ -4,6 +4,12 @@ Layout under `{storage}/{project}/`:
   objects/ab/<blake3>          one immutable blob each, named by its content hash
   snapshots/<time>-<id>.json   one manifest per committed snapshot, written last
 A snapshot exists only once its manifest exists; a manifest names only objects already durable.
+
+On object stores (gcsfs, s3fs) there is no atomic rename, and none is needed: every object is one
+PUT (or one multipart upload), visible only when complete, and the commit is a single PUT of the
+manifest made after every object it names has been stored. Transient failures (connection resets,
+timeouts, 5xx, throttling) are retried with exponential backoff; when the attempts are spent the
+caller gets one StorageError line and no manifest is written.
 """
 
 from __future__ import annotations
@@ -11,27 +17,59 @@ from __future__ import annotations
 import logging
 import os
 import posixpath
+import random
 import secrets
+import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Iterable, Iterator
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from datetime import datetime
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
-import fsspec
-from fsspec.implementations.local import LocalFileSystem
+# gcsfs probes for hierarchical-namespace buckets over gRPC unless told not to; against emulators and
+# most buckets that probe waits out a 60 s timeout per bucket call. Must be set before gcsfs is imported.
+os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
-from .errors import DamagedObjectError, StorageError
-from .hashing import Buffer, is_object_id, object_id
+import fsspec  # noqa: E402
+from fsspec.implementations.local import LocalFileSystem  # noqa: E402
+
+from .errors import DamagedObjectError, StorageError  # noqa: E402
+from .hashing import Buffer, is_object_id, object_id  # noqa: E402
 
 log = logging.getLogger("spotwarp")
 
 MANIFEST_SUFFIX = ".json"
+_TMP_MARK = ".tmp-"
+T = TypeVar("T")
+
+# On S3, objects above this size go up as multipart uploads in parts of PART_SIZE, sent in parallel.
+# Chunks of large buffers are 64 MiB (persist.CHUNK_SIZE), so this catches big pickle streams.
+MULTIPART_THRESHOLD = 64 * 1024 * 1024 + 1
+PART_SIZE = 16 * 1024 * 1024
+
+
+def _env_int(name: str, default: int, lowest: int) -> int:
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return max(lowest, int(text))
+    except ValueError:
+        log.warning("ignoring %s=%r: not a whole number", name, text)
+        return default
+
+
+def _env_float(name: str, default: float) -> float:
+    text = os.environ.get(name, "").strip()
+    try:
+        return max(0.0, float(text)) if text else default
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number", name, text)
+        return default
 
 
 def _modified(info: dict[str, Any]) -> float | None:
     """Modification time from an fsspec info dict, whatever the backend calls it."""
-    from datetime import datetime
-
-    for key in ("mtime", "LastModified", "updated", "mtime_ns", "created"):
+    for key in ("mtime", "LastModified", "updated", "mtime_ns", "created", "timeCreated"):
         value = info.get(key)
         if value is None:
             continue
@@ -44,7 +82,53 @@ def _modified(info: dict[str, Any]) -> float | None:
         except ValueError:
             continue
     return None
-_TMP_MARK = ".tmp-"
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
+              ValueError, TypeError, KeyError, AttributeError, NotImplementedError, DamagedObjectError, StorageError)
+
+
+_TRANSIENT_WORDS = ("connect", "timeout", "disconnect", "payload", "throttl", "unavailable", "incomplete",
+                    "reset", "protocolerror", "chunkedencoding", "brokenpipe")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying: connection trouble, timeouts, throttling, server errors."""
+    code = getattr(exc, "code", None) or getattr(exc, "status", None)
+    if isinstance(code, int) and 400 <= code < 600:
+        return code in (408, 429) or code >= 500
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, (OSError, TimeoutError, ConnectionError)):
+        return True  # socket errors, and s3fs's translation of 5xx / SlowDown
+    # backend exception types (botocore, aiohttp, requests) we cannot import without requiring them
+    names = " ".join(t.__name__.lower() for t in type(exc).__mro__)
+    return any(word in names for word in _TRANSIENT_WORDS)
+
+
+class RetryPolicy:
+    """How often and how patiently a storage call is retried (SPOTWARP_STORAGE_RETRIES / _BACKOFF)."""
+
+    def __init__(self, attempts: int = 4, backoff_s: float = 0.5, max_backoff_s: float = 8.0):
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    @classmethod
+    def from_env(cls) -> "RetryPolicy":
+        """Attempts per call from SPOTWARP_STORAGE_RETRIES (default 4), first pause from SPOTWARP_STORAGE_BACKOFF."""
+        return cls(_env_int("SPOTWARP_STORAGE_RETRIES", 4, 1), _env_float("SPOTWARP_STORAGE_BACKOFF", 0.5))
+
+    def pause(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based): exponential, with jitter."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
 
 
 class Store:
@@ -53,13 +137,27 @@ class Store:
     def __init__(self, url: str, project: str, storage_options: dict[str, Any] | None = None, create: bool = True):
         self.url = url
         self.project = project
+        options = dict(storage_options or {})
+        protocol = url.split("://", 1)[0].lower() if "://" in url else "file"
+        if protocol not in ("file", "local"):
+            # listings must be fresh: another host may commit or gc at any moment
+            options.setdefault("use_listings_cache", False)
+        if protocol in ("gs", "gcs"):
+            # gcsfs logs each retried request's traceback; the user gets our one-line error instead
+            logging.getLogger("gcsfs").addHandler(logging.NullHandler())
+        self._options = options
         try:
-            self.fs, base = fsspec.core.url_to_fs(url, **(storage_options or {}))
-        except (ImportError, ValueError) as exc:
-            raise StorageError(f"cannot use storage {url!r}: {exc}") from None
+            self._fs, base = fsspec.core.url_to_fs(url, **options)
+            self._fs_pid = os.getpid()
+        except (ImportError, ValueError, TypeError) as exc:
+            raise StorageError(f"cannot use storage {url!r}: {_one_line(exc)}") from None
         except Exception as exc:  # noqa: BLE001 - any backend failure is a storage error
-            raise StorageError(f"cannot open storage {url!r}: {type(exc).__name__}: {exc}") from None
+            raise StorageError(f"cannot open storage {url!r}: {_one_line(exc)}") from None
         self.local = isinstance(self.fs, LocalFileSystem)
+        self._s3 = protocol in ("s3", "s3a")
+        self._gcs = protocol in ("gs", "gcs")
+        self.retry = RetryPolicy(attempts=1) if self.local else RetryPolicy.from_env()
+        self.workers = _env_int("SPOTWARP_STORAGE_WORKERS", 2 if self.local else 8, 1)
         self.base = base.rstrip("/")
         self.root = posixpath.join(self.base, project) if base else project
         self.objects_dir = posixpath.join(self.root, "objects")
@@ -69,7 +167,15 @@ class Store:
     def __repr__(self) -> str:
         return f"Store({self.url!r}, project={self.project!r})"
 
-    # -- reachability -------------------------------------------------------------------
+    @property
+    def fs(self) -> fsspec.AbstractFileSystem:
+        """The fsspec filesystem; opened afresh in a forked child (async backends are not fork-safe)."""
+        if self._fs_pid != os.getpid():
+            self._fs, _ = fsspec.core.url_to_fs(self.url, **self._options)
+            self._fs_pid = os.getpid()
+        return self._fs
+
+    # -- reachability and retries ---------------------------------------------------------------
     def _check(self, create: bool) -> None:
         try:
             if self.local:
@@ -81,32 +187,52 @@ class Store:
                 elif not os.path.isdir(self.base or "/"):
                     raise StorageError(f"storage {self.url!r} does not exist (nothing has been stored there yet)")
             else:
-                self.fs.ls(self.root.split("/")[0] if "/" in self.root else self.root, detail=False)
+                bucket = self.root.split("/")[0]
+                self._call("reaching the bucket", self.fs.ls, bucket, detail=False, _failed="is unreachable")
         except StorageError:
             raise
         except FileNotFoundError:
             raise StorageError(f"storage {self.url!r} does not exist (create the bucket or folder first)") from None
+        except PermissionError as exc:
+            raise StorageError(f"storage {self.url!r} refuses access (check credentials): {_one_line(exc)}") from None
         except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"storage {self.url!r} is unreachable: {type(exc).__name__}: {exc}") from None
+            raise StorageError(f"storage {self.url!r} is unreachable: {_one_line(exc)}") from None
 
-    def _call(self, what: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (FileNotFoundError, DamagedObjectError, StorageError):
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise StorageError(f"storage {self.url!r} failed while {what}: {type(exc).__name__}: {exc}") from None
+    def _call(self, what: str, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None,
+              _failed: str | None = None, **kwargs: Any) -> T:
+        """Run one storage operation, retrying transient failures; raise StorageError when attempts are spent."""
+        failed = _failed or f"failed while {what}"
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                return fn(*args, **kwargs)
+            except (FileNotFoundError, DamagedObjectError, StorageError):
+                raise
+            except Exception as exc:  # noqa: BLE001
+                if not is_transient(exc) or attempt >= self.retry.attempts or (cancel is not None and cancel.is_set()):
+                    tries = f" after {attempt} attempts" if attempt > 1 else ""
+                    raise StorageError(f"storage {self.url!r} {failed}{tries}: {_one_line(exc)}") from None
+                pause = self.retry.pause(attempt)
+                log.info("storage %s: %s failed (%s); retry %d in %.1fs", self.url, what, _one_line(exc), attempt, pause)
+                if cancel is not None:
+                    if cancel.wait(pause):
+                        raise StorageError(f"storage {self.url!r} {failed}: {_one_line(exc)}") from None
+                else:
+                    time.sleep(pause)
 
     # -- objects --------------------------------------------------------------------------
     def object_path(self, oid: str) -> str:
+        """Where object `oid` lives (its first two hex digits fan the objects out)."""
         if not is_object_id(oid):
             raise DamagedObjectError(oid, "not a valid object id")
         return posixpath.join(self.objects_dir, oid[:2], oid)
 
     def has_object(self, oid: str) -> bool:
+        """True when the object is stored (asked of the storage, never of a cache)."""
         return bool(self._call("checking an object", self.fs.exists, self.object_path(oid)))
 
-    def put_object(self, data: Buffer, oid: str | None = None) -> tuple[str, int]:
+    def put_object(self, data: Buffer, oid: str | None = None, cancel: threading.Event | None = None) -> tuple[str, int]:
         """Store `data` under its hash unless already there; return (id, size)."""
         oid = oid or object_id(data)
         size = memoryview(data).nbytes
@@ -114,20 +240,71 @@ class Store:
         if self.local:
             if not os.path.exists(path):
                 self._write_local_atomic(path, data)
-        elif not self.has_object(oid):
-            self._call("writing an object", self.fs.pipe_file, path, bytes(data) if not isinstance(data, bytes) else data)
+        elif self._stored_size(path, cancel) != size:
+            # an object left whole by an interrupted snapshot is found here and not sent again; one a
+            # server kept truncated when the connection died (some emulators do) is sent again
+            self._call("writing an object", self._upload, path, data, cancel=cancel)
         return oid, size
 
+    def _stored_size(self, path: str, cancel: threading.Event | None = None) -> int | None:
+        try:
+            info = self._call("checking an object", self.fs.info, path, cancel=cancel)
+        except FileNotFoundError:
+            return None
+        size = info.get("size")
+        return int(size) if size is not None else None
+
+    def _upload(self, path: str, data: Buffer) -> None:
+        size = memoryview(data).nbytes
+        if self._s3:
+            body = data if isinstance(data, (bytes, bytearray)) else bytes(data)  # botocore wants bytes
+            if size >= MULTIPART_THRESHOLD:
+                # multipart, parts sent in parallel; invisible until completed, aborted on failure
+                self.fs.pipe_file(path, body, chunksize=PART_SIZE, max_concurrency=4)
+            else:
+                self.fs.pipe_file(path, body)
+        elif self._gcs:
+            # one request whatever the size (GCS takes up to 5 TiB so): gcsfs's resumable uploads
+            # restart from zero on failure anyway, and cost a second ~34 s retry loop (its clean-up
+            # DELETE) when the server is gone
+            self.fs.pipe_file(path, data, chunksize=size + 1)
+        else:
+            self.fs.pipe_file(path, data if isinstance(data, (bytes, bytearray)) else bytes(data))
+
     def put_objects(self, buffers: Iterable[Buffer], workers: int | None = None) -> list[tuple[str, int]]:
-        """Store many buffers in parallel (hashing and I/O overlap); results keep the input order."""
+        """Store many buffers in parallel (hashing and I/O overlap); results keep the input order.
+
+        The first failure stops the rest (no new uploads, no more retries) and is raised.
+        """
         buffers = list(buffers)
         if not buffers:
             return []
-        workers = workers or (2 if self.local else 8)
+        workers = workers or self.workers
         if len(buffers) == 1 or workers == 1:
             return [self.put_object(b) for b in buffers]
-        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spotwarp-put") as pool:
-            return list(pool.map(self.put_object, buffers))
+        cancel = threading.Event()
+        failures: list[BaseException] = []
+
+        def put(data: Buffer) -> tuple[str, int]:
+            if cancel.is_set():
+                raise StorageError(f"storage {self.url!r}: upload abandoned after an earlier failure")
+            try:
+                return self.put_object(data, cancel=cancel)
+            except BaseException as exc:
+                if not cancel.is_set():
+                    failures.append(exc)
+                    cancel.set()
+                raise
+
+        with ThreadPoolExecutor(max_workers=min(workers, len(buffers)), thread_name_prefix="spotwarp-put") as pool:
+            futures = [pool.submit(put, b) for b in buffers]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if cancel.is_set():
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise failures[0]
+            return [f.result() for f in futures]
 
     def read_object(self, oid: str, size: int | None = None) -> bytes:
         """The object's bytes, checked against its hash."""
@@ -140,7 +317,7 @@ class Store:
         return data
 
     def read_object_into(self, oid: str, target: memoryview) -> None:
-        """Fill `target` with the object's bytes (no extra copy), checked against its hash."""
+        """Fill `target` with the object's bytes (no extra copy locally), checked against its hash."""
         path = self.object_path(oid)
         try:
             if self.local:
@@ -168,6 +345,7 @@ class Store:
     def list_objects_with_times(self) -> dict[str, tuple[int, float | None]]:
         """Every stored object id with its size and modification time (epoch seconds, if known)."""
         out: dict[str, tuple[int, float | None]] = {}
+        self.fs.invalidate_cache(self.objects_dir)
         try:
             listing = self._call("listing objects", self.fs.find, self.objects_dir, detail=True)
         except FileNotFoundError:
@@ -179,23 +357,32 @@ class Store:
         return out
 
     def delete_object(self, oid: str) -> None:
-        self._call("deleting an object", self.fs.rm, self.object_path(oid))
+        """Remove one object (gc only: never one a live snapshot names)."""
+        try:
+            self._call("deleting an object", self.fs.rm, self.object_path(oid))
+        except FileNotFoundError:
+            pass  # already gone: another gc got there first
 
     # -- manifests ------------------------------------------------------------------------
     def manifest_names(self) -> list[str]:
         """Names of committed manifests, oldest first (names sort by creation time)."""
+        self.fs.invalidate_cache(self.snapshots_dir)
         try:
             names = self._call("listing snapshots", self.fs.ls, self.snapshots_dir, detail=False)
         except FileNotFoundError:
             return []
-        out = [posixpath.basename(n) for n in names]
+        out = [posixpath.basename(n.rstrip("/")) for n in names]
         return sorted(n for n in out if n.endswith(MANIFEST_SUFFIX) and _TMP_MARK not in n)
 
     def read_manifest(self, name: str) -> bytes:
+        """The stored bytes of manifest `name` (FileNotFoundError if a gc dropped it meanwhile)."""
         return self._call("reading a manifest", self.fs.cat_file, posixpath.join(self.snapshots_dir, name))
 
     def write_manifest(self, name: str, data: bytes) -> None:
-        """Commit: a single atomic write (rename on local disks, one PUT on object stores)."""
+        """Commit: a single atomic write (rename on local disks, one PUT on object stores).
+
+        A retried PUT writes the same bytes again, so a lost reply cannot commit anything different.
+        """
         path = posixpath.join(self.snapshots_dir, name)
         if self.local:
             self._write_local_atomic(path, data)
@@ -203,11 +390,19 @@ class Store:
             self._call("committing a manifest", self.fs.pipe_file, path, data)
 
     def delete_manifest(self, name: str) -> None:
-        self._call("deleting a manifest", self.fs.rm, posixpath.join(self.snapshots_dir, name))
+        """Drop a committed manifest (gc); its objects stay until nothing names them."""
+        try:
+            self._call("deleting a manifest", self.fs.rm, posixpath.join(self.snapshots_dir, name))
+        except FileNotFoundError:
+            pass
 
     # -- housekeeping ---------------------------------------------------------------------
     def stale_temporaries(self, older_than_s: float = 3600.0) -> Iterator[str]:
-        """Leftovers of interrupted local writes, old enough that no writer still owns them."""
+        """Leftovers of interrupted local writes, old enough that no writer still owns them.
+
+        Object stores leave no temporaries (uploads are invisible until complete); their interrupted
+        multipart uploads are cleared by `clear_interrupted_uploads`.
+        """
         if not self.local:
             return
         now = time.time()
@@ -221,6 +416,35 @@ class Store:
                                 yield path
                         except OSError:
                             continue
+
+    def interrupted_uploads(self) -> list[dict[str, Any]]:
+        """Unfinished multipart uploads under this project (S3 only; they hold storage until aborted)."""
+        lister = getattr(self.fs, "list_multipart_uploads", None)
+        if lister is None:
+            return []
+        bucket, _, prefix = self.root.partition("/")
+        uploads = self._call("listing interrupted uploads", lister, bucket)
+        mine = prefix + "/" if prefix else ""
+        return [u for u in uploads if str(u.get("Key", "")).startswith(mine)]
+
+    def clear_interrupted_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Abort multipart uploads older than `older_than_s` (no live writer still owns them); return how many."""
+        aborter = getattr(self.fs, "abort_mpu", None)
+        if aborter is None:
+            return 0
+        bucket = self.root.split("/")[0]
+        now = time.time()
+        cleared = 0
+        for upload in self.interrupted_uploads():
+            started = _modified({"created": upload.get("Initiated")})
+            if started is not None and now - started < older_than_s:
+                continue
+            try:
+                self._call("aborting an interrupted upload", aborter, bucket, upload["Key"], upload["UploadId"])
+            except FileNotFoundError:
+                pass
+            cleared += 1
+        return cleared
 
     @staticmethod
     def _write_local_atomic(path: str, data: Buffer) -> None:
