@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .engine import Manifest
+from .training import Resumable, resumable
 
 
 def _session():

@@ -49,6 +49,16 @@ def package_versions() -> dict[str, str]:
 _versions_lock = threading.Lock()
 
 
+def _fresh_lock_in_child() -> None:
+    # a forked snapshot writer must not inherit the lock held by the thread that learns versions
+    global _versions_lock
+    _versions_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_fresh_lock_in_child)
+
+
 @lru_cache(maxsize=8)
 def _package_versions(top_modules: frozenset[str]) -> dict[str, str]:
     names = set(_ALWAYS)

@@ -3,8 +3,11 @@
 The fast C pickler does the work; code defined in the notebook (functions, lambdas, classes)
 is handed to dill by value; names the notebook defines at top level are saved by reference to
 `__main__` and listed in `requires`, so restore defines them first and identities survive.
-Contiguous NumPy arrays and torch tensors leave their bytes out of band, as buffers that go
-straight to storage without an in-memory copy.
+NumPy arrays and torch tensors (parameters, gradients, optimizer state, on any device) leave
+their bytes out of band, as buffers that go straight to storage without an in-memory copy.
+Objects with `state_dict()` / `load_state_dict()` (torchdata's StatefulDataLoader, a GradScaler,
+user classes) are saved with their state dict and get it back through `load_state_dict` on load;
+torch modules, optimizers and schedulers already pickle their whole state and are left as they are.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import sys
 import threading
 import types
 import warnings
+import weakref
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -104,6 +108,17 @@ class _Reducer:
     requires: set[str]
 
     def reducer_override(self, obj: Any):  # noqa: D401 - pickle hook
+        kind = _kind_of(type(obj))
+        if kind is None:
+            return NotImplemented
+        if kind == "tensor":
+            return _reduce_tensor(sys.modules["torch"], obj)
+        if kind == "ndarray":
+            return _reduce_ndarray(obj)
+        if kind == "dataloader":
+            return _reduce_dataloader(obj)
+        if kind == "state_dict":
+            return _reduce_with_state_dict(obj)
         if isinstance(obj, _CODE_TYPES):
             if id(obj) in self._by_value:
                 return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
@@ -115,9 +130,6 @@ class _Reducer:
                     return NotImplemented
                 return (_load_dill, (_dill_by_value(obj),))
             return NotImplemented
-        torch = sys.modules.get("torch")
-        if torch is not None and isinstance(obj, torch.Tensor):
-            return _reduce_tensor(torch, obj)
         return NotImplemented
 
 
@@ -167,6 +179,121 @@ def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
     raise ValueError(f"unknown codec {codec!r}")
 
 
+# -- which route each type takes ---------------------------------------------------------------
+
+_KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionary()
+
+
+def _kind_of(cls: type) -> str | None:
+    """How objects of `cls` are reduced: "code", "tensor", "ndarray", "dataloader", "state_dict" or None (plain)."""
+    try:
+        return _KINDS[cls]
+    except (KeyError, TypeError):
+        pass
+    kind = _classify(cls)
+    try:
+        _KINDS[cls] = kind
+    except TypeError:  # not weak-referenceable: classify each time
+        pass
+    return kind
+
+
+def _classify(cls: type) -> str | None:
+    if issubclass(cls, (types.FunctionType, type)):
+        return "code"
+    torch = sys.modules.get("torch")
+    if torch is not None and issubclass(cls, torch.Tensor):
+        return "tensor"
+    numpy = sys.modules.get("numpy")
+    if numpy is not None and cls is numpy.ndarray:
+        return "ndarray"
+    data = sys.modules.get("torch.utils.data")
+    if data is not None and issubclass(cls, data.DataLoader):
+        return "dataloader"
+    if callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)):
+        if torch is not None and issubclass(cls, _pickles_whole_state(torch)):
+            return None
+        return "state_dict"
+    return None
+
+
+def _pickles_whole_state(torch: Any) -> tuple[type, ...]:
+    """torch types whose own pickling keeps their whole state and their links to shared tensors."""
+    kinds: list[type] = [torch.nn.Module, torch.optim.Optimizer, torch.Generator]
+    scheduler = getattr(torch.optim.lr_scheduler, "LRScheduler", None)
+    kinds.extend(k for k in (scheduler, getattr(torch.optim.lr_scheduler, "ReduceLROnPlateau", None)) if k)
+    return tuple(kinds)
+
+
+# -- NumPy arrays -------------------------------------------------------------------------------
+
+def _reduce_ndarray(arr: Any):
+    # NumPy itself sends contiguous arrays out of band; a strided view would go in band as a
+    # bytes copy (then copied again into the stream): one contiguous copy out of band instead.
+    if arr.flags.c_contiguous or arr.flags.f_contiguous or arr.dtype.hasobject:
+        return NotImplemented
+    import numpy
+
+    return numpy.ascontiguousarray(arr).__reduce_ex__(PROTOCOL)
+
+
+# -- objects saved through state_dict() / load_state_dict() --------------------------------------
+
+def _reduce_with_state_dict(obj: Any):
+    try:
+        reduced = obj.__reduce_ex__(PROTOCOL)
+        state_dict = obj.state_dict()
+    except Exception:  # noqa: BLE001 - fall back to plain pickling
+        return NotImplemented
+    if not isinstance(reduced, tuple) or len(reduced) < 2:
+        return NotImplemented
+    func, args, state, listitems, dictitems, setter = (tuple(reduced) + (None,) * 6)[:6]
+    return (func, args, (state, state_dict, setter), listitems, dictitems, _set_state_and_load)
+
+
+def _set_state_and_load(obj: Any, packed: tuple[Any, Any, Any]) -> None:
+    state, state_dict, setter = packed
+    if setter is not None:
+        setter(obj, state)
+    elif state is not None:
+        _default_setstate(obj, state)
+    obj.load_state_dict(state_dict)
+
+
+def _default_setstate(obj: Any, state: Any) -> None:
+    setstate = getattr(obj, "__setstate__", None)
+    if setstate is not None:
+        setstate(state)
+        return
+    slots = None
+    if isinstance(state, tuple) and len(state) == 2:
+        state, slots = state
+    if state:
+        obj.__dict__.update(state)
+    for name, value in (slots or {}).items():
+        setattr(obj, name, value)
+
+
+def _reduce_dataloader(loader: Any):
+    # a live iterator (worker processes, generators) cannot be saved: a stateful loader keeps
+    # its position as the state its next iterator starts from; a plain one starts a new pass
+    state = dict(loader.__dict__)
+    live = state.get("_iterator")
+    state["_iterator"] = None
+    if "_initial_iter_for_state_dict" in state:
+        state["_initial_iter_for_state_dict"] = False  # it refers to the iterator left behind
+    if live is not None and "next_iter_state" in state and not getattr(live, "_finished", False):
+        try:
+            state["next_iter_state"] = live.state_dict()
+        except Exception:  # noqa: BLE001 - saved without its position rather than not at all
+            pass
+    return (_new_instance, (type(loader),), state)
+
+
+def _new_instance(cls: type) -> Any:
+    return cls.__new__(cls)
+
+
 # -- torch tensors ----------------------------------------------------------------------------
 
 def _reduce_tensor(torch: Any, t: Any):
@@ -183,10 +310,12 @@ def _reduce_tensor(torch: Any, t: Any):
     raw = pickle.PickleBuffer(flat.numpy()) if flat is not None else pickle.PickleBuffer(b"")
     dtype = str(t.dtype).removeprefix("torch.")
     is_param = isinstance(t, torch.nn.Parameter)
-    return (_rebuild_tensor, (raw, dtype, tuple(t.shape), str(t.device), bool(t.requires_grad), is_param))
+    grad = t.grad if t.is_leaf else None  # gradients being accumulated are part of the training state
+    return (_rebuild_tensor, (raw, dtype, tuple(t.shape), str(t.device), bool(t.requires_grad), is_param, grad))
 
 
-def _rebuild_tensor(buf: Any, dtype: str, shape: tuple, device: str, requires_grad: bool, is_param: bool):
+def _rebuild_tensor(buf: Any, dtype: str, shape: tuple, device: str, requires_grad: bool, is_param: bool,
+                    grad: Any = None):
     import torch
 
     torch_dtype = getattr(torch, dtype)
@@ -201,9 +330,11 @@ def _rebuild_tensor(buf: Any, dtype: str, shape: tuple, device: str, requires_gr
     if target != "cpu":
         t = t.to(target)
     if is_param:
-        return torch.nn.Parameter(t, requires_grad=requires_grad)
-    if requires_grad:
+        t = torch.nn.Parameter(t, requires_grad=requires_grad)
+    elif requires_grad:
         t.requires_grad_(True)
+    if grad is not None:
+        t.grad = grad
     return t
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from .. import safepoints
+from ..training import register_state_providers
 from . import comm as comm_target
 from . import session as session_module
 from .magics import SpotWarpMagics
@@ -17,6 +18,7 @@ def load_ipython_extension(ipython) -> None:
     magics = SpotWarpMagics(shell=ipython, parent=ipython)
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
+    register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     safepoints.set_handler(magics.session.at_safe_point)
     ipython.events.register("post_run_cell", _post_run_cell)
     comm_target.register()

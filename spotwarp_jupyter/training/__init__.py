@@ -1,0 +1,33 @@
+"""Deep-learning state for snapshots: resumable training loops and random number generator states.
+
+No Jupyter imports: the kernel extension registers `state_providers()` with its session.
+"""
+
+from __future__ import annotations
+
+import warnings
+from typing import Any, Callable
+
+from .resumable import Resumable, capture_positions, pending_positions, restore_positions, resumable
+from .rng import capture_rng, restore_rng
+
+
+def _restore_rng_and_warn(state: dict[str, Any]) -> None:
+    for line in restore_rng(state):
+        warnings.warn(line, RuntimeWarning, stacklevel=2)
+
+
+def state_providers() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
+    """name -> (capture, restore) for the kernel session's STATE_PROVIDERS registry."""
+    return {"rng": (capture_rng, _restore_rng_and_warn), "resumables": (capture_positions, restore_positions)}
+
+
+def register_state_providers(registry: dict[str, Any]) -> None:
+    """Add the RNG and resumable-position providers to `registry` (idempotent)."""
+    registry.update(state_providers())
+
+
+__all__ = [
+    "Resumable", "capture_positions", "capture_rng", "pending_positions", "register_state_providers",
+    "restore_positions", "restore_rng", "resumable", "state_providers",
+]
