@@ -1,7 +1,7 @@
 import { Dialog, Notification, showDialog } from '@jupyterlab/apputils';
 
 import { messageOf, SpotWarpModel } from './model';
-import { formatTime } from './format';
+import { formatDuration, formatTime } from './format';
 import { ISnapshotSummary } from './types';
 
 /** Ask the user; resolves true to go ahead. Replaced by a fake in tests. */
@@ -55,11 +55,15 @@ export class SpotWarpActions {
     }
     try {
       const result = await this.model.restore(snapshot.id);
-      const kernels = result.kernels?.length ?? 0;
-      this.notify(
-        'success',
-        `Restored ${result.id}: ${result.files_restored ?? 0} files, ${kernels} kernel${kernels === 1 ? '' : 's'}.`
-      );
+      const kernels = result.kernels ?? [];
+      const restored = kernels.filter(k => !k.error).length;
+      const failed = kernels.filter(k => k.error).map(k => `${k.notebook}: ${k.error}`);
+      const text =
+        `Restored ${result.id}: ${result.files_restored ?? 0} files, ` +
+        `${restored} kernel${restored === 1 ? '' : 's'}` +
+        (result.duration_s !== undefined ? ` in ${formatDuration(result.duration_s)}` : '') +
+        '.';
+      this.notify(failed.length ? 'error' : 'success', failed.length ? `${text} Not restored: ${failed.join('; ')}` : text);
       return true;
     } catch (error) {
       this.notify('error', `SpotWarp restore failed: ${messageOf(error)}`);

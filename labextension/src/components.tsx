@@ -44,6 +44,11 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
   return (
     <div className="jp-SpotWarp-status">
       {error && <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error">{error}</div>}
+      {status.last_error && (
+        <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error jp-SpotWarp-backupError">
+          Last automatic backup failed: {status.last_error}
+        </div>
+      )}
       <dl className="jp-SpotWarp-facts">
         <dt>Project</dt>
         <dd>{status.project}</dd>

@@ -19,7 +19,7 @@ export interface ISnapshotSummary {
 
 export interface IKernelState {
   kernel_id: string;
-  notebook: string;
+  notebook: string | null;
   last_snapshot?: ISnapshotSummary | string | null;
 }
 
@@ -38,14 +38,28 @@ export interface IStatus {
   kernels?: IKernelState[];
   watchers?: IWatcherState[];
   report?: Record<string, unknown> | null;
+  /** Why the last automatic backup failed, if it did. */
+  last_error?: string | null;
 }
 
 export interface ISnapshotList {
   snapshots: ISnapshotSummary[];
 }
 
+export interface IKernelRestore {
+  kernel_id: string;
+  notebook: string;
+  restored?: string[];
+  warnings?: string[];
+  /** Why this kernel could not restore (e.g. SpotWarp not loaded in it). */
+  error?: string;
+}
+
 export interface IRestoreResult {
   id: string;
   files_restored?: number;
-  kernels?: unknown[];
+  files_unchanged?: number;
+  bytes_restored?: number;
+  duration_s?: number;
+  kernels?: IKernelRestore[];
 }

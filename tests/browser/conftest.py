@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -77,9 +78,17 @@ class Lab:
             time.sleep(0.1)  # poll interval of a deadline-bounded wait
         raise AssertionError(f"JupyterLab not ready after {timeout} s:\n{self.log()}")
 
-    def stop(self) -> None:
-        import signal
+    def kill(self) -> None:
+        """SIGKILL to the whole process group: the spot instance is gone."""
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(timeout=30)
 
+    def stop(self) -> None:
+        if self.proc.poll() is not None:
+            return
         try:
             os.killpg(self.proc.pid, signal.SIGTERM)
             self.proc.wait(timeout=30)
@@ -91,31 +100,54 @@ class Lab:
             self.proc.wait(timeout=30)
 
 
+NOTEBOOK_CELLS = [
+    ("c1", "%load_ext spotwarp"),
+    ("c2", "weights = [0.25] * 1000\nimport threading\nlock = threading.Lock()"),
+    ("c3", "%spotwarp snapshot -m epoch3"),
+]
+
+
 @pytest.fixture
-def lab(tmp_path: Path) -> Iterator[Lab]:
-    workspace = tmp_path / "workspace"
-    workspace.mkdir()
+def start_lab(tmp_path: Path) -> Iterator:
+    """Start `spotwarp start` as a host named `host` (its own HOME); every host shares one store."""
+    started: list[Lab] = []
+
+    def start(host: str, workspace: Path) -> Lab:
+        server = Lab(workspace, str(tmp_path / "store"), tmp_path / host / "home", tmp_path / f"{host}.log")
+        started.append(server)
+        server.wait_ready()
+        return server
+
+    yield start
+    for server in started:
+        server.stop()
+
+
+@pytest.fixture
+def lab(tmp_path: Path, start_lab) -> Lab:
+    """The first host: a workspace with a notebook and a data file."""
+    workspace = tmp_path / "host-a" / "workspace"
+    workspace.mkdir(parents=True)
     notebook = {
-        "cells": [
-            {"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [], "source": src}
-            for cid, src in [("c1", "%load_ext spotwarp"), ("c2", "weights = [0.25] * 1000\nimport threading\nlock = threading.Lock()"),
-                             ("c3", "%spotwarp snapshot -m epoch3")]
-        ],
+        "cells": [{"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [],
+                   "source": src} for cid, src in NOTEBOOK_CELLS],
         "metadata": {"kernelspec": {"display_name": "Python 3", "language": "python", "name": "python3"}},
         "nbformat": 4, "nbformat_minor": 5,
     }
     (workspace / "train.ipynb").write_text(json.dumps(notebook))
     (workspace / "data.txt").write_text("epoch 3\n")
-    server = Lab(workspace, str(tmp_path / "store"), tmp_path / "home", tmp_path / "lab.log")
-    try:
-        server.wait_ready()
-        yield server
-    finally:
-        server.stop()
+    return start_lab("host-a", workspace)
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    report = yield
+    setattr(item, f"report_{report.when}", report)
+    return report
 
 
 @pytest.fixture
-def page(tmp_path: Path):
+def page(tmp_path: Path, request):
     """A fresh headless chromium page (function scope: the sync API's loop lives only in this test)."""
     from playwright.sync_api import sync_playwright
 
@@ -129,5 +161,10 @@ def page(tmp_path: Path):
         try:
             yield page
         finally:
+            failed = getattr(request.node, "report_call", None)
+            if failed is not None and failed.failed:
+                shot = tmp_path / "failure.png"
+                page.screenshot(path=str(shot))
+                print(f"screenshot of the page at the failure: {shot}")
             context.close()
             browser.close()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import time
 from pathlib import Path
 
@@ -82,12 +83,7 @@ def test_panel_snapshot_restore_and_notebook_widget(lab, page, tmp_path):
     assert (lab.workspace / "data.txt").read_text() == "epoch 3\n"
 
     # The notebook: %load_ext spotwarp shows the widget, which renders the kernel's status live.
-    page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'train.ipynb'})")
-    expect(page.locator(".jp-NotebookPanel .jp-Notebook")).to_be_visible()
-    until(lambda: page.evaluate(
-        "() => { const w = window.jupyterapp.shell.currentWidget;"
-        " return !!(w && w.sessionContext && w.sessionContext.session && w.sessionContext.session.kernel"
-        " && w.sessionContext.session.kernel.status === 'idle'); }"), "the notebook's kernel", timeout=120)
+    open_notebook_and_wait_for_kernel(page, "train.ipynb")
     page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
     widget = page.locator(".spotwarp-widget")
     expect(widget).to_be_visible(timeout=120_000)
@@ -111,4 +107,49 @@ def test_panel_snapshot_restore_and_notebook_widget(lab, page, tmp_path):
     widen_left_area(page, 120)
     screenshot(panel, "panel.png", tmp_path)
     screenshot(widget, "widget.png", tmp_path)
+    assert not errors, errors
+
+
+
+def open_notebook_and_wait_for_kernel(page, path: str) -> None:
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open')")
+    page.evaluate(f"window.jupyterapp.commands.execute('docmanager:open', {{path: '{path}'}})")
+    expect(page.locator(".jp-NotebookPanel .jp-Notebook")).to_be_visible()
+    # the toolbar's kernel indicator, as a user sees it
+    expect(page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
+        1, timeout=120_000)
+    page.locator(".jp-NotebookPanel .jp-Cell").first.click()
+
+
+def test_new_host_restores_the_session_from_the_widget(lab, start_lab, page, tmp_path):
+    """Host A is preempted; on host B the notebook's widget offers its newest snapshot, and one click restores it."""
+    errors: list[str] = []
+    page.on("pageerror", lambda exc: errors.append(str(exc)))
+    page.goto(f"{lab.url}lab?token={TOKEN}")
+    open_notebook_and_wait_for_kernel(page, "train.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    widget = page.locator(".spotwarp-widget")
+    expect(widget.locator(".spotwarp-w-state")).to_have_text("protected", timeout=120_000)
+    # The server's snapshot of files and live kernels (what its timer and a preemption notice take).
+    code, answer = lab.request("POST", "spotwarp/api/snapshots", {"message": "before preemption"})
+    assert code == 201, answer
+    taken = answer["id"]
+    assert "train.ipynb" in answer["notebooks"], answer
+    lab.kill()
+
+    b = start_lab("host-b", tmp_path / "host-b" / "workspace")
+    assert (b.workspace / "train.ipynb").exists(), "spotwarp start restores the workspace on a new host"
+    page.goto(f"{b.url}lab?token={TOKEN}")
+    open_notebook_and_wait_for_kernel(page, "train.ipynb")
+    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")  # only %load_ext spotwarp
+    widget = page.locator(".spotwarp-widget")
+    expect(widget.locator(".spotwarp-w-state")).to_contain_text("not protected")
+    restore = widget.locator(".spotwarp-w-restore")
+    expect(restore).to_contain_text("Restore session from ")
+    expect(restore).to_have_attribute("title", re.compile(rf"^Snapshot {taken}, "))
+    screenshot(widget, "widget-restore.png", tmp_path)
+
+    restore.click()
+    expect(widget.locator(".spotwarp-w-notice")).to_contain_text(f"Restored 1 variables from {taken}")
+    expect(widget.locator(".spotwarp-w-restore")).to_have_count(0)
     assert not errors, errors

@@ -29,6 +29,8 @@ export class FakeServer {
   calls: string[] = [];
   snapshots: ISnapshotSummary[] = [];
   report: Record<string, unknown> | null = null;
+  lastError: string | null = null;
+  kernelError: string | null = null;
   private _n = 0;
 
   status(): IStatus {
@@ -43,6 +45,7 @@ export class FakeServer {
         { name: 'sigterm', state: 'watching' },
         { name: 'aws', state: 'off' }
       ],
+      last_error: this.lastError,
       ...(this.report ? { report: this.report } : {})
     };
   }
@@ -82,7 +85,10 @@ export class FakeServer {
       if (!this.snapshots.some(s => s.id === id)) {
         throw new ApiError(404, `no snapshot '${id}' in project 'proj'`);
       }
-      return { id, files_restored: 3, kernels: [{ kernel_id: 'k1' }] } as T;
+      const kernel = this.kernelError
+        ? { kernel_id: 'k1', notebook: 'train.ipynb', restored: [], error: this.kernelError }
+        : { kernel_id: 'k1', notebook: 'train.ipynb', restored: ['model', 'opt'] };
+      return { id, files_restored: 3, duration_s: 1.25, kernels: [kernel] } as T;
     }
     throw new ApiError(404, `no route ${method} ${endPoint}`);
   };

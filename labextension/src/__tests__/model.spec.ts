@@ -111,7 +111,12 @@ describe('SpotWarpActions', () => {
     expect(server.calls.filter(c => c.startsWith('POST'))).toEqual([]);
     answer = true;
     expect(await actions.restoreLatest()).toBe(true);
-    expect(notes).toEqual(['success: Restored a1b2c3d4: 3 files, 1 kernel.']);
+    expect(notes).toEqual(['success: Restored a1b2c3d4: 3 files, 1 kernel in 1.3 s.']);
+    server.kernelError = 'SpotWarp is not loaded in this kernel';
+    expect(await actions.restoreLatest()).toBe(true);
+    expect(notes[1]).toBe(
+      'error: Restored a1b2c3d4: 3 files, 0 kernels in 1.3 s. Not restored: train.ipynb: SpotWarp is not loaded in this kernel'
+    );
     model.dispose();
   });
 

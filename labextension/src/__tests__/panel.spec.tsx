@@ -68,6 +68,16 @@ describe('StatusView, EventsView, ServerNotice', () => {
     expect(document.querySelector('.jp-SpotWarp-last')?.textContent).toBe('a1b2c3d4 · 5 min ago · 1.5 MB · 420 ms');
     expect(document.querySelector('.jp-SpotWarp-watcher-watching')?.textContent).toContain('sigterm: watching');
     expect(document.querySelector('.jp-SpotWarp-kernels')?.textContent).toContain('train.ipynb: a1b2c3d4');
+    expect(document.querySelector('.jp-SpotWarp-backupError')).toBeNull();
+  });
+
+  it('shows why the last automatic backup failed', () => {
+    const server = new FakeServer();
+    server.lastError = 'storage gs://bucket unreachable';
+    render(<StatusView status={server.status()} error={null} />);
+    expect(document.querySelector('.jp-SpotWarp-backupError')?.textContent).toBe(
+      'Last automatic backup failed: storage gs://bucket unreachable'
+    );
   });
 
   it('renders the report: preemptions survived and time to resume', () => {
