@@ -1,0 +1,227 @@
+"""Snapshot and restore speed, pause and memory on the reference workload (BENCH.md), as ratios.
+
+    python benchmarks/bench_snapshot.py            # the reference workload (~2 GB)
+    python benchmarks/bench_snapshot.py --scale 0.1 --train-seconds 40 --every 15   # quick (~200 MB)
+
+Every time is a median of --reps runs, divided by a reference measured in the same run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from common import MemorySampler, drop_cache, median, raw_read, raw_write, table, timed  # noqa: E402
+import workload  # noqa: E402
+
+from spotwarp_jupyter.engine import Settings  # noqa: E402
+from spotwarp_jupyter.kernel.policy import Policy  # noqa: E402
+from spotwarp_jupyter.kernel.session import KernelSession  # noqa: E402
+
+RESTORE_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[2])  # the workload's code is saved by reference, as any imported module's
+t0 = time.perf_counter()
+import numpy, pandas, torch
+t1 = time.perf_counter()
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]))
+ns = {}
+t2 = time.perf_counter()
+engine.restore_kernel("latest", ns)
+t3 = time.perf_counter()
+print(json.dumps({"imports_s": t1 - t0, "restore_s": t3 - t2, "names": sorted(ns)}))
+"""
+
+
+def session_for(ns: dict, store: Path, every: float = 1e9) -> KernelSession:
+    settings = Settings(project="bench", storage=str(store))
+    return KernelSession(ns, {}, settings, Policy(enabled=True, every_s=every, after_cell=True, max_var_size=None))
+
+
+def background(session: KernelSession) -> tuple[float, dict]:
+    """Trigger to committed manifest for a background snapshot; returns (seconds, stats)."""
+    started = time.perf_counter()
+    job = session.snapshot_in_background()
+    session.wait_in_flight()
+    took = time.perf_counter() - started
+    assert session.last is not None and session.last_error is None, session.last_error
+    return took, {**session.last.stats, "pause_s": job.pause_s if job is not None else None}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--scale", type=float, default=1.0, help="1.0 = ~2 GB reference workload, 0.1 = ~200 MB")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--cells", type=int, default=60, help="cells run for the latency figure")
+    parser.add_argument("--train-seconds", type=float, default=150.0, help="length of each training run")
+    parser.add_argument("--every", type=float, default=60.0, help="snapshot interval during the training run")
+    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args()
+
+    scratch = Path(args.dir or tempfile.mkdtemp(prefix="spotwarp-bench-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    print(f"building the workload (scale {args.scale}) ...", flush=True)
+    ns = workload.build(args.scale)
+    state = workload.state_bytes(ns)
+    print(f"state: {state / 1e9:.2f} GB", flush=True)
+    figures: dict[str, float] = {}
+    rows = []
+
+    # -- full snapshot (synchronous, then background) vs raw write ---------------------------
+    full_sync, full_bg, pauses, mems, raws = [], [], [], [], []
+    snap_bytes = 0
+    for rep in range(args.reps):
+        store = scratch / f"store-full-{rep}"
+        raws.append(raw_write(scratch / "raw.bin", state))
+        took, manifest = timed(lambda: session_for(ns, store).snapshot())
+        full_sync.append(took)
+        snap_bytes = manifest.stats["bytes_written"]
+        shutil.rmtree(store)
+        session = session_for(ns, store)
+        with MemorySampler() as mem:
+            took, stats = background(session)
+        full_bg.append(took)
+        pauses.append(stats["pause_s"])
+        mems.append(mem.peak)
+        if rep < args.reps - 1:
+            shutil.rmtree(store)
+    raw_w = median(raws)
+    figures["raw_write_s"] = raw_w
+    figures["full_sync_ratio"] = median(full_sync) / raw_w
+    figures["full_background_ratio"] = median(full_bg) / raw_w
+    figures["full_bandwidth_vs_raw"] = raw_w / median(full_bg)
+    figures["pause_ms"] = median(pauses) * 1000
+    figures["extra_memory_fraction"] = median(mems) / state
+    rows.append(("full snapshot, background (trigger -> commit)", f"{figures['full_bandwidth_vs_raw']:.2f}x raw write bandwidth "
+                 f"({median(full_bg):.2f} s vs {raw_w:.2f} s)", ">= 0.9x", "ok" if figures["full_bandwidth_vs_raw"] >= 0.9 else "MISSED"))
+    rows.append(("full snapshot, synchronous", f"{raw_w / median(full_sync):.2f}x raw write bandwidth", "", ""))
+    rows.append(("pause of the kernel per background snapshot", f"{figures['pause_ms']:.0f} ms", "<= 50 ms", "ok" if figures["pause_ms"] <= 50 else "MISSED"))
+    rows.append(("extra peak memory during a snapshot", f"{figures['extra_memory_fraction'] * 100:.1f}% of state "
+                 f"({median(mems) / 1e6:.0f} MB)", "<= 25%", "ok" if figures["extra_memory_fraction"] <= 0.25 else "MISSED"))
+
+    # -- unchanged, and one 500 MB array changed -----------------------------------------------
+    store = scratch / f"store-full-{args.reps - 1}"
+    session = session_for(ns, store)
+    unchanged = [background(session) for _ in range(args.reps)]
+    figures["unchanged_written_fraction"] = median([s["bytes_written"] for _, s in unchanged]) / snap_bytes
+    figures["unchanged_time_ratio"] = median([t for t, _ in unchanged]) / raw_w
+    rows.append(("unchanged snapshot: bytes written", f"{figures['unchanged_written_fraction'] * 100:.3f}% of state", "< 1%",
+                 "ok" if figures["unchanged_written_fraction"] < 0.01 else "MISSED"))
+    rows.append(("unchanged snapshot: time", f"{figures['unchanged_time_ratio']:.3f}x raw write", "< 0.1x",
+                 "ok" if figures["unchanged_time_ratio"] < 0.1 else "MISSED"))
+    changed = []
+    for _ in range(args.reps):
+        ns["big"] += 1.0
+        changed.append(background(session)[1]["bytes_written"] / ns["big"].nbytes)
+    figures["changed_array_write_factor"] = median(changed)
+    rows.append((f"after one {ns['big'].nbytes / 1e6:.0f} MB array changed: bytes written", f"{figures['changed_array_write_factor']:.3f}x the changed bytes",
+                 "<= 1.1x", "ok" if figures["changed_array_write_factor"] <= 1.1 else "MISSED"))
+
+    # -- restore into a fresh process vs a cold raw read -----------------------------------------
+    restores, reads, imports = [], [], []
+    for _ in range(args.reps):
+        reads.append(raw_read(scratch / "raw.bin"))
+        drop_cache(store)
+        out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)], capture_output=True, text=True, check=True)
+        result = json.loads(out.stdout.strip().splitlines()[-1])
+        restores.append(result["restore_s"])
+        imports.append(result["imports_s"])
+    figures["raw_read_s"] = median(reads)
+    figures["restore_ratio"] = median(restores) / median(reads)
+    figures["imports_s"] = median(imports)
+    rows.append(("restore into a fresh process (cold cache)", f"{figures['restore_ratio']:.2f}x raw cold read "
+                 f"({median(restores):.2f} s vs {median(reads):.2f} s) + {median(imports):.1f} s imports", "<= 1.2x + start",
+                 "ok" if figures["restore_ratio"] <= 1.2 else "MISSED"))
+
+    # -- cell latency with automatic snapshots --------------------------------------------------
+    import numpy as np
+
+    work = np.random.default_rng(0).random((400, 400))
+
+    def cell(i: int) -> None:
+        for _ in range(6):
+            work @ work
+        ns["counter"] = i
+        if i % 5 == 0:
+            ns["big"][i] += 1.0  # one chunk of the big array changes now and then
+
+    def run_cells(session: KernelSession | None) -> list[float]:
+        lat = []
+        for i in range(args.cells):
+            started = time.perf_counter()
+            cell(i)
+            if session is not None:
+                session.at_safe_point("cell", [])
+            lat.append(time.perf_counter() - started)
+        if session is not None:
+            session.wait_in_flight()
+        return lat
+
+    off = run_cells(None)
+    auto = session_for(ns, store, every=1.0)
+    on = run_cells(auto)
+    figures["cell_median_added_ms"] = (median(on) - median(off)) * 1000
+    figures["cell_max_ms"] = max(on) * 1000
+    figures["cell_max_off_ms"] = max(off) * 1000
+    rows.append(("cell median latency added (snapshots every 1 s)", f"{figures['cell_median_added_ms']:.1f} ms "
+                 f"(median {median(off) * 1000:.0f} -> {median(on) * 1000:.0f} ms)", "<= 50 ms",
+                 "ok" if figures["cell_median_added_ms"] <= 50 else "MISSED"))
+    rows.append(("longest cell with snapshots on", f"{figures['cell_max_ms']:.0f} ms (off: {figures['cell_max_off_ms']:.0f} ms)",
+                 "no stall > 300 ms", "ok" if figures["cell_max_ms"] - median(off) * 1000 <= 300 else "MISSED"))
+
+    # -- training throughput with snapshots every N s ---------------------------------------------
+    import torch
+
+    from spotwarp_jupyter import safepoints
+
+    model, opt = ns["model"], ns["opt"]
+    width = model[0].in_features
+    batch = torch.randn(8, width)
+
+    def train(seconds: float, session: KernelSession | None) -> float:
+        safepoints.set_handler(session.at_safe_point if session else None)
+        steps, started = 0, time.perf_counter()
+        while time.perf_counter() - started < seconds:
+            loss = model(batch).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            steps += 1
+            safepoints.reached("step")
+        elapsed = time.perf_counter() - started
+        if session is not None:
+            session.wait_in_flight()
+        safepoints.set_handler(None)
+        return steps / elapsed
+
+    base = train(args.train_seconds, None)
+    trained = session_for(ns, store, every=args.every)
+    trained.last_started_at = time.time()  # first snapshot one interval in, as in a running session
+    with_snaps = train(args.train_seconds, trained)
+    figures["train_slowdown"] = 1 - with_snaps / base
+    rows.append((f"training throughput, snapshots every {args.every:.0f} s", f"{figures['train_slowdown'] * 100:+.1f}% slower "
+                 f"({base:.2f} -> {with_snaps:.2f} steps/s)", "within 2%", "ok" if figures["train_slowdown"] <= 0.02 else "MISSED"))
+
+    print()
+    print(f"SpotWarp snapshot benchmark: state {state / 1e9:.2f} GB, raw write {raw_w:.2f} s, raw cold read "
+          f"{figures['raw_read_s']:.2f} s, medians of {args.reps}")
+    print(table(rows))
+    if args.json:
+        print(json.dumps(figures, indent=2))
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
