@@ -99,21 +99,29 @@ def collect_facts() -> dict[str, Any]:
     }
 
 
-def version_warnings(saved: Mapping[str, Any]) -> list[str]:
-    """One line per package whose version differs between the snapshot's host and this one."""
-    here = package_versions()
+def _normalized(name: str) -> str:
+    return name.lower().replace("-", "_").replace(".", "_")
+
+
+def version_warnings(saved: Mapping[str, Any], modules: set[str] | frozenset[str] = frozenset()) -> list[str]:
+    """One line per relevant package whose version differs between the snapshot's host and this one.
+
+    Relevant: the packages of `modules` (top-level modules the restored state uses) and a few that
+    matter to every restore; looked up one by one, so a restore never scans every installed package.
+    """
     lines = []
     if saved.get("python") and saved["python"] != platform.python_version():
         lines.append(f"Python {saved['python']} made this snapshot; this kernel runs {platform.python_version()}")
+    wanted = {_normalized(m) for m in modules} | {_normalized(n) for n in _ALWAYS}
     for name, version in sorted((saved.get("packages") or {}).items()):
-        current = here.get(name)
+        if _normalized(name) not in wanted:
+            continue
+        try:
+            current = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            current = None
         if current is None:
-            try:
-                current = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                current = None
-        if current is None and name in _ALWAYS:
             lines.append(f"{name} {version} was installed where the snapshot was made, but is missing here")
-        elif current is not None and current != version:
+        elif current != version:
             lines.append(f"{name} {version} made this snapshot; {current} is installed here")
     return lines

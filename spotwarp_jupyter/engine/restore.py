@@ -7,6 +7,7 @@ nothing; if rebuilding fails midway, the names already bound are put back as the
 from __future__ import annotations
 
 import importlib
+import mmap
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,13 +64,20 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
     return order
 
 
-def _read_group(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[bytes, list[bytearray], int]:
+def _allocate(size: int) -> Any:
+    """A writable buffer for a restored array; large ones are lazily zeroed pages (no up-front memset)."""
+    if size < (1 << 20):
+        return bytearray(size)
+    return mmap.mmap(-1, size)
+
+
+def _read_group(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[bytes, list[Any], int]:
     ref = group["pickle"]
     data_future = pool.submit(store.read_object, ref["id"], ref["size"])
-    buffers: list[bytearray] = []
+    buffers: list[Any] = []
     futures = []
     for buf in group.get("buffers", []):
-        target = bytearray(buf["size"])
+        target = _allocate(buf["size"])
         view = memoryview(target)
         offset = 0
         for chunk in buf["chunks"]:

@@ -49,6 +49,14 @@ class GcReport:
     bytes_freed: int = 0
 
 
+def _modules_used(record: dict[str, Any]) -> set[str]:
+    """Top-level modules a kernel record's state comes from (for version checks)."""
+    modules = {m.partition(".")[0] for m in (record.get("imports") or {}).values()}
+    for info in (record.get("variables") or {}).values():
+        modules.add(str(info.get("type", "")).partition(".")[0])
+    return {m for m in modules if m}
+
+
 class SnapshotEngine:
     """Snapshots of one project in one storage location."""
 
@@ -173,7 +181,7 @@ class SnapshotEngine:
         manifest = self.get(ref, notebook if ref in ("latest", "", None) and self._has_notebook(notebook) else None)
         record = self.kernel_record(manifest, notebook)
         result = restore_record(self.store, record, namespace, variables, device_map)
-        result.warnings[:0] = version_warnings(manifest.env)
+        result.warnings[:0] = version_warnings(manifest.env, _modules_used(record))
         return manifest, result
 
     def _has_notebook(self, notebook: str) -> bool:
