@@ -147,6 +147,19 @@ while _t.monotonic() < _deadline and (_widget.status['last_snapshot'] or {}).get
     assert any((s["last_snapshot"] or {}).get("id") == new_id and s["protected"] for s in pushed)
 
 
+def test_unusable_storage_is_one_line_in_the_widget(start_kernel, tmp_path, nb_env):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the store should be")
+    k = start_kernel("host-a", SPOTWARP_STORAGE=str(blocker / "store"), **nb_env)
+    comm_id, state = widget_open(execute(k, "%load_ext spotwarp\nx = 1"))
+    assert state["status"]["protected"] is False
+    assert state["status"]["protection"].startswith("storage: ") and "\n" not in state["status"]["protection"]
+    state = send_action(k, comm_id, state, {"action": "snapshot"})
+    assert state["notice_kind"] == "error" and state["notice"].startswith("snapshot failed: ")
+    assert "\n" not in state["notice"] and state["busy"] == ""
+    assert k.value("x") == 1 and not blocker.with_name("store").exists()
+
+
 def test_widget_module_is_plain_es_module_without_imports():
     js = (WIDGET_DIR / "widget.js").read_text()
     assert "export default" in js

@@ -83,8 +83,8 @@ class StatusWidget(anywidget.AnyWidget):
         if check_newer:
             try:
                 newer = newer_snapshot(self._session)
-            except SpotWarpError as exc:
-                status["protected"], status["protection"] = False, f"storage: {exc}"
+            except Exception as exc:  # noqa: BLE001 - unreachable storage of any backend: say so, keep the widget up
+                status["protected"], status["protection"] = False, f"storage: {_one_line(exc)}"
         return status, newer
 
     def _fingerprint(self) -> tuple:
@@ -110,8 +110,8 @@ class StatusWidget(anywidget.AnyWidget):
         self.busy = name
         try:
             self._say("ok", work())
-        except (SpotWarpError, OSError, ValueError) as exc:
-            self._say("error", f"{name} failed: {exc}")
+        except Exception as exc:  # noqa: BLE001 - a button never leaves a traceback in the kernel log
+            self._say("error", f"{name} failed: {_one_line(exc)}")
         finally:
             self.busy = ""
             self.refresh(check_newer=True)
@@ -137,6 +137,12 @@ class StatusWidget(anywidget.AnyWidget):
     def close(self) -> None:
         self._stop.set()
         super().close()
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    detail = text[0] if text else ""
+    return detail if isinstance(exc, SpotWarpError) else f"{type(exc).__name__}: {detail}"
 
 
 def _start_watcher(widget: StatusWidget) -> None:
