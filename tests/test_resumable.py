@@ -197,17 +197,17 @@ def test_skipped_batches_are_not_fetched_again(engine):
     assert ns["loader"].dataset.fetched == 12  # 3 batches before the stop, 3 after: none fetched twice
 
 
+class Augmented(torch.utils.data.Dataset):
+    """Random augmentation drawn in the worker process, from the seed the loader handed it."""
+
+    def __len__(self) -> int:
+        return 8
+
+    def __getitem__(self, i: int):
+        return torch.rand(1) + i
+
+
 def test_worker_processes_get_the_same_seeds(engine):
-    class Augmented(torch.utils.data.Dataset):
-        def __len__(self):
-            return 8
-
-        def __getitem__(self, i):
-            return torch.rand(1) + i  # drawn in the worker, from the seed the loader handed it
-
-    globals()["Augmented"] = Augmented  # importable by reference for the worker and the snapshot
-    Augmented.__qualname__ = "Augmented"
-
     def make():
         return {"loader": torch.utils.data.DataLoader(Augmented(), batch_size=2, shuffle=True, num_workers=1),
                 "seen": []}

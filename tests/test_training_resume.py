@@ -156,3 +156,24 @@ def test_random_sigkill_resumes_bit_identical(round_, start_kernel, reference, s
     b.run(LOOP, timeout=120)
     state = _final_state(b)
     assert state == reference, f"killed after {done} steps (delay {delay:.3f}s), resumed at {completed}"
+
+
+def test_demo_notebook_runs_end_to_end(tmp_path: Path, store_url: str, monkeypatch):
+    nbformat = pytest.importorskip("nbformat")
+    from nbclient import NotebookClient
+
+    for name, value in {"SPOTWARP_STORAGE": store_url, "SPOTWARP_PROJECT": "demo", "HOME": str(tmp_path / "home"),
+                        "OMP_NUM_THREADS": "1"}.items():
+        monkeypatch.setenv(name, value)
+    (tmp_path / "home").mkdir()
+    source = Path(__file__).parent.parent / "notebooks" / "train_resumable.ipynb"
+    notebook = nbformat.read(source, as_version=4)
+    NotebookClient(notebook, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    text = "\n".join(
+        output.get("text", "") for cell in notebook.cells if cell.cell_type == "code" for output in cell.get("outputs", [])
+    )
+    assert "epoch 3: last loss" in text
+    assert "64 steps, final loss" in text
+    assert "after training" in text  # %spotwarp list shows the snapshot
+    assert "SpotWarp restored" in text and "restored 64 completed steps" in text
+    assert _manifests(store_url, "demo") >= 1
