@@ -325,3 +325,13 @@ def capture_positions_rng():
     from spotwarp_jupyter.training import capture_rng
 
     return capture_rng()
+
+
+def test_module_container_is_not_treated_as_a_loader():
+    layers = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.ReLU())
+    assert [type(m).__name__ for m in resumable(layers, name="layers")] == ["Linear", "ReLU"]
+    restore_positions({})
+    it = iter(resumable(layers, name="layers"))
+    next(it)
+    state = capture_positions()["layers"]
+    assert "loader" not in state and state["position"] == 0  # the first step is still running

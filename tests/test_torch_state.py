@@ -215,3 +215,34 @@ def test_tensor_recorded_on_cuda_is_rebuilt_here():
         assert p.device == torch.device("cuda:0") and notes.moved == set()
     else:
         assert p.device.type == "cpu" and notes.moved == {"cuda:0"}
+
+
+GPU_HOST = """
+%load_ext spotwarp
+import torch
+from spotwarp_jupyter.engine import pickling as _pickling
+_real_reduce = _pickling._reduce_tensor
+def _as_on_gpu(torch_module, tensor):  # the stream a GPU host writes: device cuda:0 recorded
+    reduced = _real_reduce(torch_module, tensor)
+    return reduced if reduced is NotImplemented else (reduced[0], (*reduced[1][:3], "cuda:0", *reduced[1][4:]))
+_pickling._reduce_tensor = _as_on_gpu
+torch.manual_seed(0)
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+model(torch.ones(3, 4)).sum().backward(); opt.step()
+"""
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU-only host")
+def test_kernel_restore_of_gpu_snapshot_says_it_moved_to_cpu(start_kernel):
+    a = start_kernel("gpu-host")
+    a.run(GPU_HOST)
+    a.run("%spotwarp snapshot")
+    expected = a.value("model.weight.detach().tolist()")
+    a.kill()
+    b = start_kernel("cpu-host")
+    out = b.run("%load_ext spotwarp\n%spotwarp restore latest")
+    assert "warning: tensors saved on cuda:0 were restored to CPU: cuda:0 is not available here" in out
+    assert b.value("model.weight.detach().tolist()") == expected
+    assert b.value("[model.weight.device.type, opt.param_groups[0]['params'][0] is model.weight]") == ["cpu", True]
+    b.run("model(torch.ones(3, 4)).sum().backward(); opt.step()")  # training goes on, on CPU

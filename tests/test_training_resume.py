@@ -147,6 +147,7 @@ def test_random_sigkill_resumes_bit_identical(round_, start_kernel, reference, s
     b.run("import torch; torch.use_deterministic_algorithms(True)")
     out = b.run("%load_ext spotwarp\n%spotwarp restore latest")
     assert "restored" in out, out
+    assert "re-run the training cell to continue its loops" in out, out
     positions = b.value("__import__('spotwarp_jupyter.training', fromlist=['x']).pending_positions()")
     completed = b.value("len(losses)")
     # the saved position is the number of completed steps, taken between two steps

@@ -17,9 +17,17 @@ def _restore_rng_and_warn(state: dict[str, Any]) -> None:
         warnings.warn(line, RuntimeWarning, stacklevel=2)
 
 
+def _restore_positions_and_tell(states: dict[str, Any]) -> None:
+    restore_positions(states)
+    waiting = pending_positions()
+    if waiting:
+        where = ", ".join(f"{name!r} after step {position}" for name, position in sorted(waiting.items()))
+        print(f"SpotWarp: re-run the training cell to continue its loops: {where}")
+
+
 def state_providers() -> dict[str, tuple[Callable[[], Any], Callable[[Any], None]]]:
     """name -> (capture, restore) for the kernel session's STATE_PROVIDERS registry."""
-    return {"rng": (capture_rng, _restore_rng_and_warn), "resumables": (capture_positions, restore_positions)}
+    return {"rng": (capture_rng, _restore_rng_and_warn), "resumables": (capture_positions, _restore_positions_and_tell)}
 
 
 def register_state_providers(registry: dict[str, Any]) -> None:

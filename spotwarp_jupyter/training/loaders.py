@@ -16,6 +16,9 @@ _GENERATOR_PATHS = ("generator", "sampler.generator", "batch_sampler.generator",
 
 def is_stateful(iterable: Any) -> bool:
     """True for loaders that save and restore their own position (torchdata StatefulDataLoader and alike)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(iterable, (torch.nn.Module, torch.optim.Optimizer)):
+        return False  # iterable containers of weights, not positions (nn.Sequential, ModuleList)
     return callable(getattr(iterable, "state_dict", None)) and callable(getattr(iterable, "load_state_dict", None))
 
 
