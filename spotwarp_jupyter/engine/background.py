@@ -125,7 +125,8 @@ def start_background(
 ) -> BackgroundSnapshot:
     """Fork a child that captures (unless CUDA forces staging first) and commits; return at once.
 
-    `commit(image)` persists the image and returns the committed manifest (run in the child).
+    `commit(image)` persists the image and returns the committed manifest (run in the child; it may
+    pass `release_pages` as the writer's `on_written` hook).
     `on_done` runs in a reaper thread of the parent once the child has exited.
     """
     paused = time.perf_counter()
@@ -142,12 +143,9 @@ def start_background(
         code = 1
         try:
             _quiet_child()
-            if staged_image is None:
-                with main_namespace(namespace if isinstance(namespace, dict) else dict(namespace)):
-                    image = capture_namespace(namespace, hidden, options, extra_state)
-            else:
-                image = staged_image
-            manifest = commit(image)
+            with main_namespace(namespace if isinstance(namespace, dict) else dict(namespace)):
+                image = staged_image or capture_namespace(namespace, hidden, options, extra_state, lazy=True)
+                manifest = commit(image)
             payload = {"ok": True, "id": manifest.id, "stats": manifest.stats}
             code = 0
         except BaseException as exc:  # noqa: BLE001 - report everything to the parent

@@ -10,7 +10,7 @@ import socket
 import threading
 import types
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 from . import pickling
 from .grouping import shared_groups
@@ -51,11 +51,33 @@ class GroupImage:
 
 @dataclass
 class KernelImage:
-    """A consistent, serialized image of one kernel's variables, ready to be persisted."""
+    """A consistent, serialized image of one kernel's variables, ready to be persisted.
+
+    `pending` holds groups not serialized yet: persisting consumes it, so writing the first groups
+    overlaps with serializing the next ones. `skipped` is complete only once `pending` is consumed.
+    """
 
     groups: list[GroupImage] = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    pending: Iterator[GroupImage] | None = None
+
+    def iter_groups(self) -> Iterator[GroupImage]:
+        """Every group, serializing pending ones on demand (and keeping them in `groups`)."""
+        yield from list(self.groups)
+        while self.pending is not None:
+            group = next(self.pending, None)
+            if group is None:
+                self.pending = None
+                break
+            self.groups.append(group)
+            yield group
+
+    def materialize(self) -> "KernelImage":
+        """Serialize everything now (needed before state on a GPU can be released, or a fork)."""
+        for _ in self.iter_groups():
+            pass
+        return self
 
     @property
     def nbytes(self) -> int:
@@ -155,14 +177,31 @@ def capture_namespace(
     hidden: Mapping[str, Any] | None = None,
     options: CaptureOptions | None = None,
     extras: Mapping[str, Any] | None = None,
+    lazy: bool = False,
 ) -> KernelImage:
-    """Serialize every saveable variable of `namespace` (plus `extras`, engine state such as RNGs)."""
+    """Serialize every saveable variable of `namespace` (plus `extras`, engine state such as RNGs).
+
+    With `lazy`, groups are serialized only as the image is persisted (see KernelImage.pending).
+    """
     options = options or CaptureOptions()
     values, imports, skipped = select_variables(namespace, hidden, options)
     image = KernelImage(imports=imports, skipped=skipped)
-    for names in shared_groups(values):
-        image.groups.extend(serialize_group(names, values, skipped, options.max_var_size))
     if extras:
         pickled = pickling.dumps({EXTRAS_NAME: dict(extras)})
         image.groups.append(GroupImage([EXTRAS_NAME], pickled, {EXTRAS_NAME: "spotwarp state"}))
-    return image
+    groups = sorted(shared_groups(values), key=lambda names: not any(_bulky(values[n]) for n in names))
+
+    def serialize_all() -> Iterator[GroupImage]:
+        # bulky groups first: their buffers start writing while the small-object groups are pickled
+        for names in groups:
+            yield from serialize_group(names, values, skipped, options.max_var_size)
+
+    image.pending = serialize_all()
+    return image if lazy else image.materialize()
+
+
+def _bulky(value: Any) -> bool:
+    """Values whose bytes are mostly out-of-band buffers (arrays, tensors, models, optimizers)."""
+    if _cheap_size(value) is not None:
+        return True
+    return any(hasattr(value, attr) for attr in ("state_dict", "parameters")) and not isinstance(value, type)

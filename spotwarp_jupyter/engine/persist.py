@@ -1,13 +1,18 @@
 """Persist: write a KernelImage's streams and buffers as content-addressed objects, skipping unchanged ones.
 
 Large buffers are cut into fixed chunks, each fingerprinted with xxh3; a chunk whose fingerprint
-the previous snapshot already stored is named again without being hashed or written.
+the previous snapshot already stored is named again without being hashed or written. New chunks
+go to a pool of writer threads as soon as their group is serialized, so hashing and disk or
+network I/O overlap with serializing the next groups.
 """
 
 from __future__ import annotations
 
+import ctypes
+import threading
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .capture import EXTRAS_NAME, KernelImage
 from .hashing import fingerprint
@@ -26,6 +31,17 @@ class PersistStats:
     objects_reused: int = 0
 
 
+def _span(view: memoryview) -> tuple[int, int] | None:
+    """The address range a writable buffer occupies (None for read-only ones, never released)."""
+    if view.readonly or view.nbytes == 0:
+        return None
+    try:
+        start = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return None
+    return start, start + view.nbytes
+
+
 def known_fingerprints(records: Iterable[dict[str, Any]]) -> dict[str, tuple[str, int]]:
     """fingerprint -> (object id, size) for every stream and chunk named by earlier kernel records."""
     known: dict[str, tuple[str, int]] = {}
@@ -41,16 +57,25 @@ def known_fingerprints(records: Iterable[dict[str, Any]]) -> dict[str, tuple[str
     return known
 
 
-class _Plan:
-    """Slots to fill with object refs; new content queued once even if it appears twice."""
+class _Writer:
+    """Slots to fill with object refs; new content is written once, in the background, as it arrives."""
 
-    def __init__(self, store: Store, known: dict[str, tuple[str, int]]):
+    def __init__(self, store: Store, known: dict[str, tuple[str, int]],
+                 on_written: Callable[[memoryview], None] | None = None):
         self.store = store
         self.known = known
-        self.pending: dict[str, memoryview] = {}
-        self.slots: list[tuple[dict[str, Any], str]] = []
+        self.on_written = on_written
         self.stats = PersistStats()
-        self._verified: dict[str, bool] = {}
+        self.cancel = threading.Event()
+        self.pool = ThreadPoolExecutor(max_workers=getattr(store, "workers", None) or 2,
+                                       thread_name_prefix="spotwarp-persist")
+        self.writes: dict[str, Future] = {}
+        self.slots: list[tuple[dict[str, Any], str]] = []
+        self._checked: dict[str, bool] = {}
+        self._views: dict[str, memoryview] = {}
+        self._written: list[memoryview] = []
+        self._all_known = False
+        self._lock = threading.Lock()
 
     def add(self, view: memoryview) -> dict[str, Any]:
         fp = fingerprint(view)
@@ -60,49 +85,100 @@ class _Plan:
         if hit and hit[1] == view.nbytes and self._still_there(hit[0]):
             ref["id"] = hit[0]
             self.stats.objects_reused += 1
-        else:
-            self.pending.setdefault(fp, view)
-            self.slots.append((ref, fp))
+            return ref
+        if fp not in self.writes:
+            self._views[fp] = view
+            self.writes[fp] = self.pool.submit(self._put, view)
+        self.slots.append((ref, fp))
         return ref
+
+    def _put(self, view: memoryview) -> tuple[str, int]:
+        if self.cancel.is_set():
+            raise RuntimeError("cancelled after an earlier write failed")
+        oid, size = self.store.put_object(view)
+        if self.on_written is not None:
+            with self._lock:
+                self._written.append(view)
+                self._release_ready()
+        return oid, size
+
+    def capture_done(self) -> None:
+        """Every buffer is known now: written ones whose memory no unwritten buffer shares can be released."""
+        with self._lock:
+            self._all_known = True
+            self._release_ready()
+
+    def _release_ready(self) -> None:
+        # A view's pages may be shared by another buffer (numpy views, tensors sharing storage):
+        # release them only once every buffer is known and none still unwritten overlaps them.
+        if not self._all_known:
+            return
+        written = {id(v) for v in self._written}
+        unwritten = [_span(v) for fp, v in self._views.items()
+                     if id(v) not in written and not self.writes[fp].done()]
+        keep = []
+        for view in self._written:
+            span = _span(view)
+            if span and any(o and o[0] < span[1] and span[0] < o[1] for o in unwritten):
+                keep.append(view)
+            elif span:
+                self.on_written(view)
+        self._written = keep
 
     def _still_there(self, oid: str) -> bool:
         # a concurrent `gc` may have dropped an object only old snapshots named
-        if oid not in self._verified:
-            self._verified[oid] = self.store.has_object(oid)
-        return self._verified[oid]
+        if oid not in self._checked:
+            self._checked[oid] = self.store.has_object(oid)
+        return self._checked[oid]
 
-    def write(self) -> None:
-        fps = list(self.pending)
-        results = self.store.put_objects(self.pending[fp] for fp in fps)
-        ids = {fp: oid for fp, (oid, _size) in zip(fps, results)}
-        for fp, (_oid, size) in zip(fps, results):
-            self.stats.bytes_written += size
-            self.stats.objects_written += 1
-        for ref, fp in self.slots:
-            ref["id"] = ids[fp]
+    def finish(self) -> None:
+        """Wait for every write; fill the slots; raise the first failure (nothing is committed then)."""
+        try:
+            results = {}
+            for fp, future in self.writes.items():
+                try:
+                    results[fp] = future.result()
+                except BaseException:
+                    self.cancel.set()
+                    raise
+            for oid, size in results.values():
+                self.stats.bytes_written += size
+                self.stats.objects_written += 1
+            for ref, fp in self.slots:
+                ref["id"] = results[fp][0]
+        finally:
+            self.cancel.set()
+            self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 def persist_image(
-    store: Store, image: KernelImage, previous: Iterable[dict[str, Any]] = ()
+    store: Store, image: KernelImage, previous: Iterable[dict[str, Any]] = (),
+    on_written: Callable[[memoryview], None] | None = None,
 ) -> tuple[dict[str, Any], dict[str, int], PersistStats]:
-    """Write what is new; return (kernel record for the manifest, objects it names, stats)."""
-    plan = _Plan(store, known_fingerprints(previous))
+    """Write what is new; return (kernel record for the manifest, objects it names, stats).
+
+    `on_written(view)` runs after each new buffer is durable (a forked writer releases its pages).
+    """
+    writer = _Writer(store, known_fingerprints(previous), on_written)
     groups: list[dict[str, Any]] = []
-    for g in image.groups:
-        buffers = []
-        for view in g.pickled.buffers:
-            view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-            chunks = [plan.add(view[i:i + CHUNK_SIZE]) for i in range(0, view.nbytes, CHUNK_SIZE)]
-            buffers.append({"size": view.nbytes, "chunks": chunks})
-        groups.append({
-            "names": g.names,
-            "types": g.types,
-            "codec": g.pickled.codec,
-            "requires": sorted(g.pickled.requires),
-            "pickle": plan.add(memoryview(g.pickled.data)),
-            "buffers": buffers,
-        })
-    plan.write()
+    try:
+        for g in image.iter_groups():
+            buffers = []
+            for view in g.pickled.buffers:
+                view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+                chunks = [writer.add(view[i:i + CHUNK_SIZE]) for i in range(0, view.nbytes, CHUNK_SIZE)]
+                buffers.append({"size": view.nbytes, "chunks": chunks})
+            groups.append({
+                "names": g.names,
+                "types": g.types,
+                "codec": g.pickled.codec,
+                "requires": sorted(g.pickled.requires),
+                "pickle": writer.add(memoryview(g.pickled.data)),
+                "buffers": buffers,
+            })
+        writer.capture_done()
+    finally:
+        writer.finish()
     objects: dict[str, int] = {}
     variables: dict[str, Any] = {}
     for index, (record, g) in enumerate(zip(groups, image.groups)):
@@ -113,4 +189,4 @@ def persist_image(
             if name != EXTRAS_NAME:
                 variables[name] = {"type": g.types[name], "group": index, "size": size}
     kernel = {"groups": groups, "variables": variables, "imports": image.imports, "skipped": image.skipped}
-    return kernel, objects, plan.stats
+    return kernel, objects, writer.stats

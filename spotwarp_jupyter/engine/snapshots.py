@@ -10,7 +10,7 @@ import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .capture import CaptureOptions, KernelImage, capture_namespace
 from .environment import collect_facts, version_warnings
@@ -126,17 +126,18 @@ class SnapshotEngine:
         from .pickling import main_namespace
 
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
-            image = capture_namespace(namespace, hidden, options, extras)
-        return self.commit_image(image, notebook, message, started=started)
+            image = capture_namespace(namespace, hidden, options, extras, lazy=True)
+            return self.commit_image(image, notebook, message, started=started)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
-                     started: float | None = None, stats: dict[str, Any] | None = None) -> Manifest:
+                     started: float | None = None, stats: dict[str, Any] | None = None,
+                     on_written: Callable[[memoryview], None] | None = None) -> Manifest:
         """Persist a captured image (only what changed) and commit its manifest."""
         started = time.perf_counter() if started is None else started
         with self._lock:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
-            kernel, objects, pstats = persist_image(self.store, image, records)
+            kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects)
             manifest.stats = {

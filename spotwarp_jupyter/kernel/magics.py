@@ -90,10 +90,13 @@ class SpotWarpMagics(Magics):
         print(f"  policy    {self.session.policy.describe()}")
         last = s["last_snapshot"]
         if last:
+            pause = f" · paused the kernel {format_duration(last['pause_s'])}" if last.get("pause_s") is not None else ""
             print(f"  last      {last['id']} · {format_duration(last['age_s'])} ago · {format_size(last['size'])}"
-                  f" · wrote {format_size(last['bytes_written'] or 0)} in {format_duration(last['duration_s'] or 0)}")
+                  f" · wrote {format_size(last['bytes_written'] or 0)} in {format_duration(last['duration_s'] or 0)}{pause}")
         else:
             print("  last      no snapshot from this kernel yet")
+        if s.get("in_flight"):
+            print("  now       a background snapshot is being written")
         if s["last_error"]:
             print(f"  error     {s['last_error']}")
         if s["skipped"]:

@@ -12,7 +12,7 @@ from typing import Any, Callable, Mapping
 
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine
-from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, start_background
+from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from .policy import Policy
@@ -138,7 +138,8 @@ class KernelSession:
             self._flight_done.clear()
 
             def commit(image):
-                return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"})
+                return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"},
+                                           on_written=release_pages)
 
             try:
                 self.in_flight = start_background(commit, self.namespace, self.hidden, self.capture_options(),
