@@ -78,7 +78,7 @@ class BackgroundSnapshot:
 
 
 def _quiet_child() -> None:
-    """Detach the child from the kernel's I/O: no prints over zmq, default signals, one thread for torch."""
+    """Detach the child from the kernel's I/O: no prints over zmq, default signals, low priority, one torch thread."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
             signal.signal(sig, signal.SIG_DFL)
@@ -89,6 +89,10 @@ def _quiet_child() -> None:
     try:
         os.dup2(devnull.fileno(), 1)
         os.dup2(devnull.fileno(), 2)
+    except OSError:
+        pass
+    try:
+        os.nice(10)  # the training loop in the parent keeps priority over the writer
     except OSError:
         pass
     torch = sys.modules.get("torch")
