@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .engine import Manifest
-from .training import Resumable, resumable
+from .training import resumable  # noqa: F401 - part of the `spotwarp` API
 
 
 def _session():

@@ -10,7 +10,11 @@ import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.capture import capture_namespace
-from spotwarp_jupyter.engine.environment import collect_facts, package_versions, redacted_environment
+from spotwarp_jupyter.engine.environment import (
+    collect_facts,
+    package_versions,
+    redacted_environment,
+)
 from spotwarp_jupyter.engine.persist import persist_image
 
 SECRET = "s3cr3t-value-that-must-never-be-stored"

@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import random
 import warnings
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -192,7 +193,7 @@ def test_skipped_batches_are_not_fetched_again(engine):
         for batch in resumable(ns["loader"], name="train"):
             _record(ns, batch)
 
-    ns, _draws_, _ = _run(_seeded(make), loop, engine, 4)
+    ns, _, _ = _run(_seeded(make), loop, engine, 4)
     assert len(ns["seen"]) == 6
     assert ns["loader"].dataset.fetched == 12  # 3 batches before the stop, 3 after: none fetched twice
 

@@ -6,9 +6,16 @@ No Jupyter imports: the kernel extension registers `state_providers()` with its 
 from __future__ import annotations
 
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
-from .resumable import Resumable, capture_positions, pending_positions, restore_positions, resumable
+from .resumable import (
+    Resumable,
+    capture_positions,
+    pending_positions,
+    restore_positions,
+    resumable,
+)
 from .rng import capture_rng, restore_rng
 
 

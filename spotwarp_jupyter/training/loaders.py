@@ -8,7 +8,8 @@ and dropped. torchdata's StatefulDataLoader carries its own position in `state_d
 from __future__ import annotations
 
 import sys
-from typing import Any, Iterator
+from collections.abc import Iterator
+from typing import Any
 
 _SETSTATE_ITERATORS = tuple(type(iter(x)) for x in ([], (), range(0), "", b"", bytearray()))
 _GENERATOR_PATHS = ("generator", "sampler.generator", "batch_sampler.generator", "batch_sampler.sampler.generator")

@@ -18,15 +18,17 @@ import linecache
 import os
 import sys
 import warnings
-from typing import Any, Iterable, Iterator
+from collections.abc import Iterable, Iterator
+from typing import Any
 
 from .. import safepoints
 from . import loaders
 from .rng import capture_rng, restore_rng
 
-_live: dict[str, "_Pass"] = {}
-_stack: list["_Pass"] = []
+_live: dict[str, _Pass] = {}
+_stack: list[_Pass] = []
 _pending: dict[str, dict[str, Any]] = {}
+on_resume: list[Any] = []  # hook(name, position) runs when a pass continues from a restored position
 
 
 class Resumable:
@@ -78,6 +80,8 @@ class _Pass:
         if saved is not None and _belongs_here(saved, self.parent):
             del _pending[name]
             self._resume(saved)
+            for hook in on_resume:
+                hook(name, self.position)
         else:
             self.start_rng = capture_rng()
             self.start_generators = loaders.generator_states(iterable)
@@ -112,7 +116,7 @@ class _Pass:
         """Steps whose body has finished (the one in progress, if any, is not counted)."""
         return self.position - (1 if self.in_step else 0)
 
-    def __iter__(self) -> "_Pass":
+    def __iter__(self) -> _Pass:
         return self
 
     def __next__(self) -> Any:
