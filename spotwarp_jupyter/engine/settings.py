@@ -29,15 +29,30 @@ def validate_project_id(project: str) -> str:
     return project
 
 
+def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+    """Where the JupyterHub identity comes from: `env` when it names a hub user, else this process's environment.
+
+    The spawner sets `JUPYTERHUB_USER` for the server and so for its kernels and terminals; a caller
+    passing its own `env` (the magic does) must not turn `{username}` into someone else's name.
+    """
+    return env if env is not None and env.get("JUPYTERHUB_USER") else os.environ
+
+
+def is_remote(url: str) -> bool:
+    """Whether a storage URL names shared storage (any fsspec protocol but a local path or file://)."""
+    return "://" in url and not url.startswith("file://")
+
+
 def expand_storage_url(url: str, env: Mapping[str, str] | None = None) -> str:
-    """Fill `{username}` and `{server_name}` from the JupyterHub environment; expand `~`."""
+    """Fill `{username}` and `{server_name}` from the JupyterHub environment; expand `~`; refuse `..`."""
     env = os.environ if env is None else env
+    identity = hub_identity(env)
     if not url or not str(url).strip():
         raise ConfigError("storage URL is empty: pass --storage URL or set SPOTWARP_STORAGE")
     url = str(url).strip()
     values = {
-        "username": env.get("JUPYTERHUB_USER", "") or env.get("USER", "") or "user",
-        "server_name": env.get("JUPYTERHUB_SERVER_NAME", "") or "default",
+        "username": identity.get("JUPYTERHUB_USER", "") or env.get("USER", "") or "user",
+        "server_name": identity.get("JUPYTERHUB_SERVER_NAME", "") or "default",
     }
     for key, value in values.items():
         if f"{{{key}}}" in url:
@@ -48,6 +63,27 @@ def expand_storage_url(url: str, env: Mapping[str, str] | None = None) -> str:
         raise ConfigError(f"storage URL {url!r} has an unknown placeholder: only {{username}} and {{server_name}} are filled")
     if "://" not in url:
         url = str(Path(url).expanduser().resolve())
+    elif any(part in (".", "..") for part in url.split("://", 1)[1].split("/")):
+        raise ConfigError(f"storage URL {url!r} has a '.' or '..' segment: name the prefix itself")
+    return url
+
+
+def confine_to_user_prefix(url: str, env: Mapping[str, str] | None = None) -> str:
+    """Under JupyterHub, refuse a shared-storage URL outside the prefix the deployment gave this user.
+
+    The assigned prefix is `SPOTWARP_STORAGE` (expanded) of the hub-spawned server, which its kernels
+    and terminals inherit. Local paths are left to file permissions.
+    """
+    identity = hub_identity(env)
+    if not identity.get("JUPYTERHUB_USER") or not is_remote(url):
+        return url
+    assigned = identity.get("SPOTWARP_STORAGE") or default_storage()
+    root = expand_storage_url(assigned, identity).rstrip("/")
+    if not is_remote(root):
+        return url
+    if url.rstrip("/") != root and not url.startswith(root + "/"):
+        raise ConfigError(f"storage {url} is outside your prefix {root}: on JupyterHub, "
+                          f"SpotWarp stores {identity['JUPYTERHUB_USER']}'s snapshots only under it")
     return url
 
 
@@ -104,9 +140,12 @@ class Settings:
             else:
                 storage_options = dict(config.get("storage_options") or {})
         workspace_value = pick(workspace, "SPOTWARP_WORKSPACE", "workspace")
+        storage_url = expand_storage_url(storage_value, env)
+        if storage not in (None, ""):  # a flag or the magic: under JupyterHub it may not leave the user's prefix
+            storage_url = confine_to_user_prefix(storage_url, env)
         return cls(
             project=validate_project_id(project_value),
-            storage=expand_storage_url(storage_value, env),
+            storage=storage_url,
             storage_options=storage_options,
             workspace=str(Path(workspace_value).expanduser().resolve()) if workspace_value else None,
         )

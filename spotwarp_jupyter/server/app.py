@@ -6,12 +6,13 @@ import asyncio
 import os
 
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, Unicode, default
+from traitlets import Dict, Float, List, Unicode, default
 from traitlets.config import Configurable
 
 from ..engine import Settings, SnapshotEngine, SpotWarpError
 from ..engine.units import parse_duration
 from .handlers import handlers
+from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
 from .service import ProjectService
 
 
@@ -43,6 +44,17 @@ class SpotWarp(Configurable):
                                  "(default: $SPOTWARP_BACKUP_INTERVAL, e.g. 5m, else 300).").tag(config=True)
     kernel_timeout = Float(help="Seconds to wait for a busy kernel to answer a snapshot request before using its "
                                 "newest committed state (default: $SPOTWARP_KERNEL_TIMEOUT, else 60).").tag(config=True)
+
+    restore_on_start = Unicode(help="Restore the newest snapshot holding files into a fresh workspace at start: "
+                                    "auto (only under JupyterHub), if-empty, never "
+                                    "(default: $SPOTWARP_RESTORE_ON_START, else auto).").tag(config=True)
+    fresh_workspace_names = List(Unicode(), default_value=list(FRESH_WORKSPACE_NAMES),
+                                 help="Top-level names a fresh home or volume holds before its user writes anything; "
+                                      "a workspace holding only these counts as empty.").tag(config=True)
+
+    @default("restore_on_start")
+    def _default_restore_on_start(self) -> str:
+        return os.environ.get("SPOTWARP_RESTORE_ON_START", "auto")
 
     @default("project")
     def _default_project(self) -> str:
@@ -86,17 +98,25 @@ class SpotWarpApp(ExtensionApp):
             settings = Settings.resolve(config={"project": config.project, "storage": config.storage,
                                                 "storage_options": config.storage_options, "workspace": workspace})
             engine = SnapshotEngine(settings)
+            mode = restore_mode(config.restore_on_start)
         except SpotWarpError as exc:
             self.log.error("SpotWarp is off: %s", exc)
             raise
         self.config_object = config
+        identity = HubIdentity.from_env()
+        warning = shared_prefix_warning(settings.storage, identity)
+        if warning:
+            self.log.warning("SpotWarp: %s", warning)
+        # a new pod after a preemption: the user's files are back before anything is served
+        start_restore = restore_on_start(engine, settings.workspace or workspace, mode, identity,
+                                         config.fresh_workspace_names)
         self.service = ProjectService(engine, settings.workspace or workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
                            "SPOTWARP_WORKSPACE": self.service.workspace})
-        self.settings.update({"spotwarp": self.service})
+        self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
         self._backup_task: asyncio.Task | None = None
         self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
                       self.service.workspace)

@@ -59,19 +59,21 @@ class SpotWarpHandler(APIHandler):
 
 class StatusHandler(SpotWarpHandler):
     @web.authenticated
-    @authorized
+    @authorized("read")
     async def get(self) -> None:
-        self.reply(await self.call(self.service.status()))
+        status = await self.call(self.service.status())
+        status["start_restore"] = self.settings.get("spotwarp_start_restore")  # restore-on-spawn, if any
+        self.reply(status)
 
 
 class SnapshotsHandler(SpotWarpHandler):
     @web.authenticated
-    @authorized
+    @authorized("read")
     async def get(self) -> None:
         self.reply({"snapshots": await self.call(self.service.snapshots())})
 
     @web.authenticated
-    @authorized
+    @authorized("write")
     async def post(self) -> None:
         body = self.json_body()
         unknown = sorted(set(body) - {"message"})
@@ -85,8 +87,9 @@ class SnapshotsHandler(SpotWarpHandler):
 
 
 class RestoreHandler(SpotWarpHandler):
+    # restoring loads pickled state into running kernels: the action that runs code, as for kernels
     @web.authenticated
-    @authorized
+    @authorized("execute")
     async def post(self, snapshot_id: str) -> None:
         if self.json_body():
             raise web.HTTPError(400, "restore takes no body: the snapshot id is in the URL")

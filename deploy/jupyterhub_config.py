@@ -1,0 +1,32 @@
+# SpotWarp for every user of a JupyterHub (any spawner): include this file from your own
+# jupyterhub_config.py with `load_subconfig("/etc/jupyterhub/spotwarp_config.py")`, or copy its lines.
+# See docs/jupyterhub.md. The single-user image installs `spotwarp` (the server extension is then on
+# by itself) and carries deploy/jupyter_server_config.py and deploy/ipython_*config.py.
+import os
+
+c = get_config()  # noqa: F821 - provided by JupyterHub when it loads this file
+
+# One storage prefix per user and server. The hub passes the template as it is; SpotWarp fills
+# {username} and {server_name} in the single-user server from JUPYTERHUB_USER and
+# JUPYTERHUB_SERVER_NAME (an unnamed server is "default"), so nobody's snapshots share a prefix.
+SPOTWARP_STORAGE = os.environ.get("SPOTWARP_HUB_STORAGE", "s3://my-team-bucket/spotwarp/{username}/{server_name}")
+
+c.Spawner.environment.update({
+    "SPOTWARP_STORAGE": SPOTWARP_STORAGE,
+    # a fresh server (new pod, empty home) gets the user's newest workspace snapshot back before it serves
+    "SPOTWARP_RESTORE_ON_START": "auto",
+    # files are backed up every 2 minutes when something changed; kernels snapshot themselves
+    "SPOTWARP_BACKUP_INTERVAL": "2m",
+})
+
+# Storage credentials and endpoint: name the hub's variables to pass on, never write secrets here.
+# (On Kubernetes, prefer per-user credentials: see the guide's values.yaml.)
+_passed = os.environ.get("SPOTWARP_HUB_PASS_ENV", "SPOTWARP_STORAGE_OPTIONS SPOTWARP_KEY").split()
+c.Spawner.environment.update({name: os.environ[name] for name in _passed if name in os.environ})
+
+# Restoring a large workspace at start takes time: give the server longer to answer the hub.
+c.Spawner.http_timeout = 300
+c.Spawner.start_timeout = 600
+
+# Users' own ~/.jupyter config must not turn the settings above (or the authorizer) off.
+c.Spawner.disable_user_config = True

@@ -1,0 +1,180 @@
+"""What a JupyterHub deployment needs from the server extension.
+
+- who the hub says this server belongs to (`JUPYTERHUB_USER`, `JUPYTERHUB_SERVER_NAME`);
+- a warning when every user would share one storage prefix;
+- restore-on-spawn: a fresh server (its workspace empty, as on a new pod after a preemption) gets the
+  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does;
+- an authorizer for shared servers: people the owner shares the server with may look at SpotWarp's
+  snapshots but not take or restore them.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Iterable, Mapping
+
+from jupyter_server.auth.authorizer import Authorizer
+
+from ..engine import ConfigError, SnapshotEngine
+from ..engine.project import restore_project_files, with_files
+from ..engine.settings import is_remote
+
+log = logging.getLogger("spotwarp")
+
+RESTORE_MODES = ("auto", "if-empty", "never")
+# What a fresh home or volume holds before its user writes anything: shell skeleton files, the folders
+# Jupyter and IPython create at start, a new volume's lost+found, the default local store.
+FRESH_WORKSPACE_NAMES = (
+    ".bashrc", ".bash_logout", ".profile", ".cache", ".config", ".local", ".jupyter", ".ipython",
+    ".ipynb_checkpoints", ".spotwarp", ".conda", ".npm", ".wget-hsts", "lost+found",
+)
+
+
+@dataclass(frozen=True)
+class HubIdentity:
+    """The hub user (and named server) a single-user server runs for."""
+
+    user: str
+    server_name: str = ""
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> "HubIdentity | None":
+        """The identity JupyterHub's spawner put in the environment; None outside a hub."""
+        env = os.environ if env is None else env
+        user = env.get("JUPYTERHUB_USER", "")
+        return cls(user, env.get("JUPYTERHUB_SERVER_NAME", "")) if user else None
+
+
+def shared_prefix_warning(storage: str, identity: HubIdentity | None) -> str | None:
+    """A warning when, under a hub, shared storage does not hold the user's name as a path segment."""
+    if identity is None or not is_remote(storage):
+        return None
+    if identity.user in storage.split("://", 1)[1].split("/"):
+        return None
+    return (f"storage {storage} is not per user: every hub user's snapshots would share it. Put {{username}} "
+            f"in SPOTWARP_STORAGE (e.g. s3://bucket/spotwarp/{{username}}/{{server_name}})")
+
+
+def workspace_is_fresh(workspace: str, ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES) -> bool:
+    """Whether `workspace` is missing, or holds nothing but what a fresh home or volume holds."""
+    try:
+        names = os.listdir(workspace)
+    except FileNotFoundError:
+        return True
+    return set(names) <= set(ignorable)
+
+
+def restore_mode(value: str) -> str:
+    """`auto`, `if-empty` or `never`; anything else is a configuration error."""
+    mode = (value or "auto").strip().lower()
+    if mode not in RESTORE_MODES:
+        raise ConfigError(f"restore_on_start must be one of {', '.join(RESTORE_MODES)}, got {value!r}")
+    return mode
+
+
+def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity: HubIdentity | None,
+                     ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES) -> dict[str, Any] | None:
+    """Restore the newest snapshot holding files into a fresh workspace; what happened, for `GET status`.
+
+    `auto` restores only under JupyterHub (a plain server has `spotwarp start` for this). A failure is
+    reported, never raised: the server still starts so the user can look and retry from the panel.
+    """
+    if mode == "never" or (mode == "auto" and identity is None):
+        return None
+    if not workspace_is_fresh(workspace, ignorable):
+        return {"restored": False, "reason": "the workspace already holds files"}
+    started = time.perf_counter()
+    try:
+        manifest = with_files(engine, "latest")
+        if manifest is None:
+            return {"restored": False, "reason": f"project {engine.settings.project!r} has no snapshot with files yet"}
+        os.makedirs(workspace, exist_ok=True)
+        report = restore_project_files(engine, manifest, workspace)
+    except Exception as exc:  # noqa: BLE001 - the server must come up; status shows the error
+        log.error("SpotWarp: restoring the workspace at start failed: %s", exc)
+        return {"restored": False, "error": f"{type(exc).__name__}: {exc}"}
+    log.info("SpotWarp: restored %d files (%d bytes) into %s from snapshot %s (%s, %s)",
+             report.files_restored, report.bytes_restored, workspace, manifest.id, manifest.host, manifest.created_iso)
+    return {"restored": True, "id": manifest.id, "host": manifest.host, "created": manifest.created_iso,
+            "files_restored": report.files_restored, "files_unchanged": report.files_unchanged,
+            "bytes_restored": report.bytes_restored, "notebooks": sorted(manifest.kernels),
+            "duration_s": round(time.perf_counter() - started, 3)}
+
+
+class SpotWarpHubAuthorizer(Authorizer):
+    """On a shared hub server, only its owner may take or restore SpotWarp snapshots; others may read.
+
+    Everything else is allowed, as with jupyter_server's default authorizer: JupyterHub's identity
+    provider has already admitted only users holding `access:servers` for this server. Set it with
+    `c.ServerApp.authorizer_class = "spotwarp_jupyter.server.hub.SpotWarpHubAuthorizer"`.
+    """
+
+    def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
+        if resource != "spotwarp" or action == "read":
+            return True
+        owner = os.environ.get("JUPYTERHUB_USER")
+        return bool(owner) and getattr(user, "username", None) == owner
+
+
+def _own_server_url(env: Mapping[str, str]) -> str:
+    """This server's URL as seen from inside its pod (the bind address may be 0.0.0.0)."""
+    from urllib.parse import urlsplit, urlunsplit
+
+    url = urlsplit(env["JUPYTERHUB_SERVICE_URL"])
+    host = url.hostname or ""
+    if host in ("", "0.0.0.0", "::"):
+        host = "127.0.0.1"
+    netloc = f"[{host}]" if ":" in host else host
+    if url.port:
+        netloc += f":{url.port}"
+    return urlunsplit((url.scheme, netloc, url.path.rstrip("/") + "/", "", ""))
+
+
+def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = 25.0,
+                     message: str = "preStop: the pod is stopping") -> dict[str, Any]:
+    """Ask this pod's own server for a snapshot of files and every live kernel, with the server's hub token."""
+    import json
+    import urllib.request
+
+    env = os.environ if env is None else env
+    missing = [n for n in ("JUPYTERHUB_SERVICE_URL", "JUPYTERHUB_API_TOKEN") if not env.get(n)]
+    if missing:
+        raise ConfigError(f"not in a JupyterHub single-user server: {', '.join(missing)} not set")
+    request = urllib.request.Request(
+        _own_server_url(env) + "spotwarp/api/snapshots", data=json.dumps({"message": message}).encode(),
+        method="POST", headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}",
+                                "Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - this pod's own server
+        return json.loads(response.read())
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m spotwarp_jupyter.server.hub prestop [--timeout S]`: a Kubernetes preStop hook."""
+    import argparse
+    import sys
+    import urllib.error
+
+    parser = argparse.ArgumentParser(prog="python -m spotwarp_jupyter.server.hub",
+                                     description="SpotWarp helpers for JupyterHub pods.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("prestop", help="a snapshot through this pod's server before Kubernetes stops it")
+    p.add_argument("--timeout", type=float, default=25.0, help="seconds to wait (keep under the grace period)")
+    args = parser.parse_args(argv)
+    try:
+        answer = prestop_snapshot(timeout=args.timeout)
+    except urllib.error.HTTPError as exc:
+        print(f"spotwarp prestop: the server refused: {exc.code} {exc.reason}", file=sys.stderr)
+        return 1
+    except (OSError, ConfigError) as exc:
+        print(f"spotwarp prestop: {exc}", file=sys.stderr)
+        return 1
+    print(f"spotwarp prestop: snapshot {answer.get('id')} committed ({answer.get('files')} files, "
+          f"notebooks: {', '.join(answer.get('notebooks') or []) or 'none'})")
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover - run as a module
+    raise SystemExit(main())
