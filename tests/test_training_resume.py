@@ -33,16 +33,18 @@ sched = torch.optim.lr_scheduler.StepLR(opt, step_size=10, gamma=0.9)
 losses = []
 """
 
-# the sleep stands for the accelerator's compute time, so that a kill lands between snapshots
+# the pause stands for the accelerator's compute time in kernel A, so that snapshots are taken while the
+# loop runs and the kill lands among them; it comes from the process environment, not from the snapshot
 LOOP = """
 import os as _os, time as _time
+_pause = float(_os.environ.get("STEP_PAUSE", "0"))
 for epoch in spotwarp.resumable(range(3), name="epochs"):
     for xb, yb in spotwarp.resumable(loader, name="train"):
         noise = float(np.random.rand()) * 1e-3 + random.random() * 1e-3
         loss = torch.nn.functional.mse_loss(model(xb), yb) + noise
         opt.zero_grad(); loss.backward(); opt.step(); sched.step()
         losses.append(loss.item())
-        _time.sleep(0.04)
+        _time.sleep(_pause)
         with open("progress.tmp", "w") as _f:
             _f.write(str(len(losses)))
         _os.replace("progress.tmp", "progress")
@@ -140,7 +142,7 @@ def reference(tmp_path_factory) -> dict:
 def test_random_sigkill_resumes_bit_identical(round_, start_kernel, reference, store_url, tmp_path: Path):
     seed = os.environ.get("SPOTWARP_KILL_SEED")
     delay = random.Random(f"{seed}-{round_}" if seed else None).uniform(0.0, 0.8)
-    a = start_kernel("host-a", OMP_NUM_THREADS="1")
+    a = start_kernel("host-a", OMP_NUM_THREADS="1", STEP_PAUSE="0.08")
     done = _kill_mid_loop(a, tmp_path / "host-a", store_url, "proj", delay)
 
     b = start_kernel("host-b", OMP_NUM_THREADS="1")
