@@ -263,3 +263,46 @@ def test_store_round_trip_and_listing(storage: StorageTarget):
     assert store.manifest_names() == []
     store.delete_object(results[0][0])
     assert not store.has_object(results[0][0]) and store.has_object(results[1][0])
+
+
+# -- workspace files and the command line, through object storage -------------------------------------
+def cli(target: StorageTarget, tmp_path: Path, *args: str, timeout: float = 180, **extra_env: str):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HOME": str(tmp_path / "home"), **target.kernel_env(**extra_env)}
+    return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_workspace_files_move_to_a_new_host(storage: StorageTarget, tmp_path: Path):
+    ws = tmp_path / "hostA" / "ws"
+    (ws / "data").mkdir(parents=True)
+    (ws / "data" / "train.csv").write_text("a,b\n" + "1,2\n" * 20000)
+    (ws / "notes.md").write_text("# experiment 7\n")
+    (ws / "weights.bin").write_bytes(os.urandom(5 * 1024 * 1024 + 17))
+    made = cli(storage, tmp_path, "snapshot", "--project-id", "proj", "--workspace-path", str(ws), "-m", "files")
+    assert made.returncode == 0, made.stderr
+    listing = cli(storage, tmp_path, "list", "--project-id", "proj", "--json")
+    assert listing.returncode == 0, listing.stderr
+    snapshots = json.loads(listing.stdout)["snapshots"]
+    assert [s["message"] for s in snapshots] == ["files"] and snapshots[0]["files"] == 3
+
+    new_host = tmp_path / "hostB" / "ws"
+    restored = cli(storage, tmp_path, "restore", "--project-id", "proj", "--workspace-path", str(new_host))
+    assert restored.returncode == 0, restored.stderr
+    assert tree(new_host) == tree(ws)
+    checked = cli(storage, tmp_path, "verify", "--project-id", "proj")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_cli_on_unreachable_object_storage_is_one_line(s3_server, tmp_path: Path):
+    target = s3_server.target()
+    target.options["client_kwargs"]["endpoint_url"] = "http://127.0.0.1:9"
+    out = cli(target, tmp_path, "list", "--project-id", "proj", timeout=120, SPOTWARP_STORAGE_RETRIES="1")
+    assert out.returncode == 1
+    assert len(out.stderr.strip().splitlines()) == 1 and "unreachable" in out.stderr
