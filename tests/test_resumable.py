@@ -308,6 +308,9 @@ def test_default_name_comes_from_the_calling_line():
     other = resumable([1])
     assert first.name == second.name
     assert first.name != other.name
+    outer, inner = resumable([1]), resumable([2])  # one line, two loops
+    assert outer.name != inner.name
+    assert [(a, b) for a in resumable(range(2)) for b in resumable(range(2))] == [(0, 0), (0, 1), (1, 0), (1, 1)]
 
 
 def test_len_and_rewrap():

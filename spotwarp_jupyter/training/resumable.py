@@ -172,11 +172,23 @@ def _belongs_here(saved: dict[str, Any], parent: tuple[str, int] | None) -> bool
 
 def _call_site_name(frame: Any) -> str:
     filename = frame.f_code.co_filename
+    where = f"{frame.f_lineno}{_column(frame)}"
     lines = linecache.getlines(filename)
     if lines:
         digest = hashlib.blake2b("".join(lines).encode(), digest_size=6).hexdigest()
-        return f"{digest}:{frame.f_lineno}"
-    return f"{os.path.basename(filename)}:{frame.f_lineno}"
+        return f"{digest}:{where}"
+    return f"{os.path.basename(filename)}:{where}"
+
+
+def _column(frame: Any) -> str:
+    """`:column` of the call being made, so two loops on one line get two names (Python 3.11+)."""
+    positions = getattr(frame.f_code, "co_positions", None)
+    if positions is None:
+        return ""
+    for index, (_line, _end, column, _end_column) in enumerate(positions()):
+        if index == frame.f_lasti // 2:
+            return f":{column}" if column is not None else ""
+    return ""
 
 
 # -- state provider: the positions of every loop, saved with each snapshot ----------------------
