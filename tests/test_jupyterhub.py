@@ -120,6 +120,7 @@ c.JupyterHub.db_url = "sqlite:///{tmp / 'hub.sqlite'}"
 c.JupyterHub.cookie_secret_file = {str(tmp / 'cookie_secret')!r}
 c.JupyterHub.pid_file = {str(tmp / 'hub.pid')!r}
 c.JupyterHub.cleanup_servers = True
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # spawn requests answer at once: servers start together
 
 c.JupyterHub.authenticator_class = "dummy"
 c.DummyAuthenticator.password = {PASSWORD!r}
