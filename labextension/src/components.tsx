@@ -78,8 +78,13 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
       {watchers.length ? (
         <ul className="jp-SpotWarp-watchers">
           {watchers.map(w => (
-            <li key={w.name} className={`jp-SpotWarp-watcher jp-SpotWarp-watcher-${w.state}`}>
+            <li
+              key={w.name}
+              className={`jp-SpotWarp-watcher jp-SpotWarp-watcher-${stateWord(w.state)}`}
+              title={w.endpoint ? `endpoint ${w.endpoint}` : undefined}
+            >
               <span className="jp-SpotWarp-dot" /> {w.name}: {w.state}
+              {noticeOf(w.last_notice)}
             </li>
           ))}
         </ul>
@@ -100,6 +105,19 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
       )}
     </div>
   );
+}
+
+/** The first word of a watcher's state ("off: not on AWS" -> "off"), for styling. */
+export function stateWord(state: unknown): string {
+  return String(state ?? '').split(/[:\s]/)[0].toLowerCase().replace(/[^a-z0-9-]/g, '') || 'unknown';
+}
+
+function noticeOf(notice: unknown): string {
+  if (!notice || typeof notice !== 'object') {
+    return '';
+  }
+  const n = notice as { kind?: string; window_s?: number };
+  return ` · last notice: ${n.kind ?? '?'}${n.window_s !== undefined ? `, ${formatDuration(n.window_s)} window` : ''}`;
 }
 
 function lastOf(last: ISnapshotSummary | string | null | undefined, now?: number): string {

@@ -3,7 +3,7 @@ import {
   JupyterFrontEnd,
   JupyterFrontEndPlugin
 } from '@jupyterlab/application';
-import { ICommandPalette } from '@jupyterlab/apputils';
+import { ICommandPalette, Notification } from '@jupyterlab/apputils';
 import { ISettingRegistry } from '@jupyterlab/settingregistry';
 
 import { SpotWarpActions } from './actions';
@@ -81,7 +81,9 @@ const plugin: JupyterFrontEndPlugin<void> = {
 
     void model.start().then(state => {
       if (state !== 'ok') {
+        // said once where the user looks, and at the top of the panel for as long as it lasts
         console.warn(`SpotWarp: ${model.serverMessage}`);
+        Notification.warning(model.serverMessage, { autoClose: false });
       }
     });
   }

@@ -126,7 +126,7 @@ export class SpotWarpPanel extends SidePanel {
     this.model.visible = true;
     if (!this._sized && this.content instanceof AccordionPanel) {
       // the timeline is what people come for: give it most of the height the first time
-      this.content.setRelativeSizes([2, 5, 1]);
+      this.content.setRelativeSizes([3, 4, 1]);
       this._sized = true;
     }
   }

@@ -28,11 +28,20 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--no-first-run"]
 
 
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:  # an HTML error page
+        return raw.decode(errors="replace")
+
+
 class Lab:
     """`spotwarp start` in its own process group, with the browser-facing options a test needs."""
 
-    def __init__(self, workspace: Path, store: str, home: Path, log: Path):
+    def __init__(self, workspace: Path, store: str, home: Path, log: Path, without_spotwarp: bool = False):
+        """`without_spotwarp`: plain `jupyter lab` with SpotWarp's server extension off (the panel must say so)."""
         self.port = free_port()
+        self.ready_path = "api/status" if without_spotwarp else "spotwarp/api/status"
         self.url = f"http://127.0.0.1:{self.port}/"
         self.workspace = workspace
         self.log_path = log
@@ -41,13 +50,19 @@ class Lab:
         # news and update checks off: no network, no notification covering the page
         (config / "labconfig" / "page_config.json").write_text(json.dumps(
             {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
-        argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", "browser",
-                "--storage", store, "--workspace-path", str(workspace), "--port", str(self.port), "--",
-                "--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
+        if without_spotwarp:
+            workspace.mkdir(parents=True, exist_ok=True)
+            argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}", f"--port={self.port}",
+                    "--ServerApp.jpserver_extensions=spotwarp_jupyter.server=False"]
+        else:
+            argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", "browser",
+                    "--storage", store, "--workspace-path", str(workspace), "--port", str(self.port), "--"]
+        argv += ["--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
                 "--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
                 "--LabApp.extension_manager=readonly", "--LabApp.expose_app_in_browser=True"]
+        # SIGTERM watcher only: a test never asks a cloud's metadata address
         with open(log, "wb") as out:
-            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=host_env(home),
+            self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=host_env(home, SPOTWARP_WATCHERS="signals"),
                                          start_new_session=True)
 
     def log(self) -> str:
@@ -59,11 +74,9 @@ class Lab:
                                      headers={"Authorization": f"token {TOKEN}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=120) as r:
-                raw = r.read()
-                return r.status, json.loads(raw) if raw else None
+                return r.status, _decode(r.read())
         except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            return exc.code, json.loads(raw) if raw else None
+            return exc.code, _decode(exc.read())
 
     def wait_ready(self, timeout: float = 180) -> None:
         deadline = time.monotonic() + timeout
@@ -71,7 +84,7 @@ class Lab:
             if self.proc.poll() is not None:
                 raise AssertionError(f"spotwarp start exited with {self.proc.returncode}:\n{self.log()}")
             try:
-                if self.request("GET", "spotwarp/api/status")[0] == 200:
+                if self.request("GET", self.ready_path)[0] == 200:
                     return
             except (urllib.error.URLError, ConnectionError, TimeoutError):
                 pass
@@ -112,8 +125,9 @@ def start_lab(tmp_path: Path) -> Iterator:
     """Start `spotwarp start` as a host named `host` (its own HOME); every host shares one store."""
     started: list[Lab] = []
 
-    def start(host: str, workspace: Path) -> Lab:
-        server = Lab(workspace, str(tmp_path / "store"), tmp_path / host / "home", tmp_path / f"{host}.log")
+    def start(host: str, workspace: Path, without_spotwarp: bool = False) -> Lab:
+        server = Lab(workspace, str(tmp_path / "store"), tmp_path / host / "home", tmp_path / f"{host}.log",
+                     without_spotwarp)
         started.append(server)
         server.wait_ready()
         return server
@@ -149,13 +163,16 @@ def pytest_runtest_makereport(item, call):
 @pytest.fixture
 def page(tmp_path: Path, request):
     """A fresh headless chromium page (function scope: the sync API's loop lives only in this test)."""
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
+
+    # deadlines, not sleeps: generous because CI machines are shared and JupyterLab is heavy
+    expect.set_options(timeout=60_000)
 
     if not Path(CHROMIUM).exists():
         pytest.fail(f"{CHROMIUM} not found: apt-get install -y chromium (the browser test never downloads one)")
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS)
-        context = browser.new_context(viewport={"width": 1400, "height": 900})
+        context = browser.new_context(viewport={"width": 1400, "height": 1000})
         page = context.new_page()
         page.set_default_timeout(60_000)
         try:

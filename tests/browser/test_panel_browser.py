@@ -153,3 +153,14 @@ def test_new_host_restores_the_session_from_the_widget(lab, start_lab, page, tmp
     expect(widget.locator(".spotwarp-w-notice")).to_contain_text(f"Restored 1 variables from {taken}")
     expect(widget.locator(".spotwarp-w-restore")).to_have_count(0)
     assert not errors, errors
+
+
+def test_panel_says_plainly_when_the_server_extension_is_missing(start_lab, page, tmp_path):
+    lab = start_lab("plain", tmp_path / "plain" / "workspace", without_spotwarp=True)
+    assert lab.request("GET", "spotwarp/api/status")[0] == 404
+    page.goto(f"{lab.url}lab?token={TOKEN}")
+    page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="spotwarp-panel"]').click()
+    alert = page.locator('#spotwarp-panel [role="alert"]')
+    expect(alert).to_contain_text("The SpotWarp server extension is not running")
+    expect(alert).to_contain_text("jupyter server extension enable spotwarp_jupyter")
+    expect(page.locator("#spotwarp-panel .jp-SpotWarp-restore")).to_have_count(0)

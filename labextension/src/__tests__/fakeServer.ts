@@ -42,8 +42,9 @@ export class FakeServer {
       last_snapshot: this.snapshots[0] ?? null,
       kernels: [{ kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0] ?? null }],
       watchers: [
-        { name: 'sigterm', state: 'watching' },
-        { name: 'aws', state: 'off' }
+        { name: 'sigterm', state: 'watching', endpoint: null, last_notice: null },
+        { name: 'aws', state: 'off: not on AWS (no instance metadata at 169.254.169.254)', endpoint: 'http://169.254.169.254' },
+        { name: 'gcp', state: 'watching', last_notice: { kind: 'preempted', seen: 1, fatal: true, window_s: 30 } }
       ],
       last_error: this.lastError,
       ...(this.report ? { report: this.report } : {})

@@ -66,7 +66,16 @@ describe('StatusView, EventsView, ServerNotice', () => {
     render(<StatusView status={server.status()} error={null} now={Date.parse('2026-12-02T10:05:00Z')} />);
     expect(screen.getByText('gs://bucket/spotwarp')).toBeTruthy();
     expect(document.querySelector('.jp-SpotWarp-last')?.textContent).toBe('a1b2c3d4 · 5 min ago · 1.5 MB · 420 ms');
-    expect(document.querySelector('.jp-SpotWarp-watcher-watching')?.textContent).toContain('sigterm: watching');
+    const watchers = [...document.querySelectorAll('.jp-SpotWarp-watcher')];
+    expect(watchers.map(w => w.className)).toEqual([
+      'jp-SpotWarp-watcher jp-SpotWarp-watcher-watching',
+      'jp-SpotWarp-watcher jp-SpotWarp-watcher-off',
+      'jp-SpotWarp-watcher jp-SpotWarp-watcher-watching'
+    ]);
+    expect(watchers[0].textContent).toBe(' sigterm: watching');
+    expect(watchers[1].textContent).toContain('aws: off: not on AWS');
+    expect(watchers[1].getAttribute('title')).toBe('endpoint http://169.254.169.254');
+    expect(watchers[2].textContent).toBe(' gcp: watching · last notice: preempted, 30.0 s window');
     expect(document.querySelector('.jp-SpotWarp-kernels')?.textContent).toContain('train.ipynb: a1b2c3d4');
     expect(document.querySelector('.jp-SpotWarp-backupError')).toBeNull();
   });
