@@ -69,11 +69,18 @@ def _package_versions(top_modules: frozenset[str]) -> dict[str, str]:
             names.update(dists.get(top, []))
     versions: dict[str, str] = {}
     for name in sorted(names):
-        try:
-            versions[name] = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            continue
+        if name not in _known_versions:
+            try:
+                _known_versions[name] = metadata.version(name)
+            except metadata.PackageNotFoundError:
+                _known_versions[name] = None
+        if _known_versions[name] is not None:
+            versions[name] = _known_versions[name]
     return versions
+
+
+# one metadata look-up per distribution per process (a forked writer inherits what the kernel learnt)
+_known_versions: dict[str, str | None] = {}
 
 
 def gpu_models() -> list[str]:
