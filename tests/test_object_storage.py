@@ -254,6 +254,8 @@ def test_store_round_trip_and_listing(storage: StorageTarget):
     target = bytearray(len(small))
     store.read_object_into(results[0][0], memoryview(target))
     assert bytes(target) == small
+    missing = "0" * 64
+    assert store.present([results[0][0], results[1][0], missing]) == {results[0][0], results[1][0]}
     listed = store.list_objects_with_times()
     assert set(listed) == {results[0][0], results[1][0]}
     assert all(mtime is not None and abs(mtime - time.time()) < 600 for _size, mtime in listed.values())

@@ -240,6 +240,14 @@ class Store:
         """True when the object is stored (asked of the storage, never of a cache)."""
         return bool(self._call("checking an object", self.fs.exists, self.object_path(oid)))
 
+    def present(self, oids: Iterable[str]) -> set[str]:
+        """Which of `oids` are stored: asked of the storage, in parallel on object stores."""
+        ordered = sorted(set(oids))
+        if self.local or len(ordered) < 2:
+            return {o for o in ordered if self.has_object(o)}
+        with ThreadPoolExecutor(max_workers=min(16, len(ordered)), thread_name_prefix="spotwarp-check") as pool:
+            return {o for o, ok in zip(ordered, pool.map(self.has_object, ordered)) if ok}
+
     def put_object(self, data: Buffer, oid: str | None = None, cancel: threading.Event | None = None) -> tuple[str, int]:
         """Store `data` under its hash unless already there; return (id, size)."""
         oid = oid or object_id(data)
