@@ -21,6 +21,10 @@ from .store import Store
 CHUNK_SIZE = 64 * 1024 * 1024
 
 
+class _Cancelled(RuntimeError):
+    """A write not attempted because another one failed first."""
+
+
 @dataclass
 class PersistStats:
     """What one persist wrote and what it reused."""
@@ -71,7 +75,7 @@ class _Writer:
                                        thread_name_prefix="spotwarp-persist")
         self.writes: dict[str, Future] = {}
         self.slots: list[tuple[dict[str, Any], str]] = []
-        self._checked: dict[str, bool] = {}
+        self._checked: dict[str, bool] | None = None
         self._views: dict[str, memoryview] = {}
         self._written: list[memoryview] = []
         self._all_known = False
@@ -94,8 +98,8 @@ class _Writer:
 
     def _put(self, view: memoryview) -> tuple[str, int]:
         if self.cancel.is_set():
-            raise RuntimeError("cancelled after an earlier write failed")
-        oid, size = self.store.put_object(view)
+            raise _Cancelled("cancelled after an earlier write failed")
+        oid, size = self.store.put_object(view, cancel=self.cancel)
         if self.on_written is not None:
             with self._lock:
                 self._written.append(view)
@@ -125,11 +129,19 @@ class _Writer:
                 self.on_written(view)
         self._written = keep
 
+    def _first_failure(self) -> BaseException:
+        """The error that started the failure, not a write cancelled because of it."""
+        errors = [f.exception() for f in self.writes.values() if f.done() and not f.cancelled() and f.exception()]
+        real = [e for e in errors if not isinstance(e, _Cancelled)]
+        return (real or errors)[0]
+
     def _still_there(self, oid: str) -> bool:
         # a concurrent `gc` may have dropped an object only old snapshots named
-        if oid not in self._checked:
-            self._checked[oid] = self.store.has_object(oid)
-        return self._checked[oid]
+        if self._checked is None:  # one batched question (parallel on object stores), not one per object
+            ids = {oid for oid, _size in self.known.values()}
+            present = self.store.present(ids)
+            self._checked = {i: i in present for i in ids}
+        return self._checked.get(oid, False) or self.store.has_object(oid)
 
     def finish(self) -> None:
         """Wait for every write; fill the slots; raise the first failure (nothing is committed then)."""
@@ -140,7 +152,7 @@ class _Writer:
                     results[fp] = future.result()
                 except BaseException:
                     self.cancel.set()
-                    raise
+                    raise self._first_failure() from None
             for oid, size in results.values():
                 self.stats.bytes_written += size
                 self.stats.objects_written += 1

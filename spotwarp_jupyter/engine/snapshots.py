@@ -15,7 +15,7 @@ from typing import Any, Callable, Mapping
 from .capture import CaptureOptions, KernelImage, capture_namespace
 from .environment import collect_facts, version_warnings
 from .errors import ManifestError, SnapshotNotFound, SpotWarpError
-from .manifest import Manifest, new_snapshot_id, signing_key
+from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
 from .settings import Settings
@@ -66,6 +66,7 @@ class SnapshotEngine:
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self._cache: dict[str, Manifest] = {}
         self.rejected: dict[str, str] = {}
+        self._rejections: dict[str, ManifestError] = {}
         self._lock = threading.Lock()
 
     # -- reading ----------------------------------------------------------------------------
@@ -82,7 +83,13 @@ class SnapshotEngine:
                     continue  # dropped by a concurrent gc
                 except ManifestError as exc:
                     self.rejected[name] = str(exc)
+                    self._rejections[name] = exc
                     log.warning("%s", exc)
+                    continue
+                if manifest.project != self.settings.project:
+                    exc = ManifestError(f"snapshot {manifest.id} belongs to project {manifest.project!r}, "
+                                        f"not {self.settings.project!r}: refusing it")
+                    self.rejected[name], self._rejections[name] = str(exc), exc
                     continue
                 self._cache[name] = manifest
             if manifest is not None and (notebook is None or notebook in manifest.kernels):
@@ -95,15 +102,19 @@ class SnapshotEngine:
         ref = (ref or "latest").strip()
         listing = self.manifests(notebook)
         if ref == "latest":
+            newer_rejected = [n for n in self._rejections if not listing or n > listing[0].name]
+            if newer_rejected:
+                # never fall back silently past a snapshot that fails its checks: say why it was refused
+                raise self._rejections[max(newer_rejected)]
             if not listing:
                 where = f" for notebook {notebook!r}" if notebook else ""
                 raise SnapshotNotFound(f"project {self.settings.project!r} has no snapshot{where} yet in {self.settings.storage}")
             return listing[0]
         if not ref.replace("-", "").isalnum() or len(ref) > 64:
             raise SnapshotNotFound(f"bad snapshot id {ref!r}: use an id from `spotwarp list`, or latest")
-        for name, reason in self.rejected.items():
+        for name, exc in self._rejections.items():
             if name.endswith(f"-{ref}.json"):
-                raise ManifestError(reason)
+                raise exc
         matches = [m for m in self.manifests() if m.id.startswith(ref)]
         if not matches:
             raise SnapshotNotFound(f"no snapshot {ref!r} in project {self.settings.project!r} (see `spotwarp list`)")
@@ -183,6 +194,9 @@ class SnapshotEngine:
         record = self.kernel_record(manifest, notebook)
         result = restore_record(self.store, record, namespace, variables, device_map)
         result.warnings[:0] = version_warnings(manifest.env, _modules_used(record))
+        warning = trust_warning(self.key)
+        if warning:
+            result.warnings.insert(0, warning)
         return manifest, result
 
     def _has_notebook(self, notebook: str) -> bool:
@@ -255,4 +269,5 @@ class SnapshotEngine:
                 report.bytes_freed += size
             for path in self.store.stale_temporaries(grace_s):
                 self.store.fs.rm(path)
+            self.store.clear_interrupted_uploads(grace_s)
             return report
