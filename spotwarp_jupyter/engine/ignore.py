@@ -27,6 +27,12 @@ DEFAULT_PATTERNS = (
     ".Trash-*/",
     ".spotwarp/",
     "*.spotwarp-tmp-*",
+    # a JupyterHub workspace is the home folder: Jupyter's runtime files (server info, cookie
+    # secret) and package-manager caches belong to the running host, not to the session
+    ".local/share/jupyter/runtime/",
+    ".jupyter/lab/workspaces/",
+    ".npm/",
+    ".ipython/profile_*/history.sqlite*",
 )
 
 
