@@ -8,6 +8,13 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
+# No test may reach a real cloud metadata address (169.254.169.254): preemption watchers are limited
+# to signals unless a test turns clouds on, and a cloud watcher left on points at a closed local port.
+# Set before any server or kernel starts, so every subprocess inherits it.
+os.environ.setdefault("SPOTWARP_WATCHERS", "signals")
+for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWARP_AZURE_METADATA_URL"):
+    os.environ.setdefault(_name, "http://127.0.0.1:9")
+
 from kernels import Kernel  # noqa: E402
 
 pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixture
