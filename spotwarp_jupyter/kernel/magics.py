@@ -19,6 +19,13 @@ from .session import KernelSession
 SUBCOMMANDS = ("status", "policy", "snapshot", "list", "restore", "on", "off", "widget")
 
 
+def _unquote(text: str | None) -> str | None:
+    """IPython's argument parser keeps quotes around values: `-m "a b"` arrives as `"a b"`."""
+    if text and len(text) >= 2 and text[0] == text[-1] and text[0] in "\"'":
+        return text[1:-1]
+    return text
+
+
 def _names(text: str, flag: str) -> frozenset[str]:
     names = frozenset(n.strip() for n in text.split(",") if n.strip())
     bad = [n for n in names if not n.isidentifier()]
@@ -131,7 +138,7 @@ class SpotWarpMagics(Magics):
                 raise UsageError(f"--keep takes a whole number of at least 1, got {args.keep!r}")
             keep = int(args.keep)
         if args.project is not None or args.storage is not None:
-            self.session.configure(project=args.project, storage=args.storage)
+            self.session.configure(project=_unquote(args.project), storage=_unquote(args.storage))
         p.every_s, p.max_var_size, p.include, p.exclude, p.keep = every, max_size, include, exclude, keep
         if args.after_cell is not None:
             p.after_cell = args.after_cell
@@ -146,7 +153,7 @@ class SpotWarpMagics(Magics):
     def _do_snapshot(self, rest: str):
         args = parse_argstring(self._snapshot, rest)
         started = time.perf_counter()
-        manifest = self.session.snapshot(args.message)
+        manifest = self.session.snapshot(_unquote(args.message))
         took = time.perf_counter() - started
         skipped = self.session.skipped()
         print(f"SpotWarp snapshot {manifest.id}: {format_size(manifest.size)}, "
