@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 
 from . import __version__
 from .engine import ConfigError, Manifest, Settings, SnapshotEngine, SpotWarpError
+from .engine.journal import Journal, restoring
+from .engine.journal import report as preemption_report
 from .engine.project import restore_project_files, snapshot_project, with_files
 from .engine.units import format_duration, format_size
 
@@ -68,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("verify", help="re-read and re-hash every object; non-zero exit on damage")
     _common(p)
     p.add_argument("--snapshot", help="verify only this snapshot (default: all)")
+
+    p = sub.add_parser("report", help="preemptions survived, work lost, time to resume, compute saved")
+    _common(p)
 
     p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
     _common(p)
@@ -143,6 +148,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         "snapshots": len(listing),
         "last_snapshot": None if last is None else {**manifest_summary(last), "age_s": round(time.time() - last.created, 1)},
         "rejected": engine.rejected,
+        "events": [e.as_dict() for e in Journal(engine.store).events(limit=5)],
     }
     text = [f"project  {data['project']}", f"storage  {data['storage']}", f"snapshots {len(listing)}"]
     if last:
@@ -152,6 +158,7 @@ def cmd_status(args: argparse.Namespace) -> int:
         text.append("last     none yet")
     for name, reason in engine.rejected.items():
         text.append(f"rejected {name}: {reason}")
+    text += [f"event    {e['time']} {e['host'][:20]} {e['event']} {e['snapshot'] or ''}" for e in data["events"]]
     _print(args, data, "\n".join(text))
     return EXIT_OK
 
@@ -241,7 +248,9 @@ def cmd_start(args: argparse.Namespace) -> int:
         if manifest is None:
             print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
         else:
-            report = _restore_files(engine, manifest, workspace, quiet=args.json)
+            with restoring(engine.store, manifest.id, what="files", via="spotwarp start") as outcome:
+                report = _restore_files(engine, manifest, workspace, quiet=args.json)
+                outcome.update(files_restored=report.files_restored, bytes_restored=report.bytes_restored)
             summary["restored"] = {"id": manifest.id, **report.as_dict()}
             if not args.json:
                 print(_restore_summary(manifest, report, workspace))
@@ -341,6 +350,26 @@ def cmd_verify(args: argparse.Namespace) -> int:
                          + [f"{len(report.problems)} problems in {len(report.snapshots)} snapshots"])
     _print(args, data, text)
     return EXIT_OK if report.ok else EXIT_FAILURE
+
+
+@command("report")
+def cmd_report(args: argparse.Namespace) -> int:
+    engine = _engine(args)
+    data = {"project": engine.settings.project,
+            **preemption_report(Journal(engine.store).events(), engine.manifests())}
+    fmt = lambda s: "-" if s is None else format_duration(s)  # noqa: E731
+    lines = [f"project {data['project']}: {data['preemptions_survived']} of {data['preemptions']} preemptions "
+             f"survived, work lost {fmt(data['work_lost_s'])}, median time to resume {fmt(data['resume_s_median'])}, "
+             f"compute saved {fmt(data['compute_saved_s'])}"]
+    if data["events"]:
+        lines.append(f"{'notice (UTC)':<25} {'host':<16} {'source':<8} {'final':<10} {'restored':<10} "
+                     f"{'lost':>8} {'resume':>8} {'saved':>8}")
+    for r in data["events"]:
+        lines.append(f"{r['notice']:<25} {r['host'][:16]:<16} {r['source'] or '?':<8} {r['final_snapshot'] or '-':<10} "
+                     f"{r['restored_snapshot'] or '-':<10} {fmt(r['work_lost_s']):>8} {fmt(r['resume_s']):>8} "
+                     f"{fmt(r['compute_saved_s']):>8}")
+    _print(args, data, "\n".join(lines))
+    return EXIT_OK
 
 
 @command("gc")

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from .. import safepoints
 from ..training import register_state_providers
+from ..training.resumable import on_resume as resume_hooks
 from . import comm as comm_target
+from . import notices
 from . import session as session_module
 from .magics import SpotWarpMagics
 
@@ -22,6 +24,9 @@ def load_ipython_extension(ipython) -> None:
     safepoints.set_handler(magics.session.at_safe_point)
     ipython.events.register("post_run_cell", _post_run_cell)
     comm_target.register()
+    notices.install(ipython)  # preemption notices reach the kernel even while a cell runs
+    if notices.training_resumed not in resume_hooks:
+        resume_hooks.append(notices.training_resumed)
     if magics.show_widget and getattr(ipython, "kernel", None) is not None:  # a notebook, not a terminal
         _show_widget(magics)
 
@@ -56,4 +61,5 @@ def unload_ipython_extension(ipython) -> None:
         pass
     safepoints.set_handler(None)
     comm_target.unregister()
+    notices.uninstall(ipython)
     session_module.set_current(None)

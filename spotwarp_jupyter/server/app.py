@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 import os
 
+from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, List, Unicode, default
+from traitlets import Dict, Float, List, TraitError, Unicode, default, validate
 from traitlets.config import Configurable
 
 from ..engine import Settings, SnapshotEngine, SpotWarpError
@@ -14,6 +15,7 @@ from ..engine.units import parse_duration
 from .handlers import handlers
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
 from .service import ProjectService
+from .watchers import PreemptionResponder, start_watchers
 
 
 def _env_seconds(name: str, fallback: float) -> float:
@@ -82,6 +84,70 @@ class SpotWarp(Configurable):
     def _default_kernel_timeout(self) -> float:
         return _env_seconds("SPOTWARP_KERNEL_TIMEOUT", 60.0)
 
+    # -- preemption watchers (docs/preemption.md) ------------------------------------------------------
+    watchers = List(Unicode(), help="Preemption watchers to run, among signals, aws, gcp, azure (default: "
+                                    "$SPOTWARP_WATCHERS, comma-separated, else all; each cloud's watcher backs off "
+                                    "quietly where its endpoint does not answer).").tag(config=True)
+    aws_metadata_url = Unicode(help="AWS instance metadata (IMDSv2) endpoint; 'off' disables the AWS watcher "
+                                    "(default: $SPOTWARP_AWS_METADATA_URL, else http://169.254.169.254).").tag(config=True)
+    gcp_metadata_url = Unicode(help="GCP metadata server; 'off' disables the GCP watcher "
+                                    "(default: $SPOTWARP_GCP_METADATA_URL, else http://169.254.169.254).").tag(config=True)
+    azure_metadata_url = Unicode(help="Azure instance metadata (Scheduled Events) endpoint; 'off' disables the Azure "
+                                      "watcher (default: $SPOTWARP_AZURE_METADATA_URL, else http://169.254.169.254)."
+                                 ).tag(config=True)
+    metadata_poll_interval = Float(help="Seconds between two questions to a metadata endpoint (GCP long-polls "
+                                        "instead) (default: $SPOTWARP_METADATA_POLL_INTERVAL, else 1).").tag(config=True)
+    watcher_max_backoff = Float(help="Longest pause, in seconds, of a watcher whose endpoint does not answer "
+                                     "(default: $SPOTWARP_WATCHER_MAX_BACKOFF, else 300).").tag(config=True)
+    shutdown_grace = Float(help="Seconds the server may take after SIGTERM or SIGINT for the final snapshot and its "
+                                "exit (Kubernetes gives 30 by default, RunPod about 5) "
+                                "(default: $SPOTWARP_SHUTDOWN_GRACE, else 20).").tag(config=True)
+    notice_window = Float(help="Seconds a notice that states no deadline leaves for the final snapshot (GCP gives "
+                               "30) (default: $SPOTWARP_NOTICE_WINDOW, else 25).").tag(config=True)
+
+    @default("watchers")
+    def _default_watchers(self) -> list[str]:
+        text = os.environ.get("SPOTWARP_WATCHERS")
+        return ["signals", "aws", "gcp", "azure"] if text is None else [w for w in text.replace(" ", "").split(",") if w]
+
+    @validate("watchers")
+    def _check_watchers(self, proposal) -> list[str]:
+        from .watchers import KINDS
+
+        chosen = [w.strip().lower() for w in proposal["value"]]
+        unknown = sorted(set(chosen) - set(KINDS))
+        if unknown:
+            raise TraitError(f"unknown watcher(s) {', '.join(unknown)}: choose among {', '.join(KINDS)}")
+        return chosen
+
+    @default("aws_metadata_url")
+    def _default_aws_metadata_url(self) -> str:
+        return os.environ.get("SPOTWARP_AWS_METADATA_URL", "http://169.254.169.254")
+
+    @default("gcp_metadata_url")
+    def _default_gcp_metadata_url(self) -> str:
+        return os.environ.get("SPOTWARP_GCP_METADATA_URL", "http://169.254.169.254")
+
+    @default("azure_metadata_url")
+    def _default_azure_metadata_url(self) -> str:
+        return os.environ.get("SPOTWARP_AZURE_METADATA_URL", "http://169.254.169.254")
+
+    @default("metadata_poll_interval")
+    def _default_metadata_poll_interval(self) -> float:
+        return _env_seconds("SPOTWARP_METADATA_POLL_INTERVAL", 1.0)
+
+    @default("watcher_max_backoff")
+    def _default_watcher_max_backoff(self) -> float:
+        return _env_seconds("SPOTWARP_WATCHER_MAX_BACKOFF", 300.0)
+
+    @default("shutdown_grace")
+    def _default_shutdown_grace(self) -> float:
+        return _env_seconds("SPOTWARP_SHUTDOWN_GRACE", 20.0)
+
+    @default("notice_window")
+    def _default_notice_window(self) -> float:
+        return _env_seconds("SPOTWARP_NOTICE_WINDOW", 25.0)
+
 
 class SpotWarpApp(ExtensionApp):
     """Serves `{base_url}spotwarp/api/` and backs the workspace up while JupyterLab runs."""
@@ -128,8 +194,22 @@ class SpotWarpApp(ExtensionApp):
         interval = self.config_object.backup_interval
         if interval > 0:
             self._backup_task = asyncio.create_task(self.service.backup_loop(interval))
+        # watchers start in the background: finding out which cloud this is never delays serving
+        self.service.responder = PreemptionResponder(self.service)
+        self.service.watchers = start_watchers(self.config_object, self.service.responder, serverapp,
+                                               self._exit_after_notice)
+
+    async def _exit_after_notice(self) -> None:
+        """After SIGTERM/SIGINT and the final snapshot: stop kernels at once (their state is in), then the server."""
+        try:
+            await ensure_async(self.serverapp.kernel_manager.shutdown_all(now=True))
+        except Exception as exc:  # noqa: BLE001 - stop regardless
+            self.log.warning("SpotWarp: stopping kernels: %s", exc)
+        self.serverapp.stop()
 
     async def stop_extension(self) -> None:
+        for watcher in getattr(getattr(self, "service", None), "watchers", []):
+            await watcher.stop()
         if getattr(self, "_backup_task", None) is not None:
             self._backup_task.cancel()
         if getattr(self, "service", None) is not None:

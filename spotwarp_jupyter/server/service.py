@@ -7,12 +7,13 @@ thread pool so the event loop keeps serving notebooks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
-from typing import Any, Callable, TypeVar
+from typing import Any, AsyncIterator, Callable, TypeVar
 
 from .. import __version__
 from ..cli import manifest_summary
@@ -41,7 +42,8 @@ class ProjectService:
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
         self.kernel_timeout = kernel_timeout
-        self.watchers: list[dict[str, Any]] = []
+        self.watchers: list[Any] = []  # preemption watchers (server/watchers), started with the extension
+        self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spotwarp-server")
         self._lock = asyncio.Lock()  # one project snapshot or restore at a time
@@ -89,7 +91,7 @@ class ProjectService:
             "workspace": self.workspace,
             "last_snapshot": None if last is None else {**manifest_summary(last), "age_s": round(time.time() - last.created, 1)},
             "kernels": kernels,
-            "watchers": self.watchers,
+            "watchers": [w.describe() for w in self.watchers],
             "last_error": self.last_error,
         }
 
@@ -97,12 +99,20 @@ class ProjectService:
         return [manifest_summary(m) for m in await self.run(self.engine.manifests)]
 
     async def snapshot(self, message: str | None = None, ask_kernels: bool = True,
-                       only_if_changed: bool = False) -> Manifest | None:
-        """One project snapshot: every live kernel snapshots itself, then files, then one commit naming all."""
-        async with self._lock:
+                       only_if_changed: bool = False, collected: dict[str, Any] | None = None,
+                       lock_timeout: float | None = None) -> Manifest | None:
+        """One project snapshot: every live kernel snapshots itself, then files, then one commit naming all.
+
+        `collected` (kernel id -> `{"id", "notebook"}` it committed, or why not) replaces asking the kernels: a
+        preemption notice gathers them at safe points. `lock_timeout` bounds the wait for other work in progress.
+        """
+        async with self._exclusive(lock_timeout):
             live = await self.live_kernels()
-            answers = await self._ask_all(live, {"request": "snapshot", "message": message}) if ask_kernels \
-                else ["not asked"] * len(live)
+            if collected is not None:
+                answers = [collected.get(k["kernel_id"], "started after the notice") for k in live]
+            else:
+                answers = await self._ask_all(live, {"request": "snapshot", "message": message}) if ask_kernels \
+                    else ["not asked"] * len(live)
             kernels: dict[str, Any] = {}
             fresh, stale, missing = [], [], {}
             for k, answer in zip(live, answers):
@@ -115,7 +125,7 @@ class ProjectService:
                 if previous is not None:
                     kernels[k["notebook"]] = previous[1]
                     stale.append(k["notebook"])
-                if ask_kernels:
+                if ask_kernels or collected is not None:
                     missing[k["notebook"] or k["kernel_id"]] = answer
             extra = {"kernels_fresh": sorted(fresh), "kernels_stale": sorted(stale), "kernels_missing": missing}
             try:
@@ -126,6 +136,21 @@ class ProjectService:
                 raise
             self.last_error = None
             return manifest
+
+    @contextlib.asynccontextmanager
+    async def _exclusive(self, timeout: float | None = None) -> AsyncIterator[None]:
+        """One snapshot or restore at a time; past `timeout` a final snapshot goes ahead anyway (commits are atomic)."""
+        try:
+            await asyncio.wait_for(self._lock.acquire(), timeout)
+            held = True
+        except asyncio.TimeoutError:
+            log.warning("SpotWarp: another snapshot or restore is still running; the final snapshot goes ahead")
+            held = False
+        try:
+            yield
+        finally:
+            if held:
+                self._lock.release()
 
     async def restore(self, ref: str) -> dict[str, Any]:
         """Files back into the workspace, then every live kernel of a notebook the snapshot holds.

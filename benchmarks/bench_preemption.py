@@ -1,0 +1,170 @@
+"""Preemption notice to committed final snapshot, on the reference workload, mid-training.
+
+A real `spotwarp start` server (subprocess) and a notebook kernel holding the reference workload
+(benchmarks/workload.py) train it in a `spotwarp.resumable` loop: every step changes the model and the
+Adam state, automatic snapshots every --interval seconds. Each repetition waits for an automatic
+snapshot, trains on for half an interval (so the last snapshot is at most one interval old), then a
+notice arrives: an AWS spot interruption from a local IMDSv2 server (tests/metadata_servers.py), and
+for the last repetition SIGTERM to the server. Figures:
+
+  notice -> commit      from the server seeing the notice to the final manifest committed (BENCH.md: < 5 s)
+  posted -> commit      from the metadata server starting to announce it (adds the watcher's polling)
+  written               bytes the final snapshot wrote (only what changed since the last snapshot)
+  raw write             the same byte count written with fsync, measured in the same run (the write limit)
+  exit                  SIGTERM to the server's exit
+
+Run: python benchmarks/bench_preemption.py [--scale 0.1] [--repeat 3] [--interval 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parents[0] / "tests"))
+sys.path.insert(0, str(HERE))
+
+from common import raw_write, table  # noqa: E402
+from lab_server import Execution, LabServer, host_env  # noqa: E402
+from metadata_servers import WATCHER_ENV_OFF, FakeAws  # noqa: E402
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
+from spotwarp_jupyter.engine.journal import (  # noqa: E402
+    FINAL_SNAPSHOT_COMMITTED,
+    NOTICE_SEEN,
+    Journal,
+)
+from spotwarp_jupyter.engine.units import format_size  # noqa: E402
+
+PROJECT = "bench-preempt"
+SETUP = """
+%load_ext spotwarp
+import sys, torch
+sys.path.insert(0, {bench!r})
+from workload import build
+globals().update(build({scale}))
+x = torch.randn(4, model[0].in_features)
+%spotwarp snapshot -m "initial full snapshot"
+%spotwarp policy --every {interval}s --no-after-cell
+"""
+TRAIN = """
+import pathlib, spotwarp
+stop = pathlib.Path({stop!r})
+for step in spotwarp.resumable(range(10**9), name="train"):
+    model(x).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    if stop.exists():
+        break
+"""
+
+
+def wait_for(predicate, what: str, timeout: float):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise SystemExit(f"bench_preemption: no {what} within {timeout:g} s")
+
+
+def final_after(journal: Journal, since: float):
+    events = journal.events(limit=20)
+    seen = next((e for e in events if e.event == NOTICE_SEEN and e.time >= since), None)
+    done = next((e for e in events if e.event == FINAL_SNAPSHOT_COMMITTED and e.time >= since), None)
+    return (seen, done) if seen and done else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--scale", type=float, default=0.1, help="workload scale: 1.0 is about 2 GB, 0.1 about 200 MB")
+    parser.add_argument("--repeat", type=int, default=3, help="AWS notices (a SIGTERM follows them)")
+    parser.add_argument("--interval", type=float, default=20.0, help="seconds between automatic snapshots")
+    parser.add_argument("--keep", help="folder to work in (default: a temporary one)")
+    args = parser.parse_args()
+
+    root = Path(args.keep or tempfile.mkdtemp(prefix="bench-preempt-"))
+    store = str(root / "store")
+    ws = root / "ws"
+    ws.mkdir(parents=True, exist_ok=True)
+    (ws / "train.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
+    aws = FakeAws()
+    grace = 30
+    env = host_env(root / "home", **{**WATCHER_ENV_OFF, "SPOTWARP_WATCHERS": "signals,aws",
+                                     "SPOTWARP_AWS_METADATA_URL": aws.url, "SPOTWARP_METADATA_POLL_INTERVAL": "0.5",
+                                     "SPOTWARP_SHUTDOWN_GRACE": str(grace),
+                                     "SPOTWARP_BACKUP_INTERVAL": f"{args.interval:g}s"})
+    server = LabServer(ws, store, PROJECT, env, root / "server.log")
+    engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}))
+    journal = Journal(engine.store)
+    rows, results = [], []
+    try:
+        server.wait_ready()
+        nb = server.open_notebook("train.ipynb")
+        started = time.perf_counter()
+        nb.run(SETUP.format(bench=str(HERE), scale=args.scale, interval=int(args.interval)), timeout=1800)
+        initial = engine.manifests("train.ipynb")[0]
+        print(f"workload {format_size(initial.size)} loaded and snapshotted in {time.perf_counter() - started:.1f} s",
+              flush=True)
+        nb.ws.send(Execution(TRAIN.format(stop=str(root / "stop"))).request)
+        for rep in range(args.repeat + 1):
+            sigterm = rep == args.repeat
+            since = time.time()
+            automatic = wait_for(lambda since=since: next((m for m in engine.manifests("train.ipynb")
+                                                           if m.created > since and m.message is None), None),
+                                 "automatic snapshot", args.interval * 4 + 120)
+            time.sleep(args.interval / 2)  # benchmark pacing: the notice lands mid-interval
+            posted = time.time()
+            if sigterm:
+                sent = time.monotonic()
+                os.kill(server.proc.pid, signal.SIGTERM)
+                server.proc.wait(timeout=grace + 30)
+                exit_s = time.monotonic() - sent
+            else:
+                aws.interrupt(seconds=100 + rep)
+            _seen, done = wait_for(lambda posted=posted: final_after(journal, posted - 1), "final snapshot", 120)
+            final = engine.get(done.snapshot)
+            kernel_snapshot = next(m for m in engine.manifests("train.ipynb")
+                                   if m.kind == "kernel" and "preemption" in (m.message or ""))
+            written = int(final.stats.get("bytes_written", 0)) + int(kernel_snapshot.stats.get("bytes_written", 0))
+            results.append({"source": "SIGTERM" if sigterm else "aws", "notice_to_commit_s": done.details["notice_to_commit_s"],
+                            "posted_to_commit_s": round(done.time - posted, 3), "written": written,
+                            "age_s": round(posted - automatic.created, 1), "exit_s": round(exit_s, 2) if sigterm else None})
+            print(json.dumps(results[-1]), flush=True)
+    finally:
+        (root / "stop").write_text("stop")
+        server.kill()
+        aws.close()
+
+    raw = [statistics.median(raw_write(root / "raw.bin", max(r["written"], 1)) for _ in range(3)) for r in results]
+    (root / "raw.bin").unlink(missing_ok=True)
+    for r, ref in zip(results, raw):
+        rows.append((f"{r['source']}: notice -> commit (last snapshot {r['age_s']:.0f} s old)", f"{r['notice_to_commit_s']:.2f} s",
+                     "< 5 s", "ok" if r["notice_to_commit_s"] < 5 else "MISSED"))
+        rows.append((f"{r['source']}: posted -> commit", f"{r['posted_to_commit_s']:.2f} s", "", ""))
+        rows.append((f"{r['source']}: written / raw write of it", f"{format_size(r['written'])} / {ref:.2f} s",
+                     "", f"{r['notice_to_commit_s'] / ref:.1f}x raw" if ref > 0 else ""))
+        if r["exit_s"] is not None:
+            rows.append(("SIGTERM: signal -> server exited", f"{r['exit_s']:.2f} s", f"< {grace} s grace",
+                         "ok" if r["exit_s"] < grace else "MISSED"))
+    aws_times = [r["notice_to_commit_s"] for r in results if r["source"] == "aws"]
+    if aws_times:
+        rows.append(("median notice -> commit (aws)", f"{statistics.median(aws_times):.2f} s", "< 5 s",
+                     "ok" if statistics.median(aws_times) < 5 else "MISSED"))
+    print(f"\nreference workload at scale {args.scale} ({format_size(initial.size)}), automatic snapshots every "
+          f"{args.interval:g} s, training mid-interval\n")
+    print(table(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,129 @@
+"""Preemption notices reaching a kernel that is busy in a cell, and the kernel's entries in the events journal.
+
+A kernel running a cell reads nothing from its shell channel until the cell ends, so the server cannot
+ask it over the `spotwarp` comm. ipykernel serves the control channel on its own thread, though, and
+keeps serving it while a cell runs. The server sends a `spotwarp_notice_request` there; this module
+answers at once and queues a snapshot request (`safepoints.request`), honoured at the next safe point:
+the next `resumable` step, the end of the running cell, or, in an idle kernel, right away on the main
+thread between messages (where comm requests also run). The snapshot's message names the preemption,
+so the server can tell it apart in the store. A kernel without SpotWarp never answers; unlike a signal,
+the message cannot hurt it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from typing import Any
+
+from .. import safepoints
+from ..engine.journal import TRAINING_RESUMED, Journal
+from . import session as session_module
+
+REQUEST = "spotwarp_notice_request"
+REPLY = "spotwarp_notice_reply"
+REASON = "preemption"
+log = logging.getLogger("spotwarp")
+
+
+def _on_notice(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
+    """Runs on the kernel's control thread: queue the snapshot, wake an idle main thread, answer."""
+    requested_at = time.time()
+    content = msg.get("content") or {}
+    # the notice's id goes into the snapshot's message: the server finds exactly the snapshot it asked for
+    reason = f"{REASON} {str(content.get('notice') or '')[:32]}".strip()
+    try:
+        session = session_module.current()
+        if content.get("fatal", True):
+            _hold_at_safe_point(session, reason, float(content.get("deadline") or requested_at + 30))
+        answer = {"ok": True, "notebook": session.notebook, "requested_at": requested_at,
+                  "in_flight": session.in_flight is not None}
+    except Exception as exc:  # noqa: BLE001 - the server learns why
+        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "requested_at": requested_at}
+    safepoints.request(reason)
+    # an idle kernel reaches no safe point by itself: run one on the main thread between messages;
+    # in a busy kernel this runs after the cell, by when the request was taken at a step or the cell's end
+    kernel.io_loop.add_callback(safepoints.reached, "notice")
+    kernel.session.send(stream, REPLY, answer, msg, idents)
+
+
+def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
+    """At the next safe point, wait there until the notice's snapshot is committed (or the deadline passes).
+
+    The host is going away: steps taken after the snapshot's moment would be lost anyway, and a paused
+    loop leaves the machine to the writer. A snapshot already in flight is finished first, then the
+    notice's own is started at the same safe point.
+    """
+    def start(where: str, reasons: list[str]) -> bool:
+        """Start the snapshot; False when it was deferred behind one already in flight."""
+        busy = session.in_flight is not None
+        session.at_safe_point(where, reasons)
+        return not busy
+
+    def at_safe_point(where: str, reasons: list[str]) -> None:
+        if reason not in reasons:
+            session.at_safe_point(where, reasons)
+            return
+        safepoints.set_handler(session.at_safe_point)  # one safe point only
+        started = start(where, reasons)
+        while time.time() < deadline:
+            _lift_priority(session)
+            if not session.wait_in_flight(timeout=max(0.0, deadline - time.time())) or started:
+                return
+            # ours was deferred: the writer's reaper hands it back as a request just after it finishes
+            again: list[str] = []
+            handback = time.time() + 1.0
+            while reason not in again and time.time() < handback:
+                again += safepoints.take_pending()
+                if reason not in again:
+                    time.sleep(0.005)
+            if reason not in again:
+                for other in again:
+                    safepoints.request(other)
+                return
+            started = start(where, again)
+
+    safepoints.set_handler(at_safe_point)
+
+
+def _lift_priority(session: Any) -> None:
+    """The writer runs below the kernel's priority so training keeps the CPU; on a notice it should not."""
+    job = session.in_flight
+    if job is None:
+        return
+    try:
+        os.setpriority(os.PRIO_PROCESS, job.pid, os.getpriority(os.PRIO_PROCESS, 0))
+    except (OSError, AttributeError):  # not permitted (no CAP_SYS_NICE), or already gone
+        pass
+
+
+def install(ipython: Any) -> bool:
+    """Listen for notices on this kernel's control channel; False outside a Jupyter kernel."""
+    kernel = getattr(ipython, "kernel", None)
+    handlers = getattr(kernel, "control_handlers", None)
+    if handlers is None:
+        return False
+    handlers[REQUEST] = lambda stream, idents, msg: _on_notice(kernel, stream, idents, msg)
+    return True
+
+
+def uninstall(ipython: Any) -> None:
+    """Stop listening (on `%unload_ext spotwarp`)."""
+    handlers = getattr(getattr(ipython, "kernel", None), "control_handlers", None)
+    if handlers is not None:
+        handlers.pop(REQUEST, None)
+
+
+def training_resumed(name: str, position: int) -> None:
+    """Hook for `resumable`: a loop continued from a restored position; journal it (off the main thread)."""
+    try:
+        session = session_module.current()
+    except Exception:  # noqa: BLE001 - SpotWarp unloaded: nothing to record
+        return
+    restored = session.last_restore[0].id if session.last_restore else None
+    try:
+        Journal(session.engine.store).record_soon(TRAINING_RESUMED, restored, session.notebook, loop=name,
+                                                  position=int(position))
+    except Exception as exc:  # noqa: BLE001 - never break the user's loop for a record
+        log.warning("SpotWarp: training_resumed not recorded: %s", exc)
