@@ -185,7 +185,8 @@ def _runs_last_notice(events: Sequence[Event]) -> list[tuple[Event, Event | None
         run = (e.host, e.details.get("run"))
         if e.event == NOTICE_SEEN and e.details.get("fatal", True) and run not in notices:
             notices[run] = e
-        elif e.event == FINAL_SNAPSHOT_COMMITTED and run in notices and run not in finals:
+        elif e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True) and run in notices \
+                and run not in finals:
             finals[run] = e
     return [(n, finals.get(run)) for run, n in notices.items()]
 
