@@ -9,11 +9,11 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 
 # No test may reach a real cloud metadata address (169.254.169.254): preemption watchers are limited
-# to signals unless a test turns clouds on, and a cloud watcher left on points at a closed local port.
+# to signals, and every cloud watcher is off, unless a test turns one on against a local server.
 # Set before any server or kernel starts, so every subprocess inherits it.
 os.environ.setdefault("SPOTWARP_WATCHERS", "signals")
 for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWARP_AZURE_METADATA_URL"):
-    os.environ.setdefault(_name, "http://127.0.0.1:9")
+    os.environ.setdefault(_name, "off")
 
 from kernels import Kernel  # noqa: E402
 

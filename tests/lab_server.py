@@ -29,6 +29,8 @@ def free_port() -> int:
 def host_env(home: Path, **extra: str) -> dict[str, str]:
     """A fresh "host": its own HOME and Jupyter folders, nothing configured but what is passed."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTWARP_", "JUPYTER", "JPY_"))}
+    # never a real cloud metadata address from a test; a test may turn a watcher on through `extra`
+    env.update(SPOTWARP_AWS_METADATA_URL="off", SPOTWARP_GCP_METADATA_URL="off", SPOTWARP_AZURE_METADATA_URL="off")
     env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                IPYTHONDIR=str(home / ".ipython"), PYTHONUNBUFFERED="1", **extra)
     return env

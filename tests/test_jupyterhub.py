@@ -157,6 +157,9 @@ def hub(tmp_path_factory, s3_server) -> Iterator[Hub]:
         "SPOTWARP_STORAGE_OPTIONS": json.dumps(target.options),
         "SPOTWARP_BACKUP_INTERVAL": "0",  # the test asks for every snapshot it wants
         "SPOTWARP_KERNEL_TIMEOUT": "10",
+        # never a real cloud metadata address from a test: signal watchers only
+        "SPOTWARP_WATCHERS": "signals",
+        "SPOTWARP_AWS_METADATA_URL": "off", "SPOTWARP_GCP_METADATA_URL": "off", "SPOTWARP_AZURE_METADATA_URL": "off",
         # the single-user image's config files (in an image: /etc/jupyter, /etc/ipython)
         "JUPYTER_CONFIG_PATH": str(DEPLOY),
         "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
