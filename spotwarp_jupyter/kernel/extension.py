@@ -28,7 +28,22 @@ def load_ipython_extension(ipython) -> None:
     if notices.training_resumed not in resume_hooks:
         resume_hooks.append(notices.training_resumed)
     if magics.show_widget and getattr(ipython, "kernel", None) is not None:  # a notebook, not a terminal
-        _show_widget(magics)
+        if _in_a_cell(ipython):
+            _show_widget(magics)
+        else:  # loaded at kernel start (ipython_kernel_config.py): nothing would show it, so wait for a cell
+            def first_cell(info=None) -> None:
+                ipython.events.unregister("pre_run_cell", first_cell)
+                _show_widget(magics)
+
+            ipython.events.register("pre_run_cell", first_cell)
+
+
+def _in_a_cell(ipython) -> bool:
+    """True while a cell runs (a display then lands in its output); False at kernel start."""
+    try:
+        return bool(ipython.kernel.get_parent("shell").get("header"))
+    except Exception:  # noqa: BLE001 - older ipykernel: assume a cell, as before
+        return True
 
 
 def _show_widget(magics: SpotWarpMagics) -> None:
