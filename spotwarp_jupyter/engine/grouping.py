@@ -41,26 +41,30 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
     visited = 0
     for index, name in enumerate(names):
         root = values[name]
-        stack = [root]
-        first = True
-        while stack and visited < budget:
-            obj = stack.pop()
-            if type(obj) in _ATOMIC:
-                continue
-            # the root itself may be code (a lambda); below it, code is shared by name, not walked
-            if not first and isinstance(obj, _STOP):
-                continue
-            first = False
-            other = owner.get(id(obj))
-            if other is not None:
-                if other != index:
-                    union(index, other)
-                continue
-            owner[id(obj)] = index
-            visited += 1
-            if isinstance(obj, _STOP):
-                continue
-            stack.extend(gc.get_referents(obj))
+        if type(root) in _ATOMIC:
+            continue
+        other = owner.get(id(root))
+        if other is not None:
+            union(index, other)
+            continue
+        owner[id(root)] = index
+        # the root itself may be code (a lambda); below it, code is shared by name, not walked
+        frontier = [] if isinstance(root, _STOP) else [root]
+        while frontier and visited < budget:
+            # one get_referents call per level of the walk, not one per object
+            next_level = []
+            for obj in gc.get_referents(*frontier):
+                if type(obj) in _ATOMIC or isinstance(obj, _STOP):
+                    continue
+                other = owner.get(id(obj))
+                if other is not None:
+                    if other != index:
+                        union(index, other)
+                    continue
+                owner[id(obj)] = index
+                next_level.append(obj)
+            visited += len(frontier)
+            frontier = next_level
     groups: dict[int, list[str]] = {}
     for index, name in enumerate(names):
         groups.setdefault(find(index), []).append(name)

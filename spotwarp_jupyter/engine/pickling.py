@@ -129,8 +129,25 @@ class _Reducer:
                 if isinstance(self, dill.Pickler):
                     return NotImplemented
                 return (_load_dill, (_dill_by_value(obj),))
+            if not _importable(obj):  # e.g. a class defined inside a function: by value, not the whole group
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
             return NotImplemented
         return NotImplemented
+
+
+def _importable(obj: Any) -> bool:
+    """True when pickle can save `obj` by reference (its module and qualified name lead back to it)."""
+    module = sys.modules.get(getattr(obj, "__module__", None) or "")
+    if module is None:
+        return False
+    target: Any = module
+    for part in getattr(obj, "__qualname__", "").split("."):
+        if part.startswith("<"):
+            return False
+        target = getattr(target, part, None)
+        if target is None:
+            return False
+    return target is obj
 
 
 class _CPickler(_Reducer, pickle.Pickler):
@@ -228,13 +245,46 @@ def _pickles_whole_state(torch: Any) -> tuple[type, ...]:
 # -- NumPy arrays -------------------------------------------------------------------------------
 
 def _reduce_ndarray(arr: Any):
+    if arr.dtype.hasobject:
+        return _reduce_str_array(arr)
     # NumPy itself sends contiguous arrays out of band; a strided view would go in band as a
     # bytes copy (then copied again into the stream): one contiguous copy out of band instead.
-    if arr.flags.c_contiguous or arr.flags.f_contiguous or arr.dtype.hasobject:
+    if arr.flags.c_contiguous or arr.flags.f_contiguous:
         return NotImplemented
     import numpy
 
     return numpy.ascontiguousarray(arr).__reduce_ex__(PROTOCOL)
+
+
+_STR_SEPARATOR = "\x00"
+
+
+def _reduce_str_array(arr: Any):
+    """An object array of plain strings (a pandas string column) as one UTF-8 buffer, out of band.
+
+    Pickling millions of str objects one by one costs ~0.7 us each (mostly the memo); joining them
+    costs ~0.05 us, and an unchanged column is then recognised by its buffer's fingerprint.
+    """
+    if arr.dtype.kind != "O" or arr.size < 1024 or arr.dtype.fields is not None:
+        return NotImplemented
+    flat = arr.ravel(order="K")
+    if any(type(x) is not str for x in flat):
+        return NotImplemented
+    joined = _STR_SEPARATOR.join(flat)
+    if joined.count(_STR_SEPARATOR) != flat.size - 1:  # a string holds the separator itself
+        return NotImplemented
+    blob = joined.encode("utf-8", "surrogatepass")
+    order = "F" if arr.flags.f_contiguous and not arr.flags.c_contiguous else "C"
+    return (_rebuild_str_array, (pickle.PickleBuffer(blob), arr.shape, order))
+
+
+def _rebuild_str_array(buf: Any, shape: tuple, order: str) -> Any:
+    import numpy
+
+    items = bytes(memoryview(buf)).decode("utf-8", "surrogatepass").split(_STR_SEPARATOR)
+    out = numpy.empty(len(items), dtype=object)
+    out[:] = items
+    return out.reshape(shape, order=order)
 
 
 # -- objects saved through state_dict() / load_state_dict() --------------------------------------
