@@ -282,9 +282,16 @@ def _running_server(settings: Settings) -> dict[str, Any] | None:
         from jupyter_server.serverapp import list_running_servers
     except ImportError:
         return None
+    import urllib.error
+
     for info in list_running_servers():
         try:
             status = _server_call(info, "GET", "status", timeout=5)
+        except urllib.error.HTTPError as exc:
+            if exc.code in (401, 403):  # a server we may not use: say so rather than fall back silently
+                print(f"spotwarp: the server at {info.get('url')} refused this request ({exc.code}); "
+                      "set JUPYTERHUB_API_TOKEN or use the server's token", file=sys.stderr)
+            continue
         except (OSError, ValueError):
             continue
         if status.get("project") == settings.project and status.get("workspace") == settings.workspace:
@@ -297,8 +304,10 @@ def _server_call(info: dict[str, Any], method: str, path: str, body: dict | None
 
     url = info["url"].rstrip("/") + "/spotwarp/api/" + path
     data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
+    # under JupyterHub the server's runtime file holds no token: the hub's API token of this user works
+    token = info.get("token") or os.environ.get("JUPYTERHUB_API_TOKEN", "")
     request = urllib.request.Request(url, data=data, method=method,
-                                     headers={"Authorization": f"token {info.get('token', '')}",
+                                     headers={"Authorization": f"token {token}",
                                               "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - a local server's URL
         return json.loads(response.read())
