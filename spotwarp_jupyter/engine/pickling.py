@@ -268,7 +268,7 @@ def _reduce_str_array(arr: Any):
     if arr.dtype.kind != "O" or arr.size < 1024 or arr.dtype.fields is not None:
         return NotImplemented
     flat = arr.ravel(order="K")
-    if any(type(x) is not str for x in flat):
+    if set(map(type, flat)) != {str}:  # map/set run in C: ~25 ns an element
         return NotImplemented
     joined = _STR_SEPARATOR.join(flat)
     if joined.count(_STR_SEPARATOR) != flat.size - 1:  # a string holds the separator itself
