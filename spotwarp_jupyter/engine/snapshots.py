@@ -73,6 +73,9 @@ class SnapshotEngine:
     def manifests(self, notebook: str | None = None) -> list[Manifest]:
         """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given)."""
         names = self.store.manifest_names()
+        for gone in set(self._rejections) - set(names):  # deleted since: no longer a reason to refuse
+            del self._rejections[gone]
+            self.rejected.pop(gone, None)
         out: list[Manifest] = []
         for name in names:
             manifest = self._cache.get(name)
