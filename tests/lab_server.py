@@ -107,6 +107,13 @@ class LabServer:
             pass
         self.proc.wait(timeout=30)
 
+    def discard(self) -> None:
+        """End of a test: shut the kernels down (they outlive a killed server), then kill the server."""
+        code, sessions = self.request("GET", "api/sessions") if self.proc.poll() is None else (0, [])
+        for s in sessions or []:
+            self.request("DELETE", f"api/kernels/{s['kernel']['id']}")
+        self.kill()
+
 
 class Execution:
     """One execute_request over a kernel websocket (JSON protocol) and what came back for it."""

@@ -130,10 +130,7 @@ def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp
         assert nb.value("done") == final_position + 1
         nb.close()
     finally:
-        code, sessions = b.request("GET", "api/sessions") if b.proc.poll() is None else (0, [])
-        for s in sessions or []:
-            b.request("DELETE", f"api/kernels/{s['kernel']['id']}")
-        b.kill()
+        b.discard()
 
     def journaled():  # the kernel writes its event from a background thread
         events = Journal(engine.store).events()

@@ -88,10 +88,7 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
         assert status["last_snapshot"]["id"] == second["id"]
         nb.close()
     finally:
-        code, sessions = b.request("GET", "api/sessions") if b.proc.poll() is None else (0, [])
-        for s in sessions or []:
-            b.request("DELETE", f"api/kernels/{s['kernel']['id']}")
-        b.kill()
+        b.discard()
 
 
 def test_start_usage_errors_are_one_line_and_start_nothing(tmp_path):
