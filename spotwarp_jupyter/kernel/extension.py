@@ -8,7 +8,7 @@ from ..training.resumable import on_resume as resume_hooks
 from . import comm as comm_target
 from . import notices
 from . import session as session_module
-from .magics import SpotWarpMagics
+from .magics import SpotWarpMagics, cell_id
 
 _loaded: dict[int, SpotWarpMagics] = {}
 
@@ -55,6 +55,7 @@ def _show_widget(magics: SpotWarpMagics) -> None:
         return
     try:
         display(StatusWidget(magics.session))
+        magics.widget_shown_in = cell_id(magics.shell)
     except Exception as exc:  # noqa: BLE001 - the widget is a convenience; loading must not fail for it
         print(f"SpotWarp: status widget unavailable ({type(exc).__name__}: {exc}); %spotwarp status still works")
 

@@ -34,6 +34,14 @@ def _names(text: str, flag: str) -> frozenset[str]:
     return names
 
 
+def cell_id(ipython) -> str | None:
+    """The message id of the cell running now (None at kernel start or outside a kernel)."""
+    try:
+        return ipython.kernel.get_parent("shell").get("header", {}).get("msg_id")
+    except Exception:  # noqa: BLE001 - no kernel (a terminal IPython)
+        return None
+
+
 @magics_class
 class SpotWarpMagics(Magics):
     """`%spotwarp`: keep this kernel's state in durable storage. Configurable as `c.SpotWarpMagics.*`."""
@@ -65,6 +73,7 @@ class SpotWarpMagics(Magics):
         except SpotWarpError as exc:
             raise UsageError(str(exc)) from None
         self.session = KernelSession(shell.user_ns, shell.user_ns_hidden, settings, policy)
+        self.widget_shown_in: str | None = None  # the cell in which the widget was shown on load
         session_module.set_current(self.session)
 
     # -- dispatch -----------------------------------------------------------------------------
@@ -204,6 +213,8 @@ class SpotWarpMagics(Magics):
 
     def _do_widget(self, rest: str):
         self._no_args("widget", rest)
+        if self.widget_shown_in is not None and self.widget_shown_in == cell_id(self.shell):
+            return None  # `%load_ext spotwarp` has just shown it in this cell: once is enough
         try:
             from ..widget import StatusWidget
         except ImportError as exc:

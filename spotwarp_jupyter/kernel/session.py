@@ -71,6 +71,7 @@ class KernelSession:
         self._flight_done = threading.Event()
         self._flight_done.set()
         self._deferred: list[str] = []
+        self._first_safe_point = True  # the session is protected at its first safe point, not `every` later
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
         # package versions are recorded with each snapshot; learn them once, off the main thread
@@ -179,8 +180,22 @@ class KernelSession:
             return True
         if not self.policy.enabled:
             return False
+        if self._first_safe_point:
+            self._first_safe_point = False
+            if self.last_snapshot_at is None and self.last_started_at is None and not self._unrestored_snapshot():
+                return True
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
         return time.time() - last >= self.policy.every_s
+
+    def _unrestored_snapshot(self) -> bool:
+        """Whether this notebook has a snapshot this kernel has not restored (an empty session must not
+        become its newest at once: the widget offers it, and the interval gives time to restore)."""
+        if self.last_restore is not None:
+            return False
+        try:
+            return bool(self.engine.manifests(self.notebook))
+        except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
+            return False
 
     def at_safe_point(self, where: str, reasons: list[str]) -> None:
         """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due."""
