@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 from hatchling.builders.hooks.plugin.interface import BuildHookInterface
@@ -46,9 +47,11 @@ class PanelPrerequisites(BuildHookInterface):
         if version == "standard" and (Path(self.root) / PREBUILT).exists():
             return  # prebuilt (an sdist, or built before): nothing to compile
         problem = node_problem()
-        if problem:
-            raise RuntimeError(
+        if problem:  # printed alone, no traceback: the build tool shows this one line
+            print(
                 f"SpotWarp's JupyterLab panel is built from source with Node.js >= {MIN_NODE}, and {problem}: "
                 f"install Node.js >= {MIN_NODE} (e.g. `apt-get install nodejs npm`) and retry, "
-                "or install the prebuilt wheel, which needs no Node.js"
+                "or install the prebuilt wheel, which needs no Node.js",
+                file=sys.stderr,
             )
+            raise SystemExit(1)

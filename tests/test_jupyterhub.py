@@ -145,7 +145,7 @@ c.JupyterHub.load_roles = [{{
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, s3_server) -> Iterator[Hub]:
     if shutil.which("configurable-http-proxy") is None:
-        pytest.fail("configurable-http-proxy is not on the PATH: npm install -g configurable-http-proxy (.ci/run does)")
+        pytest.fail("configurable-http-proxy is not on the PATH: scripts/test.sh installs it into the venv")
     tmp = tmp_path_factory.mktemp("hub")
     (tmp / "homes").mkdir()
     port, hub_port, proxy_api_port = free_port(), free_port(), free_port()
