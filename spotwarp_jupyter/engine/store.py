@@ -32,6 +32,7 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import fsspec  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
+from .backends import check_backend  # noqa: E402
 from .errors import DamagedObjectError, StorageError  # noqa: E402
 from .hashing import Buffer, is_object_id, object_id  # noqa: E402
 
@@ -151,6 +152,7 @@ class Store:
             # gcsfs logs each retried request's traceback; the user gets our one-line error instead
             logging.getLogger("gcsfs").addHandler(logging.NullHandler())
         self._options = options
+        check_backend(protocol)
         try:
             self._fs, base = fsspec.core.url_to_fs(url, **options)
             self._fs_pid = os.getpid()
