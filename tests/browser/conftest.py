@@ -1,6 +1,6 @@
 """A real browser (Debian's chromium, driven by Playwright's sync API) on JupyterLab from `spotwarp start`.
 
-This folder runs in its own pytest process (see .ci/run): Playwright's sync API clashes with the
+This folder runs in its own pytest process (see scripts/test.sh): Playwright's sync API clashes with the
 event loop pytest-jupyter runs in the main test run.
 """
 
