@@ -54,8 +54,9 @@ def run(cmd: list[str] | str, cwd: Path, env: dict[str, str], timeout: float = 9
 
 
 def checked(proc: subprocess.CompletedProcess) -> str:
+    """Output of a command that must succeed, without terminal colours."""
     assert proc.returncode == 0, f"exit {proc.returncode}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}"
-    return proc.stdout + proc.stderr
+    return re.sub(r"\x1b\[[0-9;]*m", "", proc.stdout + proc.stderr)
 
 
 @pytest.fixture
