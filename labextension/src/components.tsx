@@ -12,7 +12,7 @@ import {
   formatTime,
   previousOf
 } from './format';
-import { ISnapshotSummary, IStatus } from './types';
+import { IReport, IReportRow, ISnapshotSummary, IStatus } from './types';
 
 export function ServerNotice(props: { state: ServerState; message: string }): JSX.Element | null {
   if (props.state === 'ok') {
@@ -178,64 +178,48 @@ export function Timeline({ snapshots, limit, busy, disabled, onRestore }: ITimel
   );
 }
 
-const REPORT_LABELS: Record<string, string> = {
-  preemptions: 'Preemptions survived',
-  preemptions_survived: 'Preemptions survived',
-  work_lost_s: 'Work lost',
-  time_to_resume_s: 'Time to resume',
-  mean_time_to_resume_s: 'Mean time to resume',
-  compute_saved_s: 'Compute saved',
-  snapshots: 'Snapshots'
-};
-
-function reportValue(key: string, value: unknown): string {
-  if (typeof value === 'number' && key.endsWith('_s')) {
-    return formatDuration(value);
+/** One preemption of the journal's report, in a line. */
+export function describePreemption(e: IReportRow): string {
+  const parts = [`${formatTime(e.notice)}: ${e.host} lost (${e.source ?? 'unknown notice'})`];
+  if (e.final_snapshot) {
+    parts.push(`final snapshot ${e.final_snapshot}`);
   }
-  if (typeof value === 'number' && key.endsWith('bytes')) {
-    return formatSize(value);
+  parts.push(
+    e.survived
+      ? `resumed on ${e.restored_on ?? 'another host'} in ${formatDuration(e.resume_s)}`
+      : 'not resumed yet'
+  );
+  if (e.work_lost_s !== null) {
+    parts.push(`work lost ${formatDuration(e.work_lost_s)}`);
   }
-  if (value === null || value === undefined) {
-    return '—';
-  }
-  if (typeof value === 'object') {
-    return JSON.stringify(value);
-  }
-  return String(value);
+  return parts.join(' · ');
 }
 
-function labelOf(key: string): string {
-  return REPORT_LABELS[key] ?? key.replace(/_s$/, '').replace(/_/g, ' ').replace(/^./, c => c.toUpperCase());
-}
-
-/** The `report` of GET status: preemptions survived, time to resume, and the events behind them. */
-export function EventsView({ report }: { report?: Record<string, unknown> | null }): JSX.Element {
-  if (!report || !Object.keys(report).length) {
-    return <div className="jp-SpotWarp-empty">No preemptions recorded yet.</div>;
+/** The `report` of GET status (`spotwarp report`): preemptions survived, time to resume, each preemption. */
+export function EventsView({ report }: { report?: IReport | null }): JSX.Element {
+  if (!report || report.preemptions === 0) {
+    const warnings = report?.warnings ? ` (${report.warnings} non-fatal notices)` : '';
+    return <div className="jp-SpotWarp-empty">No preemptions recorded yet{warnings}.</div>;
   }
-  const events = Array.isArray(report.events) ? (report.events as Record<string, unknown>[]) : [];
-  const facts = Object.entries(report).filter(([k]) => k !== 'events');
   return (
     <div className="jp-SpotWarp-events">
       <dl className="jp-SpotWarp-facts">
-        {facts.map(([k, v]) => (
-          <React.Fragment key={k}>
-            <dt>{labelOf(k)}</dt>
-            <dd>{reportValue(k, v)}</dd>
-          </React.Fragment>
-        ))}
+        <dt>Preemptions survived</dt>
+        <dd>
+          {report.preemptions_survived} of {report.preemptions}
+        </dd>
+        <dt>Median time to resume</dt>
+        <dd>{formatDuration(report.resume_s_median)}</dd>
+        <dt>Work lost</dt>
+        <dd>{formatDuration(report.work_lost_s)}</dd>
+        <dt>Compute saved</dt>
+        <dd>{formatDuration(report.compute_saved_s)}</dd>
       </dl>
-      {events.length > 0 && (
-        <ol className="jp-SpotWarp-eventlist">
-          {events.map((e, i) => (
-            <li key={i}>
-              {Object.entries(e)
-                .map(([k, v]) => `${labelOf(k)}: ${reportValue(k, v)}`)
-                .join(' · ')}
-            </li>
-          ))}
-        </ol>
-      )}
+      <ol className="jp-SpotWarp-eventlist">
+        {report.events.map((e, i) => (
+          <li key={i}>{describePreemption(e)}</li>
+        ))}
+      </ol>
     </div>
   );
 }

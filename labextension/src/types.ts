@@ -1,65 +1,21 @@
-/** Shapes of the SpotWarp server extension's REST API (`{base_url}spotwarp/api/`). */
+/**
+ * Shapes of the SpotWarp server extension's REST API (`{base_url}spotwarp/api/`), taken from the
+ * types that `jlpm schema` generates from api/openapi.yaml into schema.ts (a test keeps them in step).
+ */
 
-export interface ISnapshotSummary {
-  id: string;
-  created: string;
-  host: string;
-  kind?: string;
-  message?: string | null;
-  size: number;
-  bytes_written?: number | null;
-  duration_s?: number | null;
-  notebooks?: string[];
-  variables?: string[];
-  files?: number;
-  parent?: string | null;
-  signed?: boolean;
-  age_s?: number;
-}
+import { components } from './schema';
 
-export interface IKernelState {
-  kernel_id: string;
-  notebook: string | null;
-  last_snapshot?: ISnapshotSummary | string | null;
-}
+type Schemas = components['schemas'];
 
-export interface IWatcherState {
-  name: string;
-  state: string;
-  [key: string]: unknown;
-}
-
-export interface IStatus {
-  version: string;
-  project: string;
-  storage: string;
-  workspace?: string;
-  last_snapshot: ISnapshotSummary | null;
-  kernels?: IKernelState[];
-  watchers?: IWatcherState[];
-  report?: Record<string, unknown> | null;
-  /** Why the last automatic backup failed, if it did. */
-  last_error?: string | null;
-}
+export type ISnapshotSummary = Schemas['SnapshotSummary'] & { age_s?: number };
+export type IStatus = Schemas['Status'];
+export type IKernelState = IStatus['kernels'][number];
+export type IWatcherState = Schemas['Watcher'];
+export type IReport = Schemas['Report'];
+export type IReportRow = Schemas['ReportRow'];
+export type IRestoreResult = Schemas['RestoreResult'];
+export type IKernelRestore = IRestoreResult['kernels'][number];
 
 export interface ISnapshotList {
   snapshots: ISnapshotSummary[];
-}
-
-export interface IKernelRestore {
-  kernel_id: string;
-  notebook: string;
-  restored?: string[];
-  warnings?: string[];
-  /** Why this kernel could not restore (e.g. SpotWarp not loaded in it). */
-  error?: string;
-}
-
-export interface IRestoreResult {
-  id: string;
-  files_restored?: number;
-  files_unchanged?: number;
-  bytes_restored?: number;
-  duration_s?: number;
-  kernels?: IKernelRestore[];
 }

@@ -76,6 +76,7 @@ class Journal:
     def __init__(self, store: Store):
         self.store = store
         self.dir = posixpath.join(store.root, EVENTS_DIR)
+        self._read: dict[str, Event] = {}  # events are immutable: a long-lived reader fetches each once
 
     def record(self, event: str, snapshot: str | None = None, notebook: str | None = None,
                when: float | None = None, **details: Any) -> Event:
@@ -120,9 +121,13 @@ class Journal:
         for name in reversed(names):  # newest first, so `limit` counts readable events
             if limit is not None and len(out) >= limit:
                 break
+            if name in self._read:
+                out.append(self._read[name])
+                continue
             try:
                 raw = self.store._call("reading an event", self.store.fs.cat_file, posixpath.join(self.dir, name))
-                out.append(Event.from_dict(json.loads(raw)))
+                self._read[name] = Event.from_dict(json.loads(raw))
+                out.append(self._read[name])
             except FileNotFoundError:
                 continue
             except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:

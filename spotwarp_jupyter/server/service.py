@@ -18,6 +18,8 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from .. import __version__
 from ..cli import manifest_summary
 from ..engine import Manifest, SnapshotEngine
+from ..engine.journal import Journal
+from ..engine.journal import report as preemption_report
 from ..engine.project import (
     kernel_state,
     latest_kernel_state,
@@ -45,6 +47,7 @@ class ProjectService:
         self.watchers: list[Any] = []  # preemption watchers (server/watchers), started with the extension
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
+        self.journal = Journal(engine.store)  # one reader: each event is fetched once per server
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spotwarp-server")
         self._lock = asyncio.Lock()  # one project snapshot or restore at a time
 
@@ -80,6 +83,7 @@ class ProjectService:
     # -- REST operations ----------------------------------------------------------------------
     async def status(self) -> dict[str, Any]:
         listing = await self.run(self.engine.manifests)
+        events = await self.run(self.journal.events)
         last = listing[0] if listing else None
         kernels = await self.live_kernels()
         for k in kernels:
@@ -93,6 +97,7 @@ class ProjectService:
             "kernels": kernels,
             "watchers": [w.describe() for w in self.watchers],
             "last_error": self.last_error,
+            "report": preemption_report(events, listing),
         }
 
     async def snapshots(self) -> list[dict[str, Any]]:

@@ -164,3 +164,18 @@ def test_panel_says_plainly_when_the_server_extension_is_missing(start_lab, page
     expect(alert).to_contain_text("The SpotWarp server extension is not running")
     expect(alert).to_contain_text("jupyter server extension enable spotwarp_jupyter")
     expect(page.locator("#spotwarp-panel .jp-SpotWarp-restore")).to_have_count(0)
+
+
+def test_panel_shows_a_preemption_recorded_in_the_journal(lab, start_lab, page, tmp_path):
+    """Host A gets SIGTERM (a spot notice) and commits its final snapshot; host B restores; B's panel reports it."""
+    lab.stop()  # SIGTERM to the process group: the watcher journals the notice, the final snapshot is committed
+    b = start_lab("host-b", tmp_path / "host-b" / "workspace")
+    assert (b.workspace / "train.ipynb").exists(), "spotwarp start restores the workspace on a new host"
+    page.goto(f"{b.url}lab?token={TOKEN}")
+    page.locator('.jp-SideBar.jp-mod-left .lm-TabBar-tab[data-id="spotwarp-panel"]').click()
+    section = page.locator("#spotwarp-panel .jp-SpotWarp-eventsSection")
+    expect(section).to_contain_text("Preemptions survived1 of 1")
+    preemption = section.locator(".jp-SpotWarp-eventlist li")
+    expect(preemption).to_have_count(1)
+    expect(preemption).to_contain_text("lost (signals) · final snapshot ")
+    expect(preemption).to_contain_text(" · resumed on ")

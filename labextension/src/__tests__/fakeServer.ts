@@ -1,7 +1,10 @@
-/** An in-memory stand-in for the SpotWarp REST API, in the shape of `requestAPI`. */
+/**
+ * An in-memory stand-in for the SpotWarp REST API, in the shape of `requestAPI`. Its answers are
+ * typed by the types generated from api/openapi.yaml, so it cannot answer what the server never would.
+ */
 
 import { ApiError, RequestFn } from '../request';
-import { ISnapshotSummary, IStatus } from '../types';
+import { IReport, IReportRow, ISnapshotSummary, IStatus } from '../types';
 
 export function snapshot(over: Partial<ISnapshotSummary> = {}): ISnapshotSummary {
   return {
@@ -22,13 +25,44 @@ export function snapshot(over: Partial<ISnapshotSummary> = {}): ISnapshotSummary
   };
 }
 
+export function emptyReport(): IReport {
+  return {
+    preemptions: 0,
+    preemptions_survived: 0,
+    work_lost_s: 0,
+    resume_s_median: null,
+    compute_saved_s: 0,
+    warnings: 0,
+    events: []
+  };
+}
+
+/** One preemption as the journal's report lists it: spot-a lost to an AWS notice, resumed on spot-b. */
+export function preemption(over: Partial<IReportRow> = {}): IReportRow {
+  return {
+    notice: '2026-12-02T10:30:00.000Z',
+    host: 'spot-a',
+    source: 'aws',
+    final_snapshot: 'f1n4l000',
+    notice_to_final_s: 2.1,
+    restored_snapshot: 'f1n4l000',
+    restored_on: 'spot-b',
+    survived: true,
+    work_lost_s: 3.5,
+    resume_s: 12,
+    compute_saved_s: 5400,
+    resumed_at_step: 1234,
+    ...over
+  };
+}
+
 export class FakeServer {
   version = '0.1.0';
   missing = false;
   failNext: ApiError | null = null;
   calls: string[] = [];
   snapshots: ISnapshotSummary[] = [];
-  report: Record<string, unknown> | null = null;
+  report: IReport = emptyReport();
   lastError: string | null = null;
   kernelError: string | null = null;
   private _n = 0;
@@ -39,15 +73,26 @@ export class FakeServer {
       project: 'proj',
       storage: 'gs://bucket/spotwarp',
       workspace: '/work/ws',
-      last_snapshot: this.snapshots[0] ?? null,
-      kernels: [{ kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0] ?? null }],
+      last_snapshot: this.snapshots[0] ? { ...this.snapshots[0], age_s: 12 } : null,
+      kernels: [{ kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0]?.id ?? null }],
       watchers: [
         { name: 'sigterm', state: 'watching', endpoint: null, last_notice: null },
-        { name: 'aws', state: 'off: not on AWS (no instance metadata at 169.254.169.254)', endpoint: 'http://169.254.169.254' },
-        { name: 'gcp', state: 'watching', last_notice: { kind: 'preempted', seen: 1, fatal: true, window_s: 30 } }
+        {
+          name: 'aws',
+          state: 'off: not on AWS (no instance metadata at 169.254.169.254)',
+          endpoint: 'http://169.254.169.254',
+          last_notice: null
+        },
+        {
+          name: 'gcp',
+          state: 'watching',
+          endpoint: 'http://metadata.google.internal',
+          last_notice: { kind: 'preempted', seen: 1, fatal: true, window_s: 30 }
+        }
       ],
       last_error: this.lastError,
-      ...(this.report ? { report: this.report } : {})
+      start_restore: null,
+      report: this.report
     };
   }
 

@@ -156,7 +156,7 @@ describe('previousOf', () => {
   it('compares a snapshot with the older one of its kind and notebook', () => {
     const list = [
       snapshot({ id: 'k2', kind: 'kernel', notebooks: ['a.ipynb'] }),
-      snapshot({ id: 'f1', kind: 'files', notebooks: [] }),
+      snapshot({ id: 'f1', kind: 'project', notebooks: [] }),
       snapshot({ id: 'kb', kind: 'kernel', notebooks: ['b.ipynb'] }),
       snapshot({ id: 'k1', kind: 'kernel', notebooks: ['a.ipynb'] })
     ];

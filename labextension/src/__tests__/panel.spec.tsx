@@ -6,7 +6,7 @@ import { EventsView, ServerNotice, StatusView, Timeline } from '../components';
 import { SpotWarpModel } from '../model';
 import { SpotWarpActions } from '../actions';
 import { SpotWarpPanel } from '../panel';
-import { FakeServer, snapshot } from './fakeServer';
+import { emptyReport, FakeServer, preemption, snapshot } from './fakeServer';
 
 async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
   const deadline = Date.now() + ms;
@@ -89,16 +89,29 @@ describe('StatusView, EventsView, ServerNotice', () => {
     );
   });
 
-  it('renders the report: preemptions survived and time to resume', () => {
-    render(
-      <EventsView
-        report={{ preemptions_survived: 2, time_to_resume_s: 14.2, events: [{ host: 'spot-b', time_to_resume_s: 12 }] }}
-      />
-    );
+  it('renders the journal report: preemptions survived, time to resume, each preemption', () => {
+    const report = {
+      ...emptyReport(),
+      preemptions: 2,
+      preemptions_survived: 1,
+      resume_s_median: 14.2,
+      work_lost_s: 3.5,
+      compute_saved_s: 5400,
+      events: [preemption(), preemption({ host: 'spot-b', source: 'sigterm', survived: false, restored_on: null, resume_s: null, work_lost_s: null, final_snapshot: null })]
+    };
+    render(<EventsView report={report} />);
     const text = document.querySelector('.jp-SpotWarp-events')?.textContent ?? '';
-    expect(text).toContain('Preemptions survived2');
-    expect(text).toContain('Time to resume14.2 s');
-    expect(text).toContain('Host: spot-b · Time to resume: 12.0 s');
+    expect(text).toContain('Preemptions survived1 of 2');
+    expect(text).toContain('Median time to resume14.2 s');
+    expect(text).toContain('Compute saved1h 30m');
+    const items = [...document.querySelectorAll('.jp-SpotWarp-eventlist li')].map(li => li.textContent);
+    expect(items[0]).toMatch(/spot-a lost \(aws\) · final snapshot f1n4l000 · resumed on spot-b in 12\.0 s · work lost 3\.5 s$/);
+    expect(items[1]).toMatch(/spot-b lost \(sigterm\) · not resumed yet$/);
+  });
+
+  it('says when no preemption is recorded, counting non-fatal notices', () => {
+    render(<EventsView report={{ ...emptyReport(), warnings: 2 }} />);
+    expect(document.body.textContent).toContain('No preemptions recorded yet (2 non-fatal notices).');
   });
 
   it('shows nothing when all is well and an alert otherwise', () => {
