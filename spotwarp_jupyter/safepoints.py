@@ -28,11 +28,6 @@ def request(reason: str = "user") -> None:
         _pending.append(reason)
 
 
-def pending() -> list[str]:
-    with _lock:
-        return list(_pending)
-
-
 def take_pending() -> list[str]:
     """The reasons asked for since the last safe point, clearing them."""
     with _lock:

@@ -8,7 +8,6 @@ import json
 import os
 import secrets
 import threading
-import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any
@@ -173,7 +172,3 @@ class Manifest:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None
-
-
-def now() -> float:
-    return time.time()

@@ -8,7 +8,7 @@ import time
 from IPython.core.error import UsageError
 from IPython.core.magic import Magics, line_magic, magics_class
 from IPython.core.magic_arguments import argument, magic_arguments, parse_argstring
-from traitlets import Bool, Dict, Float, Int, Unicode
+from traitlets import Bool, Dict, Int, Unicode
 
 from ..engine import Settings, SpotWarpError
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
@@ -55,7 +55,6 @@ class SpotWarpMagics(Magics):
     max_var_size = Unicode("8GB", help="Variables larger than this are skipped.").tag(config=True)
     keep = Int(0, help="Keep only the newest N snapshots of the project (0 keeps all).").tag(config=True)
     show_widget = Bool(True, help="Show the status widget when the extension is first loaded in a notebook.").tag(config=True)
-    min_interval = Float(0.0, help="Never snapshot automatically more often than this many seconds.").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
