@@ -72,8 +72,8 @@ def assert_spotwarp_installed(venv: Path, env: dict[str, str]) -> None:
     labext = checked(run([str(venv / "bin" / "jupyter"), "labextension", "list"], venv, env))
     assert re.search(r"^\s*spotwarp v[\d.]+\S* enabled\s+OK", labext, re.M), labext
     serverext = checked(run([str(venv / "bin" / "jupyter"), "server", "extension", "list"], venv, env))
-    assert re.search(r"spotwarp_jupyter\s+enabled", serverext), serverext
-    assert re.search(r"spotwarp_jupyter [\d.]+\S*\s+OK", serverext), serverext
+    assert re.search(r"^\s*spotwarp_jupyter\.server enabled", serverext, re.M), serverext
+    assert re.search(r"^\s*spotwarp_jupyter\.server [\d.]+\S*\s+OK", serverext, re.M), serverext
     helptext = checked(run([str(venv / "bin" / "spotwarp"), "--help"], venv, env))
     assert "start" in helptext and "restore" in helptext
 
