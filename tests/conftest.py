@@ -1,12 +1,10 @@
 from __future__ import annotations
 
 import os
-import sys
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 
 # No test may reach a real cloud metadata address (169.254.169.254): preemption watchers are limited
 # to signals, and every cloud watcher is off, unless a test turns one on against a local server.

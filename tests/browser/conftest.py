@@ -19,9 +19,7 @@ from typing import Any, Iterator
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parents[1]))
-
-from lab_server import TOKEN, free_port, host_env  # noqa: E402
+from lab_server import TOKEN, free_port, host_env
 
 CHROMIUM = os.environ.get("SPOTWARP_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
