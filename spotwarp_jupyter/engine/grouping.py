@@ -3,13 +3,18 @@
 Two names for one object, or a model and the optimizer that holds its parameters, must be
 pickled in one stream, or they come back as separate copies. A bounded walk over
 `gc.get_referents` joins variables that share any mutable object.
+
+`gc.get_referents` sees only what a type's traverse function reports, and NumPy arrays report
+nothing: the objects in an object-dtype array (matplotlib's `axes` grid, a pandas object column
+or Index, a Categorical's categories) are read from the array itself.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import types
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 _ATOMIC = frozenset({int, float, complex, str, bytes, bool, type(None), range, slice, type(Ellipsis)})
 _STOP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -33,10 +38,58 @@ def _union_find(n: int):
     return find, union
 
 
+def _object_array_items(arr: Any) -> list[Any]:
+    """The non-atomic objects an object-dtype (or structured, with object fields) NumPy array holds."""
+    dtype = arr.dtype
+    if not dtype.hasobject:
+        return []
+    if dtype.fields is not None:
+        items: list[Any] = []
+        for name, spec in dtype.fields.items():
+            if spec[0].hasobject:
+                items.extend(_object_array_items(arr[name]))
+        return items
+    flat = arr.ravel(order="K")
+    if set(map(type, flat)) <= _ATOMIC:  # a string column: map/set run in C, ~25 ns an element
+        return []
+    return [obj for obj in flat if type(obj) not in _ATOMIC]
+
+
+def _hidden_referents_finder() -> Callable[[type], Callable[[Any], list[Any]] | None]:
+    """Per type: how to read the references its traverse function does not report (None: nothing hidden)."""
+    numpy = sys.modules.get("numpy")
+    ndarray = getattr(numpy, "ndarray", None)
+    cache: dict[type, Callable[[Any], list[Any]] | None] = {}
+
+    def finder(cls: type) -> Callable[[Any], list[Any]] | None:
+        try:
+            return cache[cls]
+        except KeyError:
+            pass
+        found = _object_array_items if ndarray is not None and issubclass(cls, ndarray) else None
+        cache[cls] = found
+        return found
+
+    return finder
+
+
+def referents(objects: Iterable[Any], hidden: Callable[[type], Any] | None = None) -> list[Any]:
+    """Everything `objects` refer to, including what sits inside object arrays."""
+    objects = list(objects)
+    hidden = hidden or _hidden_referents_finder()
+    found = gc.get_referents(*objects)
+    for obj in objects:
+        read = hidden(type(obj))
+        if read is not None:
+            found.extend(read(obj))
+    return found
+
+
 def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[list[str]]:
     """Partition variable names into groups that share objects (order follows `values`)."""
     names = list(values)
     find, union = _union_find(len(names))
+    hidden = _hidden_referents_finder()
     owner: dict[int, int] = {}
     visited = 0
     for index, name in enumerate(names):
@@ -50,10 +103,15 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
         owner[id(root)] = index
         # the root itself may be code (a lambda); below it, code is shared by name, not walked
         frontier = [] if isinstance(root, _STOP) else [root]
+        opaque = [root] if frontier and hidden(type(root)) is not None else []
         while frontier and visited < budget:
             # one get_referents call per level of the walk, not one per object
+            found = gc.get_referents(*frontier)
+            for container in opaque:
+                found.extend(hidden(type(container))(container))
             next_level = []
-            for obj in gc.get_referents(*frontier):
+            opaque = []
+            for obj in found:
                 if type(obj) in _ATOMIC or isinstance(obj, _STOP):
                     continue
                 other = owner.get(id(obj))
@@ -63,6 +121,8 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
                     continue
                 owner[id(obj)] = index
                 next_level.append(obj)
+                if hidden(type(obj)) is not None:
+                    opaque.append(obj)
             visited += len(frontier)
             frontier = next_level
     groups: dict[int, list[str]] = {}
