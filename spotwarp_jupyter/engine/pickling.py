@@ -84,16 +84,92 @@ def _is_top_level_main(obj: Any) -> bool:
     return "." not in qualname and "<" not in qualname and getattr(_main_module(), qualname, None) is obj
 
 
-def _dill_by_value(obj: Any) -> bytes:
+def _dill_by_value(obj: Any, requires: set[str] | None = None) -> bytes:
+    """`obj` by value; other top-level notebook definitions it refers to (a base class) by name, into `requires`."""
     pickler_buf = io.BytesIO()
-    pickler = dill.Pickler(pickler_buf, protocol=PROTOCOL, recurse=False, byref=False)
-    pickler._main = _main_module()  # functions keep live globals: the kernel's __main__ namespace
+    pickler = _DillPickler(pickler_buf, None, {id(obj)})
     pickler.dump(obj)
+    if requires is not None:
+        requires.update(pickler.requires)
     return pickler_buf.getvalue()
 
 
 def _load_dill(data: bytes) -> Any:
-    return dill.loads(data)
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+class _Unpickler(dill.Unpickler):
+    """dill's unpickler, rebuilding classes through `_create_type` below instead of dill's."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name == "_create_type" and module in ("dill._dill", "dill.dill"):
+            return _create_type
+        return super().find_class(module, name)
+
+
+class _QuietBase:
+    """Put first among a rebuilt class's bases so its bases' `__init_subclass__` is not run; removed after."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        pass
+
+
+class _QuietSlottedBase:
+    """`_QuietBase` for bases whose instances have no `__dict__` (the stand-in must not add one)."""
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        pass
+
+
+def _quietly(metaclass: type, name: str, bases: tuple, namespace: dict[str, Any]) -> type | None:
+    """The class built with a stand-in first base that swallows `__init_subclass__`, then without it."""
+    for quiet in (_QuietSlottedBase, _QuietBase):
+        try:
+            cls = metaclass(name, (quiet, *bases), namespace)
+            cls.__bases__ = bases  # refused unless the layouts match: the slotted one first, adding nothing
+        except Exception:  # noqa: BLE001 - a layout or metaclass that refuses this stand-in
+            continue
+        return cls
+    return None
+
+
+def _create_type(metaclass: type, *args: Any) -> type:
+    """Rebuild a class saved by value from its already-processed namespace.
+
+    Calling the metaclass would run the bases' `__init_subclass__` a second time on a namespace that
+    already holds its effects (scikit-learn's set_output wraps `transform` again; a registry records
+    the class twice). A hook defined in the notebook is not run again: what it did is in the
+    snapshot. A library's hook is run (its module's state is new in this process), then the class's
+    own saved attributes are put back over whatever the hook changed on it.
+    """
+    if len(args) != 3 or not isinstance(metaclass, type) or not issubclass(metaclass, type):
+        return metaclass(*args)
+    name, bases, namespace = args
+    if not any("__init_subclass__" in vars(c) for b in bases for c in b.__mro__ if c is not object):
+        return metaclass(name, bases, namespace)
+    cls = _quietly(metaclass, name, bases, namespace)
+    if cls is None:
+        cls = metaclass(name, bases, namespace)
+        _put_back(cls, namespace)
+        return cls
+    hook_owner = next((c for c in cls.__mro__[1:] if "__init_subclass__" in vars(c)), object)
+    if hook_owner is not object and getattr(hook_owner, "__module__", None) != "__main__" and _importable(hook_owner):
+        super(cls, cls).__init_subclass__()
+        _put_back(cls, namespace)
+    return cls
+
+
+def _put_back(cls: type, namespace: dict[str, Any]) -> None:
+    """Set the class's own saved attributes again, undoing what an `__init_subclass__` replaced."""
+    for key, value in namespace.items():
+        if key in ("__dict__", "__weakref__", "__qualname__") or vars(cls).get(key, _put_back) is value:
+            continue
+        try:
+            setattr(cls, key, value)
+        except (AttributeError, TypeError):
+            pass
 
 
 def _main_attr(name: str) -> Any:
@@ -121,16 +197,16 @@ class _Reducer:
             return _reduce_with_state_dict(obj)
         if isinstance(obj, _CODE_TYPES):
             if id(obj) in self._by_value:
-                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self.requires),))
             if getattr(obj, "__module__", None) == "__main__":
                 if _is_top_level_main(obj):
                     self.requires.add(obj.__qualname__)
                     return (_main_attr, (obj.__qualname__,))
                 if isinstance(self, dill.Pickler):
                     return NotImplemented
-                return (_load_dill, (_dill_by_value(obj),))
+                return (_load_dill, (_dill_by_value(obj, self.requires),))
             if not _importable(obj):  # e.g. a class defined inside a function: by value, not the whole group
-                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self.requires),))
             return NotImplemented
         return NotImplemented
 
@@ -158,8 +234,10 @@ class _CPickler(_Reducer, pickle.Pickler):
 
 
 class _DillPickler(_Reducer, dill.Pickler):
-    def __init__(self, file, buffers: list, by_value: set[int]):
-        dill.Pickler.__init__(self, file, protocol=PROTOCOL, buffer_callback=buffers.append, recurse=False, byref=False)
+    def __init__(self, file, buffers: list | None, by_value: set[int]):
+        # without a buffer list (a stream nested in another), buffers go in band
+        callback = buffers.append if buffers is not None else None
+        dill.Pickler.__init__(self, file, protocol=PROTOCOL, buffer_callback=callback, recurse=False, byref=False)
         self._main = _main_module()
         self._by_value = by_value
         self.requires = set()
@@ -192,7 +270,7 @@ def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
     if codec == "pickle":
         return pickle.loads(data, buffers=buffers)
     if codec == "dill":
-        return dill.loads(data, buffers=buffers)
+        return _Unpickler(io.BytesIO(data), buffers=buffers).load()
     raise ValueError(f"unknown codec {codec!r}")
 
 
