@@ -129,3 +129,28 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
     for index, name in enumerate(names):
         groups.setdefault(find(index), []).append(name)
     return list(groups.values())
+
+
+def reaching(values: Mapping[str, Any], targets: set[int], budget: int = 1_000_000) -> dict[str, set[int]]:
+    """For each name, the objects among `targets` (by id) that its value is or reaches (names reaching none left out)."""
+    hidden = _hidden_referents_finder()
+    out: dict[str, set[int]] = {}
+    for name, root in values.items():
+        found = {id(root)} & targets
+        seen = {id(root)}
+        frontier = [] if isinstance(root, _STOP) else [root]
+        visited = 0
+        while frontier and visited < budget and found != targets:
+            next_level = []
+            for obj in referents(frontier, hidden):
+                if type(obj) in _ATOMIC or isinstance(obj, _STOP) or id(obj) in seen:
+                    continue
+                seen.add(id(obj))
+                if id(obj) in targets:
+                    found.add(id(obj))
+                next_level.append(obj)
+            visited += len(frontier)
+            frontier = next_level
+        if found:
+            out[name] = found
+    return out

@@ -37,6 +37,7 @@ class Pickled:
     data: bytes
     buffers: list[memoryview]
     requires: set[str] = field(default_factory=set)
+    autograd: dict[int, str] = field(default_factory=dict)  # id of a tensor saved without its graph: its grad_fn
 
 
 class _NamespaceModule(types.ModuleType):
@@ -84,13 +85,18 @@ def _is_top_level_main(obj: Any) -> bool:
     return "." not in qualname and "<" not in qualname and getattr(_main_module(), qualname, None) is obj
 
 
-def _dill_by_value(obj: Any, requires: set[str] | None = None) -> bytes:
-    """`obj` by value; other top-level notebook definitions it refers to (a base class) by name, into `requires`."""
+def _dill_by_value(obj: Any, parent: "_Reducer | None" = None) -> bytes:
+    """`obj` by value; other top-level notebook definitions it refers to (a base class) by name.
+
+    What the nested stream needs from `__main__`, and the tensors it saved without their graph,
+    are added to `parent`'s.
+    """
     pickler_buf = io.BytesIO()
     pickler = _DillPickler(pickler_buf, None, {id(obj)})
     pickler.dump(obj)
-    if requires is not None:
-        requires.update(pickler.requires)
+    if parent is not None:
+        parent.requires.update(pickler.requires)
+        parent.autograd.update(pickler.autograd)
     return pickler_buf.getvalue()
 
 
@@ -182,12 +188,15 @@ class _Reducer:
 
     _by_value: set[int]
     requires: set[str]
+    autograd: dict[int, str]
 
     def reducer_override(self, obj: Any):  # noqa: D401 - pickle hook
         kind = _kind_of(type(obj))
         if kind is None:
             return NotImplemented
         if kind == "tensor":
+            if obj.grad_fn is not None:  # the graph is not saved (nor by torch's own pickling)
+                self.autograd[id(obj)] = type(obj.grad_fn).__name__
             return _reduce_tensor(sys.modules["torch"], obj)
         if kind == "ndarray":
             return _reduce_ndarray(obj)
@@ -197,16 +206,16 @@ class _Reducer:
             return _reduce_with_state_dict(obj)
         if isinstance(obj, _CODE_TYPES):
             if id(obj) in self._by_value:
-                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self.requires),))
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self),))
             if getattr(obj, "__module__", None) == "__main__":
                 if _is_top_level_main(obj):
                     self.requires.add(obj.__qualname__)
                     return (_main_attr, (obj.__qualname__,))
                 if isinstance(self, dill.Pickler):
                     return NotImplemented
-                return (_load_dill, (_dill_by_value(obj, self.requires),))
+                return (_load_dill, (_dill_by_value(obj, self),))
             if not _importable(obj):  # e.g. a class defined inside a function: by value, not the whole group
-                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self.requires),))
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self),))
             return NotImplemented
         return NotImplemented
 
@@ -231,6 +240,7 @@ class _CPickler(_Reducer, pickle.Pickler):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
         self._by_value = by_value
         self.requires = set()
+        self.autograd = {}
 
 
 class _DillPickler(_Reducer, dill.Pickler):
@@ -241,6 +251,7 @@ class _DillPickler(_Reducer, dill.Pickler):
         self._main = _main_module()
         self._by_value = by_value
         self.requires = set()
+        self.autograd = {}
 
 
 def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
@@ -261,7 +272,7 @@ def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
             last_error = exc
             continue
         views = [b.raw() for b in buffers]
-        return Pickled(codec, out.getvalue(), views, set(pickler.requires))
+        return Pickled(codec, out.getvalue(), views, set(pickler.requires), dict(pickler.autograd))
     raise last_error if isinstance(first_error, pickle.PicklingError) else first_error  # type: ignore[misc]
 
 
