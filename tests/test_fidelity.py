@@ -227,3 +227,74 @@ def test_tensors_that_lose_their_autograd_graph_are_reported(start_kernel):
     assert not any(" w " in ln or "loss_value" in ln for ln in warnings)
     assert b.value("[out.item(), out.grad_fn is None, w.requires_grad, w.is_leaf, hidden['act'].tolist()]") == [
         3.0, True, True, True, [2.0, 2.0, 2.0]]
+
+
+CLASS_SHAPES = r'''
+import abc, json, typing
+from spotwarp_jupyter.engine import pickling
+
+calls = []
+class Reg:
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        calls.append(cls.__name__)
+class Slotted(Reg):
+    __slots__ = ("a",)
+class SlotBase:
+    __slots__ = ("x",)
+    def __init_subclass__(cls, **kwargs):
+        calls.append(cls.__name__)
+class OnlySlots(SlotBase):
+    __slots__ = ("y",)
+class Mapping(dict, Reg):
+    pass
+class Number(int, Reg):
+    pass
+class Failure(Exception, Reg):
+    pass
+class Shape(abc.ABC, Reg):
+    @abc.abstractmethod
+    def area(self): ...
+T = typing.TypeVar("T")
+class Box(typing.Generic[T], Reg):
+    pass
+
+report = {}
+for cls in (Slotted, OnlySlots, Mapping, Number, Failure, Shape, Box):
+    before = len(calls)
+    p = pickling.dumps({cls.__name__: cls}, by_value=(cls,))
+    new = pickling.loads(p.codec, p.data, p.buffers)[cls.__name__]
+    report[cls.__name__] = {
+        "new_class": new is not cls, "same_bases": new.__bases__ == cls.__bases__,
+        "hook_runs": len(calls) - before, "has_dict": "__dict__" in dir(new(*([] if cls is not Number else [7])))
+        if cls is not Shape else None,
+        "abstract": sorted(getattr(new, "__abstractmethods__", ())),
+        "parameters": [str(t) for t in getattr(new, "__parameters__", ())],
+    }
+report["number"] = int(pickling.loads(*(lambda p: (p.codec, p.data, p.buffers))(
+    pickling.dumps({"n": Number}, by_value=(Number,))))["n"](7)) + 1
+print(json.dumps(report))
+'''
+
+
+def test_class_shapes_rebuild_without_init_subclass(tmp_path):
+    """Slots, builtin bases (dict, int, Exception), ABCs and Generic keep their layout and attributes."""
+    import json
+    import subprocess
+    import sys
+
+    script = tmp_path / "shapes.py"
+    script.write_text(CLASS_SHAPES)  # run as __main__: the classes are notebook-like, saved by value
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout.splitlines()[-1])
+    expected_dict = {"Slotted": True, "OnlySlots": False, "Mapping": True, "Number": True, "Failure": True}
+    for name, facts in report.items():
+        if name == "number":
+            continue
+        assert facts["new_class"] and facts["same_bases"] and facts["hook_runs"] == 0, (name, facts)
+        if name in expected_dict:
+            assert facts["has_dict"] is expected_dict[name], name
+    assert report["Shape"]["abstract"] == ["area"]
+    assert report["Box"]["parameters"] == ["~T"]
+    assert report["number"] == 8

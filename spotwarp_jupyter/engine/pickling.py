@@ -20,7 +20,7 @@ import types
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import dill
 
@@ -110,6 +110,8 @@ class _Unpickler(dill.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         if name == "_create_type" and module in ("dill._dill", "dill.dill"):
             return _create_type
+        if (module, name) == ("types", "new_class"):  # dill's route for classes with __orig_bases__ (Generic[T])
+            return _new_class
         return super().find_class(module, name)
 
 
@@ -146,9 +148,10 @@ def _create_type(metaclass: type, *args: Any) -> type:
 
     Calling the metaclass would run the bases' `__init_subclass__` a second time on a namespace that
     already holds its effects (scikit-learn's set_output wraps `transform` again; a registry records
-    the class twice). A hook defined in the notebook is not run again: what it did is in the
-    snapshot. A library's hook is run (its module's state is new in this process), then the class's
-    own saved attributes are put back over whatever the hook changed on it.
+    the class twice). When a hook in the chain is defined in the notebook, none is run again: what
+    they did is in the snapshot. When all are a library's, they run (the library's module state is
+    new in this process: its registry does not know the class yet), then the class's own saved
+    attributes are put back over whatever the hooks changed on it.
     """
     if len(args) != 3 or not isinstance(metaclass, type) or not issubclass(metaclass, type):
         return metaclass(*args)
@@ -160,11 +163,26 @@ def _create_type(metaclass: type, *args: Any) -> type:
         cls = metaclass(name, bases, namespace)
         _put_back(cls, namespace)
         return cls
-    hook_owner = next((c for c in cls.__mro__[1:] if "__init_subclass__" in vars(c)), object)
-    if hook_owner is not object and getattr(hook_owner, "__module__", None) != "__main__" and _importable(hook_owner):
+    # the hooks chain through super(): run them only when none of them is the notebook's own
+    owners = [c for c in cls.__mro__[1:] if c is not object and "__init_subclass__" in vars(c)]
+    if owners and all(getattr(c, "__module__", None) != "__main__" and _importable(c) for c in owners):
         super(cls, cls).__init_subclass__()
         _put_back(cls, namespace)
     return cls
+
+
+def _new_class(name: str, bases: tuple = (), kwds: dict[str, Any] | None = None,
+               exec_body: Callable[[dict[str, Any]], Any] | None = None) -> type:
+    """`types.new_class`, building the class through `_create_type`."""
+    resolved = types.resolve_bases(bases)
+    metaclass, namespace, kwds = types.prepare_class(name, resolved, kwds)
+    if kwds:  # class keywords: only for the hooks, which is what must not run again; dill never saves any
+        return types.new_class(name, bases, {"metaclass": metaclass, **kwds}, exec_body)
+    if exec_body is not None:
+        exec_body(namespace)
+    if resolved is not bases:
+        namespace["__orig_bases__"] = bases
+    return _create_type(metaclass, name, resolved, namespace)
 
 
 def _put_back(cls: type, namespace: dict[str, Any]) -> None:
