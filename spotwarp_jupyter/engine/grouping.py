@@ -103,14 +103,16 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
         owner[id(root)] = index
         # the root itself may be code (a lambda); below it, code is shared by name, not walked
         frontier = [] if isinstance(root, _STOP) else [root]
-        opaque = [root] if frontier and hidden(type(root)) is not None else []
         while frontier and visited < budget:
             # one get_referents call per level of the walk, not one per object
             found = gc.get_referents(*frontier)
-            for container in opaque:
-                found.extend(hidden(type(container))(container))
+            # the few types of a level are checked, not each object (set(map(...)) runs in C)
+            opaque_types = {t for t in set(map(type, frontier)) if hidden(t) is not None}
+            if opaque_types:
+                for container in frontier:
+                    if type(container) in opaque_types:
+                        found.extend(hidden(type(container))(container))
             next_level = []
-            opaque = []
             for obj in found:
                 if type(obj) in _ATOMIC or isinstance(obj, _STOP):
                     continue
@@ -121,8 +123,6 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
                     continue
                 owner[id(obj)] = index
                 next_level.append(obj)
-                if hidden(type(obj)) is not None:
-                    opaque.append(obj)
             visited += len(frontier)
             frontier = next_level
     groups: dict[int, list[str]] = {}
