@@ -46,13 +46,17 @@ tags = np.array([meta, None], dtype=object)
 '''
 
 SHARED_CHECKS = r'''
+import io
 axes[1].plot([0, 1, 2], [3, 1, 2])
+png = io.BytesIO()
+fig.savefig(png, format="png")
 meta["unit"] = "C"
 print("@@" + repr({
     "ax_is_axes3": ax is axes[3],
     "axes_figure_is_fig": all(a.figure is fig for a in axes),
     "fig_holds_axes": all(a is b for a, b in zip(fig.axes, axes)),
     "drawing_reaches_fig": len(fig.axes[1].lines),
+    "fig_renders": png.getvalue()[:4] == b"\x89PNG",
     "grid_cell": cell is grid[1, 0] and grid[0, 1].figure is grid_fig,
     "df_cells_share_meta": df.loc[0, "meta"] is meta and df.loc[1, "meta"] is meta,
     "df_sees_change": df.loc[1, "meta"]["unit"],
@@ -68,6 +72,7 @@ SHARED_EXPECTED = {
     "axes_figure_is_fig": True,
     "fig_holds_axes": True,
     "drawing_reaches_fig": 1,
+    "fig_renders": True,
     "grid_cell": True,
     "df_cells_share_meta": True,
     "df_sees_change": "C",
