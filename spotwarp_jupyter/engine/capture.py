@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
 from . import pickling
-from .grouping import shared_groups
+from .grouping import reaching, shared_groups
 from .units import format_size
 
 EXTRAS_NAME = "@extras"
@@ -54,12 +54,14 @@ class KernelImage:
     """A consistent, serialized image of one kernel's variables, ready to be persisted.
 
     `pending` holds groups not serialized yet: persisting consumes it, so writing the first groups
-    overlaps with serializing the next ones. `skipped` is complete only once `pending` is consumed.
+    overlaps with serializing the next ones. `skipped` (not saved) and `changed` (saved, but not
+    as they were) are complete only once `pending` is consumed.
     """
 
     groups: list[GroupImage] = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
+    changed: dict[str, str] = field(default_factory=dict)
     pending: Iterator[GroupImage] | None = None
 
     def iter_groups(self) -> Iterator[GroupImage]:
@@ -150,8 +152,11 @@ def _by_value(group: Mapping[str, Any]) -> tuple[Any, ...]:
 
 
 def serialize_group(names: list[str], values: Mapping[str, Any], skipped: dict[str, str],
-                    max_size: int | None = None) -> list[GroupImage]:
-    """Serialize names together; if that fails, each alone, skipping (with a reason) what cannot be saved."""
+                    max_size: int | None = None, changed: dict[str, str] | None = None) -> list[GroupImage]:
+    """Serialize names together; if that fails, each alone, skipping (with a reason) what cannot be saved.
+
+    Variables saved but not as they were (tensors without their autograd graph) go into `changed`.
+    """
     group = {n: values[n] for n in names}
     try:
         pickled = pickling.dumps(group, by_value=_by_value(group))
@@ -161,7 +166,7 @@ def serialize_group(names: list[str], values: Mapping[str, Any], skipped: dict[s
             return []
         out: list[GroupImage] = []
         for name in names:
-            out.extend(serialize_group([name], values, skipped, max_size))
+            out.extend(serialize_group([name], values, skipped, max_size, changed))
         return out
     pickled.requires -= set(names)
     image = GroupImage(names, pickled, {n: type_name(values[n]) for n in names})
@@ -169,7 +174,23 @@ def serialize_group(names: list[str], values: Mapping[str, Any], skipped: dict[s
         for n in names:
             skipped[n] = f"{format_size(image.nbytes)} is over --max-var-size {format_size(max_size)}"
         return []
+    if pickled.autograd and changed is not None:
+        changed.update(_without_graph(group, pickled.autograd))
     return [image]
+
+
+def _without_graph(group: Mapping[str, Any], autograd: Mapping[int, str]) -> dict[str, str]:
+    """Why each variable of `group` holding a tensor saved without its autograd graph changed."""
+    holders = reaching(group, set(autograd)) if len(group) > 1 else {n: set(autograd) for n in group}
+    if not holders:  # out of the walk's reach: say it of the whole group rather than of no one
+        holders = {n: set(autograd) for n in group}
+    reasons: dict[str, str] = {}
+    for name, ids in holders.items():
+        kinds = ", ".join(sorted({autograd[i] for i in ids}))
+        what = "a tensor" if len(ids) == 1 else f"{len(ids)} tensors"
+        reasons[name] = (f"{what} saved without its autograd graph (grad_fn={kinds}): restored as a leaf, "
+                         "no longer connected to what it was computed from")
+    return reasons
 
 
 def capture_namespace(
@@ -194,7 +215,7 @@ def capture_namespace(
     def serialize_all() -> Iterator[GroupImage]:
         # bulky groups first: their buffers start writing while the small-object groups are pickled
         for names in groups:
-            yield from serialize_group(names, values, skipped, options.max_var_size)
+            yield from serialize_group(names, values, skipped, options.max_var_size, image.changed)
 
     image.pending = serialize_all()
     return image if lazy else image.materialize()

@@ -3,13 +3,18 @@
 Two names for one object, or a model and the optimizer that holds its parameters, must be
 pickled in one stream, or they come back as separate copies. A bounded walk over
 `gc.get_referents` joins variables that share any mutable object.
+
+`gc.get_referents` sees only what a type's traverse function reports, and NumPy arrays report
+nothing: the objects in an object-dtype array (matplotlib's `axes` grid, a pandas object column
+or Index, a Categorical's categories) are read from the array itself.
 """
 
 from __future__ import annotations
 
 import gc
+import sys
 import types
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 _ATOMIC = frozenset({int, float, complex, str, bytes, bool, type(None), range, slice, type(Ellipsis)})
 _STOP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
@@ -33,10 +38,58 @@ def _union_find(n: int):
     return find, union
 
 
+def _object_array_items(arr: Any) -> list[Any]:
+    """The non-atomic objects an object-dtype (or structured, with object fields) NumPy array holds."""
+    dtype = arr.dtype
+    if not dtype.hasobject:
+        return []
+    if dtype.fields is not None:
+        items: list[Any] = []
+        for name, spec in dtype.fields.items():
+            if spec[0].hasobject:
+                items.extend(_object_array_items(arr[name]))
+        return items
+    flat = arr.ravel(order="K")
+    if set(map(type, flat)) <= _ATOMIC:  # a string column: map/set run in C, ~25 ns an element
+        return []
+    return [obj for obj in flat if type(obj) not in _ATOMIC]
+
+
+def _hidden_referents_finder() -> Callable[[type], Callable[[Any], list[Any]] | None]:
+    """Per type: how to read the references its traverse function does not report (None: nothing hidden)."""
+    numpy = sys.modules.get("numpy")
+    ndarray = getattr(numpy, "ndarray", None)
+    cache: dict[type, Callable[[Any], list[Any]] | None] = {}
+
+    def finder(cls: type) -> Callable[[Any], list[Any]] | None:
+        try:
+            return cache[cls]
+        except KeyError:
+            pass
+        found = _object_array_items if ndarray is not None and issubclass(cls, ndarray) else None
+        cache[cls] = found
+        return found
+
+    return finder
+
+
+def referents(objects: Iterable[Any], hidden: Callable[[type], Any] | None = None) -> list[Any]:
+    """Everything `objects` refer to, including what sits inside object arrays."""
+    objects = list(objects)
+    hidden = hidden or _hidden_referents_finder()
+    found = gc.get_referents(*objects)
+    for obj in objects:
+        read = hidden(type(obj))
+        if read is not None:
+            found.extend(read(obj))
+    return found
+
+
 def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[list[str]]:
     """Partition variable names into groups that share objects (order follows `values`)."""
     names = list(values)
     find, union = _union_find(len(names))
+    hidden = _hidden_referents_finder()
     owner: dict[int, int] = {}
     visited = 0
     for index, name in enumerate(names):
@@ -52,8 +105,15 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
         frontier = [] if isinstance(root, _STOP) else [root]
         while frontier and visited < budget:
             # one get_referents call per level of the walk, not one per object
+            found = gc.get_referents(*frontier)
+            # the few types of a level are checked, not each object (set(map(...)) runs in C)
+            opaque_types = {t for t in set(map(type, frontier)) if hidden(t) is not None}
+            if opaque_types:
+                for container in frontier:
+                    if type(container) in opaque_types:
+                        found.extend(hidden(type(container))(container))
             next_level = []
-            for obj in gc.get_referents(*frontier):
+            for obj in found:
                 if type(obj) in _ATOMIC or isinstance(obj, _STOP):
                     continue
                 other = owner.get(id(obj))
@@ -69,3 +129,28 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
     for index, name in enumerate(names):
         groups.setdefault(find(index), []).append(name)
     return list(groups.values())
+
+
+def reaching(values: Mapping[str, Any], targets: set[int], budget: int = 1_000_000) -> dict[str, set[int]]:
+    """For each name, the objects among `targets` (by id) that its value is or reaches (names reaching none left out)."""
+    hidden = _hidden_referents_finder()
+    out: dict[str, set[int]] = {}
+    for name, root in values.items():
+        found = {id(root)} & targets
+        seen = {id(root)}
+        frontier = [] if isinstance(root, _STOP) else [root]
+        visited = 0
+        while frontier and visited < budget and found != targets:
+            next_level = []
+            for obj in referents(frontier, hidden):
+                if type(obj) in _ATOMIC or isinstance(obj, _STOP) or id(obj) in seen:
+                    continue
+                seen.add(id(obj))
+                if id(obj) in targets:
+                    found.add(id(obj))
+                next_level.append(obj)
+            visited += len(frontier)
+            frontier = next_level
+        if found:
+            out[name] = found
+    return out

@@ -201,4 +201,6 @@ def persist_image(
             if name != EXTRAS_NAME:
                 variables[name] = {"type": g.types[name], "group": index, "size": size}
     kernel = {"groups": groups, "variables": variables, "imports": image.imports, "skipped": image.skipped}
+    if image.changed:
+        kernel["changed"] = image.changed  # saved, but not as they were: name -> why
     return kernel, objects, writer.stats

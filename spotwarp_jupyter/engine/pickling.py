@@ -20,7 +20,7 @@ import types
 import warnings
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
 import dill
 
@@ -37,6 +37,7 @@ class Pickled:
     data: bytes
     buffers: list[memoryview]
     requires: set[str] = field(default_factory=set)
+    autograd: dict[int, str] = field(default_factory=dict)  # id of a tensor saved without its graph: its grad_fn
 
 
 class _NamespaceModule(types.ModuleType):
@@ -84,16 +85,115 @@ def _is_top_level_main(obj: Any) -> bool:
     return "." not in qualname and "<" not in qualname and getattr(_main_module(), qualname, None) is obj
 
 
-def _dill_by_value(obj: Any) -> bytes:
+def _dill_by_value(obj: Any, parent: "_Reducer | None" = None) -> bytes:
+    """`obj` by value; other top-level notebook definitions it refers to (a base class) by name.
+
+    What the nested stream needs from `__main__`, and the tensors it saved without their graph,
+    are added to `parent`'s.
+    """
     pickler_buf = io.BytesIO()
-    pickler = dill.Pickler(pickler_buf, protocol=PROTOCOL, recurse=False, byref=False)
-    pickler._main = _main_module()  # functions keep live globals: the kernel's __main__ namespace
+    pickler = _DillPickler(pickler_buf, None, {id(obj)})
     pickler.dump(obj)
+    if parent is not None:
+        parent.requires.update(pickler.requires)
+        parent.autograd.update(pickler.autograd)
     return pickler_buf.getvalue()
 
 
 def _load_dill(data: bytes) -> Any:
-    return dill.loads(data)
+    return _Unpickler(io.BytesIO(data)).load()
+
+
+class _Unpickler(dill.Unpickler):
+    """dill's unpickler, rebuilding classes through `_create_type` below instead of dill's."""
+
+    def find_class(self, module: str, name: str) -> Any:
+        if name == "_create_type" and module in ("dill._dill", "dill.dill"):
+            return _create_type
+        if (module, name) == ("types", "new_class"):  # dill's route for classes with __orig_bases__ (Generic[T])
+            return _new_class
+        return super().find_class(module, name)
+
+
+class _QuietBase:
+    """Put first among a rebuilt class's bases so its bases' `__init_subclass__` is not run; removed after."""
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        pass
+
+
+class _QuietSlottedBase:
+    """`_QuietBase` for bases whose instances have no `__dict__` (the stand-in must not add one)."""
+
+    __slots__ = ()
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        pass
+
+
+def _quietly(metaclass: type, name: str, bases: tuple, namespace: dict[str, Any]) -> type | None:
+    """The class built with a stand-in first base that swallows `__init_subclass__`, then without it."""
+    for quiet in (_QuietSlottedBase, _QuietBase):
+        try:
+            cls = metaclass(name, (quiet, *bases), namespace)
+            cls.__bases__ = bases  # refused unless the layouts match: the slotted one first, adding nothing
+        except Exception:  # noqa: BLE001 - a layout or metaclass that refuses this stand-in
+            continue
+        return cls
+    return None
+
+
+def _create_type(metaclass: type, *args: Any) -> type:
+    """Rebuild a class saved by value from its already-processed namespace.
+
+    Calling the metaclass would run the bases' `__init_subclass__` a second time on a namespace that
+    already holds its effects (scikit-learn's set_output wraps `transform` again; a registry records
+    the class twice). When a hook in the chain is defined in the notebook, none is run again: what
+    they did is in the snapshot. When all are a library's, they run (the library's module state is
+    new in this process: its registry does not know the class yet), then the class's own saved
+    attributes are put back over whatever the hooks changed on it.
+    """
+    if len(args) != 3 or not isinstance(metaclass, type) or not issubclass(metaclass, type):
+        return metaclass(*args)
+    name, bases, namespace = args
+    if not any("__init_subclass__" in vars(c) for b in bases for c in b.__mro__ if c is not object):
+        return metaclass(name, bases, namespace)
+    cls = _quietly(metaclass, name, bases, namespace)
+    if cls is None:
+        cls = metaclass(name, bases, namespace)
+        _put_back(cls, namespace)
+        return cls
+    # the hooks chain through super(): run them only when none of them is the notebook's own
+    owners = [c for c in cls.__mro__[1:] if c is not object and "__init_subclass__" in vars(c)]
+    if owners and all(getattr(c, "__module__", None) != "__main__" and _importable(c) for c in owners):
+        super(cls, cls).__init_subclass__()
+        _put_back(cls, namespace)
+    return cls
+
+
+def _new_class(name: str, bases: tuple = (), kwds: dict[str, Any] | None = None,
+               exec_body: Callable[[dict[str, Any]], Any] | None = None) -> type:
+    """`types.new_class`, building the class through `_create_type`."""
+    resolved = types.resolve_bases(bases)
+    metaclass, namespace, kwds = types.prepare_class(name, resolved, kwds)
+    if kwds:  # class keywords: only for the hooks, which is what must not run again; dill never saves any
+        return types.new_class(name, bases, {"metaclass": metaclass, **kwds}, exec_body)
+    if exec_body is not None:
+        exec_body(namespace)
+    if resolved is not bases:
+        namespace["__orig_bases__"] = bases
+    return _create_type(metaclass, name, resolved, namespace)
+
+
+def _put_back(cls: type, namespace: dict[str, Any]) -> None:
+    """Set the class's own saved attributes again, undoing what an `__init_subclass__` replaced."""
+    for key, value in namespace.items():
+        if key in ("__dict__", "__weakref__", "__qualname__") or vars(cls).get(key, _put_back) is value:
+            continue
+        try:
+            setattr(cls, key, value)
+        except (AttributeError, TypeError):
+            pass
 
 
 def _main_attr(name: str) -> Any:
@@ -106,12 +206,15 @@ class _Reducer:
 
     _by_value: set[int]
     requires: set[str]
+    autograd: dict[int, str]
 
     def reducer_override(self, obj: Any):  # noqa: D401 - pickle hook
         kind = _kind_of(type(obj))
         if kind is None:
             return NotImplemented
         if kind == "tensor":
+            if obj.grad_fn is not None:  # the graph is not saved (nor by torch's own pickling)
+                self.autograd[id(obj)] = type(obj.grad_fn).__name__
             return _reduce_tensor(sys.modules["torch"], obj)
         if kind == "ndarray":
             return _reduce_ndarray(obj)
@@ -121,16 +224,16 @@ class _Reducer:
             return _reduce_with_state_dict(obj)
         if isinstance(obj, _CODE_TYPES):
             if id(obj) in self._by_value:
-                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self),))
             if getattr(obj, "__module__", None) == "__main__":
                 if _is_top_level_main(obj):
                     self.requires.add(obj.__qualname__)
                     return (_main_attr, (obj.__qualname__,))
                 if isinstance(self, dill.Pickler):
                     return NotImplemented
-                return (_load_dill, (_dill_by_value(obj),))
+                return (_load_dill, (_dill_by_value(obj, self),))
             if not _importable(obj):  # e.g. a class defined inside a function: by value, not the whole group
-                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj),))
+                return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self),))
             return NotImplemented
         return NotImplemented
 
@@ -155,14 +258,18 @@ class _CPickler(_Reducer, pickle.Pickler):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
         self._by_value = by_value
         self.requires = set()
+        self.autograd = {}
 
 
 class _DillPickler(_Reducer, dill.Pickler):
-    def __init__(self, file, buffers: list, by_value: set[int]):
-        dill.Pickler.__init__(self, file, protocol=PROTOCOL, buffer_callback=buffers.append, recurse=False, byref=False)
+    def __init__(self, file, buffers: list | None, by_value: set[int]):
+        # without a buffer list (a stream nested in another), buffers go in band
+        callback = buffers.append if buffers is not None else None
+        dill.Pickler.__init__(self, file, protocol=PROTOCOL, buffer_callback=callback, recurse=False, byref=False)
         self._main = _main_module()
         self._by_value = by_value
         self.requires = set()
+        self.autograd = {}
 
 
 def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
@@ -183,7 +290,7 @@ def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
             last_error = exc
             continue
         views = [b.raw() for b in buffers]
-        return Pickled(codec, out.getvalue(), views, set(pickler.requires))
+        return Pickled(codec, out.getvalue(), views, set(pickler.requires), dict(pickler.autograd))
     raise last_error if isinstance(first_error, pickle.PicklingError) else first_error  # type: ignore[misc]
 
 
@@ -192,7 +299,7 @@ def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
     if codec == "pickle":
         return pickle.loads(data, buffers=buffers)
     if codec == "dill":
-        return dill.loads(data, buffers=buffers)
+        return _Unpickler(io.BytesIO(data), buffers=buffers).load()
     raise ValueError(f"unknown codec {codec!r}")
 
 

@@ -132,6 +132,9 @@ def restore_record(
                     namespace[name] = value
                     main.bind(name, value)
                     result.restored.append(name)
+            changed = record.get("changed") or {}
+            for name in sorted(set(result.restored) & set(changed)):
+                result.warnings.append(f"{name}: {changed[name]}")
             for device in sorted(notes.moved):
                 result.warnings.append(f"tensors saved on {device} were restored to CPU: {device} is not available here")
     except SpotWarpError:

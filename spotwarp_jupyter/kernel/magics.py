@@ -118,6 +118,10 @@ class SpotWarpMagics(Magics):
             print("  skipped   (not saved)")
             for name, reason in sorted(s["skipped"].items()):
                 print(f"    {name}: {reason}")
+        if s["changed"]:
+            print("  changed   (saved, but not as they were)")
+            for name, reason in sorted(s["changed"].items()):
+                print(f"    {name}: {reason}")
 
     @magic_arguments()
     @argument("--every", help="interval between automatic snapshots, e.g. 30s, 5m, 1h")
@@ -163,10 +167,12 @@ class SpotWarpMagics(Magics):
         started = time.perf_counter()
         manifest = self.session.snapshot(_unquote(args.message))
         took = time.perf_counter() - started
-        skipped = self.session.skipped()
+        skipped, changed = self.session.skipped(), self.session.changed()
         print(f"SpotWarp snapshot {manifest.id}: {format_size(manifest.size)}, "
               f"wrote {format_size(manifest.stats.get('bytes_written', 0))} in {format_duration(took)}"
-              + (f"; skipped {', '.join(sorted(skipped))} (see %spotwarp status)" if skipped else ""))
+              + (f"; skipped {', '.join(sorted(skipped))}" if skipped else "")
+              + (f"; changed {', '.join(sorted(changed))}" if changed else "")
+              + (" (see %spotwarp status)" if skipped or changed else ""))
 
     def _do_list(self, rest: str) -> None:
         self._no_args("list", rest)

@@ -232,9 +232,16 @@ class KernelSession:
             return manifest, result
 
     def skipped(self) -> dict[str, str]:
+        """Variables the last snapshot did not save, with the reason."""
         if self.last is None:
             return {}
         return dict(self.engine.kernel_record(self.last, self.notebook).get("skipped", {}))
+
+    def changed(self) -> dict[str, str]:
+        """Variables the last snapshot saved, but not as they were (a tensor's autograd graph), with the reason."""
+        if self.last is None:
+            return {}
+        return dict(self.engine.kernel_record(self.last, self.notebook).get("changed", {}))
 
     def status(self) -> dict[str, Any]:
         """What `%spotwarp status` and the widget show."""
@@ -256,5 +263,6 @@ class KernelSession:
             "in_flight": self.in_flight is not None,
             "last_pause_s": None if self.last_pause_s is None else round(self.last_pause_s, 4),
             "skipped": self.skipped(),
+            "changed": self.changed(),
             "last_error": self.last_error,
         }
