@@ -46,7 +46,7 @@ export PATH="$VENV/bin:$VENV/node/node_modules/.bin:$PATH"
 say "jest (labextension)"
 (cd labextension && jlpm test --silent)
 say "pytest"
-"$PY" -m pytest -q -p no:cacheprovider --ignore=tests/browser
+"$PY" -m pytest -q -p no:cacheprovider --durations=15 --ignore=tests/browser
 # Playwright's sync API clashes with pytest-jupyter's event loop: the browser test runs on its own.
 say "pytest (browser)"
 "$PY" -m pytest -q -p no:cacheprovider tests/browser
