@@ -56,7 +56,7 @@ def test_harmless_variables_are_kept_as_they_are():
 
 def test_url_keeps_its_host_without_its_credentials():
     env = redacted_environment({"DATABASE_URL": SECRET_ENV["DATABASE_URL"], "GIT_REMOTE": SECRET_ENV["GIT_REMOTE"]})
-    assert env["DATABASE_URL"] == "postgresql://<redacted>@db.internal:5432/prod"
+    assert env["DATABASE_URL"] == "postgresql://app:<redacted>@db.internal:5432/prod"
     assert env["GIT_REMOTE"] == "https://<redacted>@github.com/acme/private.git"
 
 
