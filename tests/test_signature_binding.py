@@ -106,6 +106,18 @@ def test_the_same_store_from_another_host_is_accepted(tmp_path: Path, monkeypatc
     assert ns["weights"].tolist() == [0.0, 1.0, 2.0, 3.0] and made.id == engine_at(vm).get("latest").id
 
 
+def test_the_same_folder_read_with_another_home_is_accepted(tmp_path: Path, monkeypatch):
+    """`~/.spotwarp/store` of alice, read at the same path by a process whose HOME differs (sudo, a service)."""
+    monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path / "alice"))
+    store = StorageTarget("local", str(tmp_path / "alice" / ".spotwarp" / "store"))
+    made = engine_at(store).snapshot_kernel({"x": 7})
+    monkeypatch.setenv("HOME", str(tmp_path / "root"))
+    ns: dict = {}
+    engine_at(store).restore_kernel(made.id, ns)
+    assert ns == {"x": 7}
+
+
 def test_kernels_on_two_hosts_share_one_signed_store(start_kernel):
     a = start_kernel("hostA", SPOTWARP_KEY=KEY.decode())
     a.run("%load_ext spotwarp\nresult = {'epoch': 3}\n%spotwarp snapshot")

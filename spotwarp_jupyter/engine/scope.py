@@ -3,7 +3,8 @@
 A signed manifest records this scope inside what it signs; a host refuses a signed manifest whose
 scope is not its own, so a signed snapshot copied to another prefix, project or user is not run.
 The scope is what every host of the same project names the same way: a remote URL as written, a local
-folder relative to the home folder when it lies under it (hosts have different home folders).
+folder relative to the home folder when it lies under it (hosts have different home folders); a local
+folder also matches by its absolute path (the same folder read with another HOME, e.g. by sudo).
 """
 
 from __future__ import annotations
@@ -37,7 +38,19 @@ def storage_location(url: str) -> str:
 def signing_scope(settings: Settings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What a signature made with these settings binds: project, storage location, hub user (or None)."""
     user = hub_identity(env).get("JUPYTERHUB_USER") or None
-    return {"project": settings.project, "location": storage_location(settings.storage), "user": user}
+    scope = {"project": settings.project, "location": storage_location(settings.storage), "user": user}
+    if not is_remote(settings.storage):
+        scope["path"] = os.path.realpath(os.path.expanduser(settings.storage.removeprefix("file://")))
+    return scope
+
+
+def same_scope(stored: Mapping[str, Any], expected: Mapping[str, Any]) -> bool:
+    """Same project and user, and the same store: the same location, or for a local folder the same path."""
+    if stored.get("project") != expected.get("project") or stored.get("user") != expected.get("user"):
+        return False
+    if stored.get("location") == expected.get("location"):
+        return True
+    return expected.get("path") is not None and stored.get("path") == expected.get("path")
 
 
 def describe(scope: Mapping[str, Any]) -> str:
@@ -54,7 +67,7 @@ def check_scope(ident: str, stored: Any, expected: Mapping[str, Any]) -> None:
             "refusing it, as it could have been copied from another prefix; restore it with the SpotWarp "
             "that made it, then snapshot again"
         )
-    if not isinstance(stored, dict) or dict(stored) != dict(expected):
+    if not isinstance(stored, dict) or not same_scope(stored, expected):
         theirs = describe(stored) if isinstance(stored, dict) else repr(stored)
         raise SignatureError(
             f"snapshot {ident} was signed for {theirs}, but this is {describe(expected)}: refusing it "
