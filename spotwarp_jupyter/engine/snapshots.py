@@ -17,8 +17,8 @@ from .environment import collect_facts, version_warnings
 from .errors import ManifestError, SnapshotNotFound, SpotWarpError
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
-from .scope import signing_scope
 from .restore import RestoreResult, restore_record
+from .scope import signing_scope
 from .settings import Settings
 from .store import Store
 
