@@ -29,7 +29,8 @@ GUIDE = ROOT / "docs" / "jupyterhub.md"
 def load(name: str, env: dict[str, str] | None = None, monkeypatch: pytest.MonkeyPatch | None = None) -> Config:
     """A config file as Jupyter applications load it (traitlets' Python config loader)."""
     if monkeypatch is not None:
-        for key in ("SPOTWARP_HUB_STORAGE", "SPOTWARP_HUB_PASS_ENV", "SPOTWARP_STORAGE_OPTIONS", "SPOTWARP_KEY"):
+        for key in ("SPOTWARP_HUB_STORAGE", "SPOTWARP_HUB_PASS_ENV", "SPOTWARP_STORAGE_OPTIONS", "SPOTWARP_KEY",
+                    "SPOTWARP_HUB_KEY_SECRET"):
             monkeypatch.delenv(key, raising=False)
         for key, value in (env or {}).items():
             monkeypatch.setenv(key, value)
@@ -85,12 +86,13 @@ def test_jupyterhub_config_takes_storage_and_secrets_from_the_hubs_environment(m
         "SPOTWARP_STORAGE_OPTIONS": '{"project": "p"}', "SPOTWARP_KEY": "k" * 32, "UNRELATED_SECRET": "x"})
     env = spawner_environment(config)
     assert env["SPOTWARP_STORAGE"] == "gs://b/sw/{username}/{server_name}"
-    assert env["SPOTWARP_STORAGE_OPTIONS"] == '{"project": "p"}' and env["SPOTWARP_KEY"] == "k" * 32
+    assert env["SPOTWARP_STORAGE_OPTIONS"] == '{"project": "p"}'
+    assert callable(env["SPOTWARP_KEY"])  # each user's own key, derived from the hub's (tests/test_hub_keys.py)
     assert "UNRELATED_SECRET" not in env  # only the names listed are passed on
     config = load("jupyterhub_config.py", monkeypatch=monkeypatch, env={
         "SPOTWARP_HUB_PASS_ENV": "AWS_ACCESS_KEY_ID", "AWS_ACCESS_KEY_ID": "AKIA", "SPOTWARP_KEY": "k"})
     env = spawner_environment(config)
-    assert env["AWS_ACCESS_KEY_ID"] == "AKIA" and "SPOTWARP_KEY" not in env
+    assert env["AWS_ACCESS_KEY_ID"] == "AKIA" and env["SPOTWARP_KEY"] != "k"
 
 
 # -- the single-user image's configs ---------------------------------------------------------------

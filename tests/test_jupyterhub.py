@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 PASSWORD = "spot-warp-test-pw"
 USERS = ("alice", "bob")
+HUB_KEY_SECRET = uuid.uuid4().hex
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -136,7 +137,7 @@ c.JupyterHub.services = [{{"name": "test-admin", "api_token": {admin_token!r}}}]
 c.JupyterHub.load_roles = [{{
     "name": "test-admin",
     "scopes": ["admin:users", "admin:servers", "admin:server_state", "tokens", "shares", "access:servers",
-               "read:users", "list:users"],
+               "read:users", "list:users", "custom:jupyter_server:execute:*"],
     "services": ["test-admin"],
 }}]
 """
@@ -171,6 +172,7 @@ def hub(tmp_path_factory, s3_server) -> Iterator[Hub]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTWARP_", "JUPYTERHUB_", "AWS_"))}
     env["CONFIGPROXY_AUTH_TOKEN"] = uuid.uuid4().hex
     env["SPOTWARP_HUB_STORAGE"] = f"{storage_root}/{{username}}/{{server_name}}"  # what deploy/jupyterhub_config.py reads
+    env["SPOTWARP_HUB_KEY_SECRET"] = HUB_KEY_SECRET  # each user's server signs with a key derived from it
     with open(log, "wb") as out:
         proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=tmp, env=env,
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
@@ -297,6 +299,79 @@ def test_shared_server_is_read_only_for_spotwarp(two_users: Hub):
         assert snapshot(hub, "alice", "the owner still can")["id"]  # the owner keeps every right
     finally:
         hub.api("PATCH", "shares/alice/", json={"user": "bob"})
+
+
+def server_environment(hub: Hub, name: str) -> dict[str, str]:
+    """The environment of `name`'s single-user server process, as the spawner set it."""
+    state = hub.api("GET", f"users/{name}").json()["servers"][""]["state"]
+    environ = Path(f"/proc/{state['pid']}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+
+
+def test_each_users_server_signs_with_its_own_key(two_users: Hub):
+    keys = {name: server_environment(two_users, name).get("SPOTWARP_KEY") for name in USERS}
+    assert all(keys.values()) and keys["alice"] != keys["bob"], keys
+    assert HUB_KEY_SECRET not in keys.values()
+
+
+def websocket_status(hub: Hub, owner: str, path: str, as_user: str) -> int:
+    """101 when `as_user` may open the websocket at `path` of `owner`'s server, else the HTTP refusal."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def connect() -> int:
+        request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{owner}/{path}",
+                              headers={"Authorization": f"token {hub.tokens[as_user]}"}, request_timeout=60)
+        try:
+            conn = await websocket_connect(request)
+        except HTTPClientError as exc:
+            return exc.code
+        conn.close()
+        return 101
+
+    return asyncio.run(connect())
+
+
+def test_a_shared_user_runs_no_code_unless_the_share_grants_it(two_users: Hub):
+    """bob, with alice's server shared to him, may look but not run code or change files; a share with
+    `custom:jupyter_server:execute:*` lets him run code, still not write files."""
+    hub = two_users
+    reply = hub.call("POST", "alice", "api/kernels", json={"name": "python3"})
+    assert reply.status_code == 201, reply.text
+    kernel = reply.json()["id"]
+    reply = hub.api("POST", "shares/alice/", json={"user": "bob"})
+    assert reply.status_code in (200, 201), reply.text
+    try:
+        assert hub.call("GET", "alice", "api/kernels", as_user="bob").status_code == 200
+        assert hub.call("GET", "alice", "api/contents/notes.md", as_user="bob").status_code == 200
+        refused = {
+            "start a kernel": hub.call("POST", "alice", "api/kernels", as_user="bob", json={"name": "python3"}),
+            "interrupt": hub.call("POST", "alice", f"api/kernels/{kernel}/interrupt", as_user="bob"),
+            "open a terminal": hub.call("POST", "alice", "api/terminals", as_user="bob"),
+            "write a file": hub.call("PUT", "alice", "api/contents/planted.py", as_user="bob",
+                                     json={"type": "file", "format": "text", "content": "print('bob was here')"}),
+        }
+        assert {what: r.status_code for what, r in refused.items()} == {what: 403 for what in refused}
+        assert websocket_status(hub, "alice", f"api/kernels/{kernel}/channels", "bob") == 403
+        assert not (hub.home("alice") / "planted.py").exists()
+        assert len(hub.call("GET", "alice", "api/kernels").json()) == 1  # bob started nothing
+
+        # the owner's share grants running code: now he may, and still may not write files
+        reply = hub.api("POST", "shares/alice/", json={"user": "bob", "scopes": ["custom:jupyter_server:execute:*"]})
+        assert reply.status_code in (200, 201), reply.text
+        hub.add_user("bob")  # a new token: alice's server caches what the hub said of the old one for minutes
+        assert hub.call("POST", "alice", f"api/kernels/{kernel}/interrupt", as_user="bob").status_code == 204
+        assert websocket_status(hub, "alice", f"api/kernels/{kernel}/channels", "bob") == 101
+        reply = hub.call("PUT", "alice", "api/contents/planted.py", as_user="bob",
+                         json={"type": "file", "format": "text", "content": "x"})
+        assert reply.status_code == 403
+        # the owner keeps every right
+        assert hub.call("POST", "alice", f"api/kernels/{kernel}/interrupt").status_code == 204
+    finally:
+        hub.api("PATCH", "shares/alice/", json={"user": "bob"})
+        hub.call("DELETE", "alice", f"api/kernels/{kernel}")
 
 
 def test_prestop_hook_snapshots_through_the_servers_own_token(two_users: Hub):

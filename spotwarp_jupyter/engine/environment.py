@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 import platform
 import re
@@ -12,24 +13,90 @@ from functools import lru_cache
 from importlib import metadata
 from typing import Any, Mapping
 
-SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "CREDENTIAL", "AUTH", "PRIVATE", "STORAGE_OPTIONS")
+# a name holding one of these (anywhere) is a secret's name: its value is never stored
+SECRET_MARKERS = ("KEY", "SECRET", "TOKEN", "PASSWORD", "PASSWD", "PASS", "CREDENTIAL", "AUTH", "PRIVATE",
+                  "SIGNATURE", "WEBHOOK", "DSN", "COOKIE", "CONNECTION_STRING", "CONNSTR", "STORAGE_OPTIONS")
+# ... or one of these as a whole word between underscores (PAT, not PATH)
+SECRET_WORDS = frozenset({"PAT", "PWD", "PW", "SAS", "SIG", "CRED", "CREDS", "OTP", "PIN", "SALT", "HMAC"})
+# known-harmless variables: kept as they are (no value-shape guessing, which paths and hashes could trip)
+HARMLESS_NAMES = frozenset({
+    "PATH", "HOME", "LANG", "LANGUAGE", "SHELL", "USER", "LOGNAME", "PWD", "OLDPWD", "TERM", "TZ", "HOSTNAME",
+    "SHLVL", "TMPDIR", "PYTHONPATH", "PYTHONHASHSEED", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "CONDA_DEFAULT_ENV", "LD_LIBRARY_PATH", "CUDA_HOME", "CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS", "JUPYTERHUB_USER", "JUPYTERHUB_SERVER_NAME", "JPY_SESSION_NAME", "SPOTWARP_PROJECT",
+})
+HARMLESS_PREFIXES = ("LC_", "XDG_")
 REDACTED = "<redacted>"
-_URL_PASSWORD = re.compile(r"(://[^/:@\s]+:)[^@/\s]+@")
+# user[:password]@ in any URL; the password may hold '/' (the userinfo ends at the last '@' before the host)
+_URL_USERINFO = re.compile(r"(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^\s@]*)@(?=[^\s@/]*(?:[/:?#\s]|$))")
+# Key=..., Password=..., SharedAccessSignature=... inside connection strings
+_CONNECTION_SECRET = re.compile(
+    r"(?:^|[;&?\s])[A-Za-z ]*(?:key|password|pwd|secret|token|signature|sig|sas)[A-Za-z ]*=", re.IGNORECASE)
+_WEBHOOK = re.compile(r"://[^\s]*(?:webhook|hooks\.|/hooks/|/services/T[A-Z0-9]+/)", re.IGNORECASE)
+# prefixes of well-known tokens (GitHub, GitLab, Slack, OpenAI, Hugging Face, AWS, Google, Stripe, npm, PyPI)
+_TOKEN_PREFIX = re.compile(r"(?:ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox[abposr]-|sk-|hf_|AKIA|ASIA|AIza"
+                           r"|sk_live_|rk_live_|npm_|pypi-)[A-Za-z0-9_\-]{8,}")
+_TOKEN_PIECE = re.compile(r"[A-Za-z0-9+/=_~-]+")
 _ALWAYS = ("torch", "numpy", "pandas", "dill", "spotwarp", "ipykernel", "jax", "tensorflow", "scikit-learn", "transformers")
 
 
 def is_secret_name(name: str) -> bool:
+    """Whether a variable's name says it holds a secret (KEY, TOKEN, ..._PAT, ...); harmless names never do."""
     upper = name.upper()
-    return any(marker in upper for marker in SECRET_MARKERS)
+    if is_harmless_name(upper):
+        return False
+    return any(marker in upper for marker in SECRET_MARKERS) or bool(SECRET_WORDS & set(re.split(r"[^A-Z0-9]+", upper)))
+
+
+def is_harmless_name(name: str) -> bool:
+    """Whether a variable is on the allow-list of names known to hold nothing secret."""
+    upper = name.upper()
+    return upper in HARMLESS_NAMES or upper.startswith(HARMLESS_PREFIXES)
+
+
+def _looks_random(piece: str) -> bool:
+    """A long run of letters and digits with the spread of characters a generated key has."""
+    if len(piece) < 20 or not any(c.isdigit() for c in piece) or not any(c.isalpha() for c in piece):
+        return False
+    counts = {c: piece.count(c) for c in set(piece)}
+    entropy = -sum(n / len(piece) * math.log2(n / len(piece)) for n in counts.values())
+    return entropy >= 3.0
+
+
+def _without_credentials(match: re.Match) -> str:
+    """`scheme://user:<redacted>@` for a user and password; `scheme://<redacted>@` for a token alone."""
+    user, colon, _password = match["userinfo"].partition(":")
+    return match["scheme"] + (f"{user}:{REDACTED}" if colon and user else REDACTED) + "@"
+
+
+def redacted_value(value: str, guess: bool = True) -> str:
+    """`value` with credentials removed: whole when it carries a secret, the userinfo of URLs otherwise.
+
+    `guess` also redacts values holding a long random-looking piece (a key under an innocent name).
+    """
+    if _CONNECTION_SECRET.search(value) or _WEBHOOK.search(value) or _TOKEN_PREFIX.search(value):
+        return REDACTED
+    without_userinfo = _URL_USERINFO.sub(_without_credentials, value)
+    if guess:
+        rest = without_userinfo.replace(REDACTED, " ")
+        if any(_looks_random(piece) for piece in _TOKEN_PIECE.findall(rest)):
+            return REDACTED
+    return without_userinfo
 
 
 def redacted_environment(env: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Environment variables with secret-looking names (and passwords inside URLs) replaced."""
+    """Environment variables with secrets replaced: by name (KEY, TOKEN, PAT, ...) and by the value's shape
+    (connection strings, credentials in URLs, webhooks, known token formats, long random-looking values)."""
     env = os.environ if env is None else env
-    return {
-        name: REDACTED if is_secret_name(name) else _URL_PASSWORD.sub(r"\1" + REDACTED + "@", value)
-        for name, value in sorted(env.items())
-    }
+    out = {}
+    for name, value in sorted(env.items()):
+        if is_secret_name(name):
+            out[name] = REDACTED
+        elif is_harmless_name(name):
+            out[name] = value
+        else:
+            out[name] = redacted_value(value)
+    return out
 
 
 @lru_cache(maxsize=1)

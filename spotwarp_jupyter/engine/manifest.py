@@ -13,6 +13,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from .errors import ManifestError, SignatureError
+from .scope import check_scope
 
 FORMAT = 1
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
@@ -75,6 +76,8 @@ class Manifest:
     stats: dict[str, Any] = field(default_factory=dict)
     objects: dict[str, int] = field(default_factory=dict)
     signed: bool = False
+    # where a signature is valid (project, storage location, hub user): inside what is signed
+    scope: dict[str, Any] | None = None
 
     @property
     def name(self) -> str:
@@ -93,7 +96,7 @@ class Manifest:
         return sum(self.objects.values())
 
     def body(self) -> dict[str, Any]:
-        return {
+        body = {
             "format": FORMAT,
             "id": self.id,
             "project": self.project,
@@ -109,6 +112,9 @@ class Manifest:
             "stats": self.stats,
             "objects": self.objects,
         }
+        if self.scope is not None:
+            body["scope"] = self.scope
+        return body
 
     def to_bytes(self, key: bytes | None = None) -> bytes:
         """Serialized manifest with a checksum (catches truncation) and, with a key, an HMAC."""
@@ -122,8 +128,12 @@ class Manifest:
         return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False).encode()
 
     @classmethod
-    def from_bytes(cls, data: bytes, name: str = "?", key: bytes | None = None, require_signature: bool = False) -> "Manifest":
-        """Parse and check a stored manifest; raise ManifestError/SignatureError when it cannot be trusted."""
+    def from_bytes(cls, data: bytes, name: str = "?", key: bytes | None = None, require_signature: bool = False,
+                   scope: dict[str, Any] | None = None) -> "Manifest":
+        """Parse and check a stored manifest; raise ManifestError/SignatureError when it cannot be trusted.
+
+        With a key and `scope`, a signed manifest must have been signed for that scope (see engine.scope).
+        """
         try:
             doc = json.loads(data)
         except (ValueError, UnicodeDecodeError):
@@ -152,6 +162,8 @@ class Manifest:
                         "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
                     )
                 raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
+            elif scope is not None:
+                check_scope(ident, doc.get("scope"), scope)
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
         try:
@@ -169,6 +181,7 @@ class Manifest:
                 stats=doc.get("stats") or {},
                 objects={str(k): int(v) for k, v in (doc.get("objects") or {}).items()},
                 signed=signature is not None,
+                scope=doc.get("scope"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None

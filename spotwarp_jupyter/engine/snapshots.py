@@ -18,6 +18,7 @@ from .errors import ManifestError, SnapshotNotFound, SpotWarpError
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
+from .scope import signing_scope
 from .settings import Settings
 from .store import Store
 
@@ -64,6 +65,7 @@ class SnapshotEngine:
         self.settings = settings
         self.key = key if key is not None else signing_key()
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
+        self.scope = signing_scope(settings)
         self._cache: dict[str, Manifest] = {}
         self.rejected: dict[str, str] = {}
         self._rejections: dict[str, ManifestError] = {}
@@ -81,7 +83,8 @@ class SnapshotEngine:
             manifest = self._cache.get(name)
             if manifest is None and name not in self.rejected:
                 try:
-                    manifest = Manifest.from_bytes(self.store.read_manifest(name), name, self.key, require_signature=bool(self.key))
+                    manifest = Manifest.from_bytes(self.store.read_manifest(name), name, self.key,
+                                                  require_signature=bool(self.key), scope=self.scope)
                 except FileNotFoundError:
                     continue  # dropped by a concurrent gc
                 except ManifestError as exc:
@@ -175,7 +178,8 @@ class SnapshotEngine:
     def new_manifest(self, kind: str, message: str | None = None, **fields: Any) -> Manifest:
         """A manifest for this project, stamped now on this host, with environment facts."""
         return Manifest(id=new_snapshot_id(), project=self.settings.project, created=time.time(),
-                        host=socket.gethostname(), kind=kind, message=message, env=collect_facts(), **fields)
+                        host=socket.gethostname(), kind=kind, message=message, env=collect_facts(),
+                        scope=self.scope, **fields)
 
     def _previous(self, notebook: str) -> list[Manifest]:
         try:

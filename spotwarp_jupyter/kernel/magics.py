@@ -199,8 +199,10 @@ class SpotWarpMagics(Magics):
         took = time.perf_counter() - started
         for line in result.warnings:
             print(f"warning: {line}")
+        source = self.session.source_notebook(manifest)
+        whose = "" if source == self.session.notebook else f"notebook {source!r}, "
         print(f"SpotWarp restored {len(result.restored)} variables from {manifest.id} "
-              f"({manifest.host}, {manifest.created_iso}) in {format_duration(took)}: "
+              f"({whose}{manifest.host}, {manifest.created_iso}) in {format_duration(took)}: "
               + ", ".join(result.restored[:20]) + (" ..." if len(result.restored) > 20 else ""))
         skipped = result.skipped_at_snapshot
         if skipped and variables is None:

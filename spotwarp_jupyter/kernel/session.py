@@ -11,7 +11,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from .. import safepoints
-from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine
+from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
 from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
@@ -35,6 +35,11 @@ def notebook_name(env: Mapping[str, str] | None = None) -> str:
         if relative != ".." and not relative.startswith(".." + os.sep):
             name = relative.replace(os.sep, "/")
     return name.lstrip("/") if name else "default"
+
+
+def _notebooks(manifest: Manifest) -> str:
+    names = sorted(manifest.kernels)
+    return ("notebook " + repr(names[0])) if len(names) == 1 else ("notebooks " + ", ".join(map(repr, names)))
 
 
 def current() -> "KernelSession":
@@ -222,6 +227,8 @@ class KernelSession:
     def restore(self, ref: str = "latest", variables: list[str] | None = None) -> tuple[Manifest, RestoreResult]:
         """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore."""
         with self._lock:
+            if (ref or "latest").strip() == "latest":
+                self._refuse_another_notebooks_latest()
             manifest, result = self.engine.restore_kernel(ref, self.namespace, self.notebook, variables)
             if variables is None:
                 for name, state in (result.extras or {}).items():
@@ -230,6 +237,26 @@ class KernelSession:
                         provider[1](state)
             self.last_restore = (manifest, result)
             return manifest, result
+
+    def _refuse_another_notebooks_latest(self) -> None:
+        """`latest` means this notebook's newest snapshot: never another notebook's state, silently."""
+        if self.engine.manifests(self.notebook):
+            return
+        others = self.engine.manifests()
+        if not others:
+            return  # the engine says there is no snapshot at all
+        newest = others[0]
+        raise SpotWarpError(
+            f"notebook {self.notebook!r} has no snapshot of its own yet; the newest in project "
+            f"{self.settings.project!r} is {newest.id} of {_notebooks(newest)} ({newest.host}, {newest.created_iso}): "
+            f"pass its id to load that notebook's variables here (restore {newest.id})"
+        )
+
+    def source_notebook(self, manifest: Manifest) -> str:
+        """Which notebook's state a restore of `manifest` into this kernel brings back."""
+        if self.notebook in manifest.kernels or len(manifest.kernels) != 1:
+            return self.notebook
+        return next(iter(manifest.kernels))
 
     def skipped(self) -> dict[str, str]:
         """Variables the last snapshot did not save, with the reason."""

@@ -4,8 +4,9 @@
 - a warning when every user would share one storage prefix;
 - restore-on-spawn: a fresh server (its workspace empty, as on a new pod after a preemption) gets the
   user's newest workspace snapshot back before it serves anything, as `spotwarp start` does;
-- an authorizer for shared servers: people the owner shares the server with may look at SpotWarp's
-  snapshots but not take or restore them.
+- an authorizer for shared servers: people the owner shares the server with may look (files, kernels,
+  SpotWarp's snapshots) but not run code, change files, or take or restore snapshots, unless the hub
+  granted them that action in custom scopes.
 """
 
 from __future__ import annotations
@@ -104,19 +105,62 @@ def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity
             "duration_s": round(time.perf_counter() - started, 3)}
 
 
-class SpotWarpHubAuthorizer(Authorizer):
-    """On a shared hub server, only its owner may take or restore SpotWarp snapshots; others may read.
+GRANT_SCOPE = "custom:jupyter_server:{action}:{resource}"
 
-    Everything else is allowed, as with jupyter_server's default authorizer: JupyterHub's identity
-    provider has already admitted only users holding `access:servers` for this server. Set it with
-    `c.ServerApp.authorizer_class = "spotwarp_jupyter.server.hub.SpotWarpHubAuthorizer"`.
+
+def _granted_scopes(user: Any) -> set[str]:
+    """The JupyterHub scopes a request's user holds (the hub's identity provider puts them on the user)."""
+    hub_user = getattr(user, "hub_user", None)
+    scopes = hub_user.get("scopes") if isinstance(hub_user, dict) else None
+    return set(scopes) if isinstance(scopes, (list, tuple, set, frozenset)) else set()
+
+
+# starting, interrupting or restarting kernels and terminals is `write` in jupyter_server, and is part
+# of running code: a grant to execute on these covers writing them (not files, not snapshots)
+RUN_CODE_RESOURCES = ("kernels", "sessions", "terminals")
+
+
+def share_grants(scopes: set[str], action: str, resource: str, owner: str, server_name: str) -> bool:
+    """Whether `scopes` hold `custom:jupyter_server:<action>:<resource>` (or `...:<action>:*`) for this server."""
+    wanted = {GRANT_SCOPE.format(action=action, resource=r) for r in (resource, "*")}
+    if action == "write" and resource in RUN_CODE_RESOURCES:
+        wanted |= {GRANT_SCOPE.format(action="execute", resource=r) for r in (resource, "*")}
+    server = f"server={owner}/{server_name}"
+    for scope in scopes:
+        base, _, where = scope.partition("!")
+        if base in wanted and where in ("", server, f"user={owner}"):
+            return True
+    return False
+
+
+class SpotWarpHubAuthorizer(Authorizer):
+    """On a shared hub server, people other than its owner may read, and nothing else unless granted.
+
+    JupyterHub admits everyone holding `access:servers` for this server (the owner, people it is shared
+    with, admins with access); its own authorizer then allows every action, so a shared user could run
+    code in the owner's kernels and terminals, with the owner's credentials. Here the owner keeps every
+    right; anyone else gets `read` on every resource, and `write` or `execute` on a resource only when
+    the hub granted them `custom:jupyter_server:<action>:<resource>` or `custom:jupyter_server:<action>:*`
+    for this server (`execute` on kernels, sessions, terminals also covers starting and interrupting them) (e.g. in the share: `POST /hub/api/shares/alice/ {"user": "bob", "scopes":
+    ["custom:jupyter_server:execute:*"]}`). Outside a hub only SpotWarp's own writes are refused.
+    Set it with `c.ServerApp.authorizer_class = "spotwarp_jupyter.server.hub.SpotWarpHubAuthorizer"`.
     """
 
     def is_authorized(self, handler: Any, user: Any, action: str, resource: str) -> bool:
-        if resource != "spotwarp" or action == "read":
-            return True
         owner = os.environ.get("JUPYTERHUB_USER")
-        return bool(owner) and getattr(user, "username", None) == owner
+        if not owner:
+            return resource != "spotwarp" or action == "read"
+        if getattr(user, "username", None) == owner:
+            return True
+        if action == "read":
+            return True
+        allowed = share_grants(_granted_scopes(user), action, resource, owner,
+                               os.environ.get("JUPYTERHUB_SERVER_NAME", ""))
+        if not allowed:
+            self.log.info("SpotWarp: %s may not %s %s on %s's server (no scope %s granted)",
+                          getattr(user, "username", "?"), action, resource, owner,
+                          GRANT_SCOPE.format(action=action, resource="*"))
+        return allowed
 
 
 def _own_server_url(env: Mapping[str, str]) -> str:
