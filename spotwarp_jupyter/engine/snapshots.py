@@ -23,7 +23,7 @@ from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
 from .settings import Settings
-from .store import Store
+from .store import TEMPORARY_GRACE_S, Store
 
 log = logging.getLogger("spotwarp")
 DEFAULT_NOTEBOOK = "default"
@@ -303,7 +303,7 @@ class SnapshotEngine:
         return report
 
     def gc(self, keep: int, grace_s: float = 3600.0) -> GcReport:
-        """Drop all but the newest `keep` snapshots, then objects no manifest in the store names.
+        """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names.
 
         Objects are kept when any manifest present names them, accepted or not (unsigned, another key's,
         damaged but readable); none is deleted while a manifest cannot be read at all, while a snapshot is
@@ -321,6 +321,12 @@ class SnapshotEngine:
             if files is not None and files in dropped:
                 dropped.remove(files)
                 kept.append(files)
+            # each notebook's newest state too: one kernel's --keep must not take another notebook's away
+            for notebook in {nb for m in listing for nb in m.kernels}:
+                newest = next(m for m in listing if notebook in m.kernels)
+                if newest in dropped:
+                    dropped.remove(newest)
+                    kept.append(newest)
             for m in dropped:
                 self.store.delete_manifest(m.name)
                 self._cache.pop(m.name, None)
@@ -337,7 +343,8 @@ class SnapshotEngine:
                                            ": gc keeps every object while a manifest might name it")
                 else:
                     self._delete_unnamed(live, grace_s, lease, report)
-            for path in self.store.stale_temporaries(grace_s):
+            # a temporary is a write in progress for as long as a write can take, whatever the objects' grace
+            for path in self.store.stale_temporaries(max(grace_s, TEMPORARY_GRACE_S)):
                 try:
                     self.store.fs.rm(path)
                 except FileNotFoundError:
