@@ -40,8 +40,6 @@ log = logging.getLogger("spotwarp")
 
 MANIFEST_SUFFIX = ".json"
 _TMP_MARK = ".tmp-"
-_SWEPT_MARK = ".tmp-swept"  # when this host last removed interrupted writes' temporaries
-SWEEP_EVERY_S = 600.0
 TEMPORARY_GRACE_S = 3600.0
 _HOST = "".join(c if c.isalnum() else "_" for c in __import__("socket").gethostname())[:40] or "host"
 T = TypeVar("T")
@@ -173,6 +171,7 @@ class Store:
         self.objects_dir = posixpath.join(self.root, "objects")
         self.snapshots_dir = posixpath.join(self.root, "snapshots")
         self.locks_dir = posixpath.join(self.root, "locks")
+        self._swept = False
         if self.local and "://" in url and not url.split("://", 1)[1].startswith("/"):
             # fsspec reads `file://` and `file://x` relative to the current folder: never write there unasked
             raise StorageError(f"storage {url!r} names no absolute folder: use file:///absolute/path or a plain path")
@@ -503,15 +502,10 @@ class Store:
                             continue
 
     def sweep_temporaries(self) -> int:
-        """Remove stale temporaries of interrupted local writes; at most every SWEEP_EVERY_S per store. How many."""
-        if not self.local:
+        """Remove stale temporaries of interrupted local writes, once per Store (the first write); how many."""
+        if not self.local or self._swept:
             return 0
-        marker = os.path.join(self.root, _SWEPT_MARK)
-        try:
-            if time.time() - os.path.getmtime(marker) < SWEEP_EVERY_S:
-                return 0
-        except OSError:
-            pass
+        self._swept = True
         removed = 0
         for path in list(self.stale_temporaries()):
             try:
@@ -519,11 +513,6 @@ class Store:
                 removed += 1
             except OSError:
                 continue
-        try:
-            with open(marker, "wb"):
-                pass
-        except OSError:
-            pass
         if removed:
             log.info("storage %s: removed %d temporaries of interrupted writes", self.url, removed)
         return removed
