@@ -12,6 +12,7 @@ import posixpath
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -224,3 +225,28 @@ def test_gc_deletes_no_object_while_a_manifest_cannot_be_read(target, tmp_path):
         assert cli.returncode == 0, cli.stderr
         assert f"no object deleted: snapshot manifest {garbled.name} cannot be read" in cli.stdout
         assert engine.store.has_object(orphan)
+
+
+# -- leases of dead processes ---------------------------------------------------------------------------
+
+
+def test_locks_of_dead_processes_block_neither_writers_nor_gc(tmp_path, monkeypatch):
+    monkeypatch.setenv("SPOTWARP_GC_WAIT_S", "5")  # a writer waiting on the dead gc would fail, not hang
+    engine = SnapshotEngine(Settings.resolve(project="proj", storage=str(tmp_path / "store"), env={}), key=b"")
+    locks = Path(engine.store.locks_dir)
+    locks.mkdir(parents=True, exist_ok=True)
+    dead_gc, dead_writer = locks / "gc-otherhost-1-aaaa.json", locks / "write-otherhost-2-bbbb.json"
+    for lock in (dead_gc, dead_writer):
+        lock.write_text("{}")
+        os.utime(lock, (time.time() - 7200, time.time() - 7200))
+    engine.snapshot_kernel({"x": np.arange(10)})
+    orphan, _ = engine.store.put_object(b"left by an interrupted snapshot")
+    report = engine.gc(keep=1, grace_s=0)
+    assert report.objects_deleted == 1 and not engine.store.has_object(orphan)
+    assert not dead_gc.exists() and not dead_writer.exists()
+    live_writer = locks / "write-otherhost-3-cccc.json"  # refreshed just now: a snapshot in progress elsewhere
+    live_writer.write_text("{}")
+    orphan, _ = engine.store.put_object(b"another leftover")
+    report = engine.gc(keep=1, grace_s=0)
+    assert report.objects_deleted == 0 and engine.store.has_object(orphan)
+    assert "1 snapshot(s) being written" in report.objects_left

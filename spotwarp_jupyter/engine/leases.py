@@ -117,9 +117,15 @@ def wait_for_gc(store: Store, poll_s: float = 0.2) -> None:
     """After writing a write lock: wait until every gc that was running then has finished or gone stale.
 
     A gc that starts later lists our lock after writing its own, so it deletes nothing: no need to wait for it.
+    A running gc stops deleting within a second of seeing our lock; one that holds on past
+    SPOTWARP_GC_WAIT_S (default 300) fails this snapshot rather than risk it.
     """
     running = live_locks(store, GC)
+    deadline = time.monotonic() + _env_float("SPOTWARP_GC_WAIT_S", 300.0)
     while running:
+        if time.monotonic() > deadline:
+            raise StorageError(f"storage {store.url!r}: a gc ({', '.join(sorted(running))}) still runs after "
+                               "SPOTWARP_GC_WAIT_S: snapshot not taken; try again when it is done")
         time.sleep(poll_s)
         poll_s = min(poll_s * 1.5, 2.0)
         still = live_locks(store, GC)

@@ -375,7 +375,7 @@ class SnapshotEngine:
     def _delete_unnamed(self, live: set[str], grace_s: float, lease: Lease, report: GcReport) -> None:
         """Delete unnamed objects older than `grace_s`; stop as soon as a writer starts or our lease lapses."""
         now = time.time()
-        checked = time.monotonic()
+        checked = 0.0  # look for writers first: reading the manifests may have taken a while
         for oid, (size, mtime) in self.store.list_objects_with_times().items():
             if oid in live or (mtime is not None and now - mtime < grace_s):
                 continue
