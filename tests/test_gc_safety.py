@@ -23,7 +23,11 @@ from storage_servers import StorageTarget, make_target
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.capture import capture_namespace
 from spotwarp_jupyter.engine.pickling import main_namespace
-from spotwarp_jupyter.engine.project import restore_project_files, snapshot_project, with_files
+from spotwarp_jupyter.engine.project import (
+    restore_project_files,
+    snapshot_project,
+    with_files,
+)
 
 KEY_A, KEY_B = b"team-secret-a", b"another-teams-secret"
 
@@ -142,7 +146,7 @@ def test_gc_running_alongside_both_writers_never_breaks_a_snapshot(target, tmp_p
     for i in range(12 if target.kind == "local" else 6):
         stop = threading.Event()
 
-        def collect():
+        def collect(stop: threading.Event = stop) -> None:
             while not stop.is_set():
                 collector.gc(keep=1, grace_s=0)
 

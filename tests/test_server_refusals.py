@@ -65,5 +65,5 @@ async def test_restore_latest_refuses_a_damaged_newest_snapshot(jp_fetch, worksp
     message = json.loads(refused.value.response.body)["message"]
     assert refused.value.code == 400 and path.name in message and "--snapshot ID" in message
     assert (workspace / "notes.md").read_text() == "# edited since\n"  # nothing restored
-    code, restored = await post(jp_fetch, "snapshots", older.id, "restore")
+    code, _restored = await post(jp_fetch, "snapshots", older.id, "restore")
     assert code == 200 and (workspace / "notes.md").read_text() == "# notes\n"

@@ -24,7 +24,7 @@ import time
 from typing import Any
 
 from .errors import StorageError
-from .store import Store, _env_float
+from .store import HOST_TAG, Store, _env_float
 
 log = logging.getLogger("spotwarp")
 
@@ -66,8 +66,7 @@ class Lease:
     def __init__(self, store: Store, kind: str):
         self.store = store
         self.kind = kind
-        host = "".join(c if c.isalnum() or c in "._" else "_" for c in socket.gethostname())[:40]
-        self.name = f"{kind}-{host}-{os.getpid()}-{secrets.token_hex(4)}.json"
+        self.name = f"{kind}-{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}.json"
         self.stale_s = stale_after(kind)
         self._refreshed = 0.0
         self._stop = threading.Event()

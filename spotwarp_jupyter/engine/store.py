@@ -20,6 +20,7 @@ import os
 import posixpath
 import random
 import secrets
+import socket
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -41,7 +42,8 @@ log = logging.getLogger("spotwarp")
 MANIFEST_SUFFIX = ".json"
 _TMP_MARK = ".tmp-"
 TEMPORARY_GRACE_S = 3600.0
-_HOST = "".join(c if c.isalnum() else "_" for c in __import__("socket").gethostname())[:40] or "host"
+# this host in temporaries' and locks' names (no '-': the name's parts are split on it)
+HOST_TAG = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
 T = TypeVar("T")
 
 # On S3, objects above this size go up as multipart uploads in parts of PART_SIZE, sent in parallel.
@@ -558,7 +560,7 @@ class Store:
     def _write_local_atomic(path: str, data: Buffer) -> None:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}{_TMP_MARK}{_HOST}-{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = f"{path}{_TMP_MARK}{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -584,7 +586,7 @@ class Store:
 def _writer_gone(name: str) -> bool:
     """True when a temporary's name says it was written by a process of this host that no longer runs."""
     parts = name.rsplit(_TMP_MARK, 1)[-1].split("-")
-    if len(parts) != 3 or parts[0] != _HOST or not parts[1].isdigit():
+    if len(parts) != 3 or parts[0] != HOST_TAG or not parts[1].isdigit():
         return False
     pid = int(parts[1])
     if pid == os.getpid():
