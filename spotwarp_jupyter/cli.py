@@ -386,9 +386,10 @@ def cmd_gc(args: argparse.Namespace) -> int:
     engine = _engine(args)
     report = engine.gc(args.keep)
     data = {"kept": report.kept, "dropped": report.dropped, "objects_deleted": report.objects_deleted,
-            "bytes_freed": report.bytes_freed}
-    _print(args, data, f"kept {len(report.kept)} snapshots, dropped {len(report.dropped)}, "
-                       f"deleted {report.objects_deleted} objects ({format_size(report.bytes_freed)})")
+            "bytes_freed": report.bytes_freed, "objects_left": report.objects_left}
+    text = (f"kept {len(report.kept)} snapshots, dropped {len(report.dropped)}, "
+            f"deleted {report.objects_deleted} objects ({format_size(report.bytes_freed)})")
+    _print(args, data, text + (f"\n{report.objects_left}" if report.objects_left else ""))
     return EXIT_OK
 
 

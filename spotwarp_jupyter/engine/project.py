@@ -5,7 +5,7 @@ from __future__ import annotations
 import time
 from typing import Any, Mapping
 
-from .errors import SnapshotNotFound
+from .errors import SnapshotNotFound, SpotWarpError, StorageError
 from .ignore import IgnoreRules
 from .manifest import Manifest
 from .persist import CHUNK_SIZE
@@ -45,10 +45,11 @@ def with_files(engine: SnapshotEngine, ref: str = "latest") -> Manifest | None:
     """The snapshot `ref`, or for `latest` the newest one holding workspace files; None when there is none."""
     if ref not in ("latest", "", None):
         return engine.get(ref)
-    for manifest in engine.manifests():
-        if (manifest.files or {}).get("entries") is not None and manifest.kind == PROJECT_KIND:
-            return manifest
-    return None
+    found = next((m for m in engine.manifests()
+                  if (m.files or {}).get("entries") is not None and m.kind == PROJECT_KIND), None)
+    # a newer snapshot that fails its checks may be the one with files: refuse rather than fall back past it
+    engine.refuse_newer_than(found)
+    return found
 
 
 def ignore_rules(engine: SnapshotEngine, workspace: str) -> IgnoreRules:
@@ -73,25 +74,37 @@ def snapshot_project(
     are the same as in the previous project snapshot.
     """
     started = time.perf_counter()
-    previous = with_files(engine)
-    files, objects, stats = backup_workspace(
-        engine.store, workspace, previous.files if previous else None, ignore_rules(engine, workspace),
-        chunk_size=chunk_size, progress=progress,
-    )
-    kernels = {nb: dict(rec) for nb, rec in (kernels or {}).items()}
-    if only_if_changed and previous is not None and not files_changed(previous.files, files) \
-            and previous.kernels == kernels:
-        return None
-    for record in kernels.values():
-        objects.update(record_objects(record))
-    manifest = engine.new_manifest(PROJECT_KIND, message, parent=previous.id if previous else None,
-                                   kernels=kernels, files=files, objects=objects)
-    manifest.stats = {**stats.as_dict(), "bytes_written": stats.bytes_written,
-                      "objects_written": stats.objects_written, "bytes_total": manifest.size,
-                      "variables": sum(len(r.get("variables", {})) for r in kernels.values()),
-                      **(extra_stats or {})}
-    manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
-    return engine.commit_manifest(manifest)
+    with engine.writing() as lease:  # before any presence check of what is reused: gc waits or leaves objects
+        try:
+            previous = with_files(engine)
+        except SpotWarpError:
+            previous = None  # a refused newest snapshot: back up everything afresh rather than fail
+        files, objects, stats = backup_workspace(
+            engine.store, workspace, previous.files if previous else None, ignore_rules(engine, workspace),
+            chunk_size=chunk_size, progress=progress,
+        )
+        kernels = {nb: dict(rec) for nb, rec in (kernels or {}).items()}
+        if only_if_changed and previous is not None and not files_changed(previous.files, files) \
+                and previous.kernels == kernels:
+            return None
+        named_by_kernels: dict[str, int] = {}
+        for record in kernels.values():
+            named_by_kernels.update(record_objects(record))
+        # kernels' records come from manifests a gc may have dropped (with their objects) before our lease
+        missing = set(named_by_kernels) - engine.store.present(named_by_kernels)
+        if missing:
+            raise StorageError(f"{len(missing)} objects of the kernels' snapshots were removed by a gc meanwhile: "
+                               "snapshot not committed; take it again")
+        objects.update(named_by_kernels)
+        manifest = engine.new_manifest(PROJECT_KIND, message, parent=previous.id if previous else None,
+                                       kernels=kernels, files=files, objects=objects)
+        manifest.stats = {**stats.as_dict(), "bytes_written": stats.bytes_written,
+                          "objects_written": stats.objects_written, "bytes_total": manifest.size,
+                          "variables": sum(len(r.get("variables", {})) for r in kernels.values()),
+                          **(extra_stats or {})}
+        manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
+        engine.check_lease(lease, manifest)
+        return engine.commit_manifest(manifest)
 
 
 def restore_project_files(engine: SnapshotEngine, manifest: Manifest, workspace: str,

@@ -62,7 +62,13 @@ def expand_storage_url(url: str, env: Mapping[str, str] | None = None) -> str:
     if re.search(r"\{[a-z_]+\}", url):
         raise ConfigError(f"storage URL {url!r} has an unknown placeholder: only {{username}} and {{server_name}} are filled")
     if "://" not in url:
-        url = str(Path(url).expanduser().resolve())
+        try:
+            url = str(Path(url).expanduser().resolve())
+        except RuntimeError:  # ~user of no such user
+            raise ConfigError(f"storage URL {url!r} starts with the home folder of an unknown user") from None
+    elif url.split("://", 1)[0].lower() in ("file", "local") and not url.split("://", 1)[1].startswith("/"):
+        # fsspec resolves `file://` and `file://x` against the current folder: refuse rather than write there
+        raise ConfigError(f"storage URL {url!r} names no absolute folder: use file:///absolute/path or a plain path")
     elif any(part in (".", "..") for part in url.split("://", 1)[1].split("/")):
         raise ConfigError(f"storage URL {url!r} has a '.' or '..' segment: name the prefix itself")
     return url

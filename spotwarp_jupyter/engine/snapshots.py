@@ -5,22 +5,26 @@ The kernel extension, the server, and the CLI are thin doors onto this class.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .capture import CaptureOptions, KernelImage, capture_namespace
 from .environment import collect_facts, version_warnings
-from .errors import ManifestError, SnapshotNotFound, SpotWarpError
+from .errors import ManifestError, SnapshotNotFound, SpotWarpError, StorageError
+from .hashing import is_object_id
+from .leases import GC, WRITE, Lease, WriteLease, live_locks, stale_locks
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
 from .scope import signing_scope
 from .settings import Settings
-from .store import Store
+from .store import TEMPORARY_GRACE_S, Store
 
 log = logging.getLogger("spotwarp")
 DEFAULT_NOTEBOOK = "default"
@@ -48,6 +52,33 @@ class GcReport:
     dropped: list[str] = field(default_factory=list)
     objects_deleted: int = 0
     bytes_freed: int = 0
+    objects_left: str | None = None  # why no (or not every) unreferenced object was deleted, in one line
+
+
+_OLDER_HINT = "to restore an older snapshot, name it explicitly (its id from `spotwarp list`: --snapshot ID)"
+
+
+def _refusal(exc: ManifestError) -> ManifestError:
+    """The refusal of the newest snapshot, saying how to choose an older one instead of falling back."""
+    if _OLDER_HINT in str(exc):
+        return exc
+    return type(exc)(f"{exc}; {_OLDER_HINT}")
+
+
+def named_objects(doc: Any) -> set[str]:
+    """Every object id anywhere in a parsed manifest (keys and values): what gc must keep for it."""
+    found: set[str] = set()
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found.update(k for k in item if isinstance(k, str) and is_object_id(k))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and is_object_id(item):
+            found.add(item)
+    return found
 
 
 def _modules_used(record: dict[str, Any]) -> set[str]:
@@ -111,7 +142,7 @@ class SnapshotEngine:
             newer_rejected = [n for n in self._rejections if not listing or n > listing[0].name]
             if newer_rejected:
                 # never fall back silently past a snapshot that fails its checks: say why it was refused
-                raise self._rejections[max(newer_rejected)]
+                raise _refusal(self._rejections[max(newer_rejected)])
             if not listing:
                 where = f" for notebook {notebook!r}" if notebook else ""
                 raise SnapshotNotFound(f"project {self.settings.project!r} has no snapshot{where} yet in {self.settings.storage}")
@@ -127,6 +158,25 @@ class SnapshotEngine:
         if len(matches) > 1:
             raise SnapshotNotFound(f"snapshot id {ref!r} is ambiguous: {', '.join(m.id for m in matches)}")
         return matches[0]
+
+    def refuse_newer_than(self, manifest: Manifest | None) -> None:
+        """Raise the refusal of a snapshot newer than `manifest` (or any, for None) that fails its checks.
+
+        `latest` never falls back silently past a damaged, unsigned or foreign snapshot: the caller names an older one.
+        """
+        newer = [n for n in self._rejections if manifest is None or n > manifest.name]
+        if newer:
+            raise _refusal(self._rejections[max(newer)])
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[WriteLease]:
+        """Hold a write lease from before the first presence check of reused objects until the commit."""
+        lease = WriteLease(self.store).acquire()
+        try:
+            self.store.sweep_temporaries()
+            yield lease
+        finally:
+            lease.release()
 
     # -- kernels ----------------------------------------------------------------------------
     def snapshot_kernel(
@@ -151,12 +201,13 @@ class SnapshotEngine:
                      on_written: Callable[[memoryview], None] | None = None) -> Manifest:
         """Persist a captured image (only what changed) and commit its manifest."""
         started = time.perf_counter() if started is None else started
-        with self._lock:
+        with self._lock, self.writing() as lease:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects)
+            self.check_lease(lease, manifest)
             manifest.stats = {
                 "bytes_total": pstats.bytes_total,
                 "bytes_written": pstats.bytes_written,
@@ -172,8 +223,18 @@ class SnapshotEngine:
     def commit_manifest(self, manifest: Manifest) -> Manifest:
         """Commit: write the manifest (signed when a key is set) after every object it names is stored."""
         self.store.write_manifest(manifest.name, manifest.to_bytes(self.key))
+        manifest.signed = bool(self.key)
         self._cache[manifest.name] = manifest
         return manifest
+
+    def check_lease(self, lease: Lease, manifest: Manifest) -> None:
+        """Before a commit: if our lease may have looked stale to a gc, make sure every object is still stored."""
+        if not lease.lapsed():
+            return
+        missing = set(manifest.objects) - self.store.present(manifest.objects)
+        if missing:
+            raise StorageError(f"snapshot {manifest.id} not committed: {len(missing)} reused objects were removed "
+                               "meanwhile by a gc (this writer stood still past its lease); take it again")
 
     def new_manifest(self, kind: str, message: str | None = None, **fields: Any) -> Manifest:
         """A manifest for this project, stamped now on this host, with environment facts."""
@@ -246,14 +307,17 @@ class SnapshotEngine:
         return report
 
     def gc(self, keep: int, grace_s: float = 3600.0) -> GcReport:
-        """Drop all but the newest `keep` snapshots, then objects no kept snapshot names.
+        """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names.
 
-        Objects younger than `grace_s` are left alone: a writer may be about to commit a manifest naming them.
+        Objects are kept when any manifest present names them, accepted or not (unsigned, another key's,
+        damaged but readable); none is deleted while a manifest cannot be read at all, while a snapshot is
+        being written (leases.py), or when younger than `grace_s` (a writer may be about to commit them).
         """
         if keep < 1:
             raise SpotWarpError("--keep must be at least 1: gc never deletes the newest snapshot")
-        with self._lock:
+        with self._lock, Lease(self.store, GC) as lease:
             report = GcReport()
+            writers = live_locks(self.store, WRITE)
             listing = self.manifests()
             kept, dropped = listing[:keep], listing[keep:]
             # the newest snapshot holding workspace files is what a new host restores from: never drop it
@@ -261,20 +325,72 @@ class SnapshotEngine:
             if files is not None and files in dropped:
                 dropped.remove(files)
                 kept.append(files)
+            # each notebook's newest state too: one kernel's --keep must not take another notebook's away
+            for notebook in {nb for m in listing for nb in m.kernels}:
+                newest = next(m for m in listing if notebook in m.kernels)
+                if newest in dropped:
+                    dropped.remove(newest)
+                    kept.append(newest)
             for m in dropped:
                 self.store.delete_manifest(m.name)
                 self._cache.pop(m.name, None)
                 report.dropped.append(m.id)
             report.kept = [m.id for m in kept]
-            live = {oid for m in kept for oid in m.objects}
-            now = time.time()
-            for oid, (size, mtime) in self.store.list_objects_with_times().items():
-                if oid in live or (mtime is not None and now - mtime < grace_s):
-                    continue
-                self.store.delete_object(oid)
-                report.objects_deleted += 1
-                report.bytes_freed += size
-            for path in self.store.stale_temporaries(grace_s):
-                self.store.fs.rm(path)
+            if writers:
+                report.objects_left = (f"no object deleted: {len(writers)} snapshot(s) being written "
+                                       "(gc deletes objects when no snapshot is in progress)")
+            else:
+                live, unreadable = self._named_by_every_manifest()
+                if unreadable:
+                    report.objects_left = (f"no object deleted: snapshot manifest {unreadable[0]} cannot be read "
+                                           f"(not valid JSON){f' nor {len(unreadable) - 1} more' if len(unreadable) > 1 else ''}"
+                                           ": gc keeps every object while a manifest might name it")
+                else:
+                    self._delete_unnamed(live, grace_s, lease, report)
+            # a temporary is a write in progress for as long as a write can take, whatever the objects' grace
+            for path in self.store.stale_temporaries(max(grace_s, TEMPORARY_GRACE_S)):
+                try:
+                    self.store.fs.rm(path)
+                except FileNotFoundError:
+                    pass
             self.store.clear_interrupted_uploads(grace_s)
+            for name in stale_locks(self.store):
+                if name != lease.name:
+                    self.store.delete_lock(name)
             return report
+
+    def _named_by_every_manifest(self) -> tuple[set[str], list[str]]:
+        """Object ids any manifest present names (read afresh, trusted or not), and manifests that cannot be parsed."""
+        live: set[str] = set()
+        unreadable: list[str] = []
+        for name in self.store.manifest_names():
+            try:
+                data = self.store.read_manifest(name)
+            except FileNotFoundError:
+                continue  # dropped meanwhile by another gc
+            try:
+                doc = json.loads(data)
+            except (ValueError, UnicodeDecodeError):
+                unreadable.append(name)
+                continue
+            live |= named_objects(doc)
+        return live, unreadable
+
+    def _delete_unnamed(self, live: set[str], grace_s: float, lease: Lease, report: GcReport) -> None:
+        """Delete unnamed objects older than `grace_s`; stop as soon as a writer starts or our lease lapses."""
+        now = time.time()
+        checked = 0.0  # look for writers first: reading the manifests may have taken a while
+        for oid, (size, mtime) in self.store.list_objects_with_times().items():
+            if oid in live or (mtime is not None and now - mtime < grace_s):
+                continue
+            if time.monotonic() - checked > 1.0:
+                checked = time.monotonic()
+                if live_locks(self.store, WRITE):
+                    report.objects_left = "deleting stopped: a snapshot started being written (the rest is left for the next gc)"
+                    return
+            if lease.lapsed():
+                report.objects_left = "deleting stopped: this gc stood still past its lease (the rest is left for the next gc)"
+                return
+            self.store.delete_object(oid)
+            report.objects_deleted += 1
+            report.bytes_freed += size

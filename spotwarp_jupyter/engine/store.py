@@ -3,6 +3,7 @@
 Layout under `{storage}/{project}/`:
   objects/ab/<blake3>          one immutable blob each, named by its content hash
   snapshots/<time>-<id>.json   one manifest per committed snapshot, written last
+  locks/<kind>-<host>-...json  leases of writers and gc in progress (see leases.py)
 A snapshot exists only once its manifest exists; a manifest names only objects already durable.
 
 On object stores (gcsfs, s3fs) there is no atomic rename, and none is needed: every object is one
@@ -19,6 +20,7 @@ import os
 import posixpath
 import random
 import secrets
+import socket
 import threading
 import time
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
@@ -40,6 +42,9 @@ log = logging.getLogger("spotwarp")
 
 MANIFEST_SUFFIX = ".json"
 _TMP_MARK = ".tmp-"
+TEMPORARY_GRACE_S = 3600.0
+# this host in temporaries' and locks' names (no '-': the name's parts are split on it)
+HOST_TAG = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40] or "host"
 T = TypeVar("T")
 
 # On S3, objects above this size go up as multipart uploads in parts of PART_SIZE, sent in parallel.
@@ -169,6 +174,11 @@ class Store:
         self.root = posixpath.join(self.base, project) if base else project
         self.objects_dir = posixpath.join(self.root, "objects")
         self.snapshots_dir = posixpath.join(self.root, "snapshots")
+        self.locks_dir = posixpath.join(self.root, "locks")
+        self._swept = False
+        if self.local and "://" in url and not url.split("://", 1)[1].startswith("/"):
+            # fsspec reads `file://` and `file://x` relative to the current folder: never write there unasked
+            raise StorageError(f"storage {url!r} names no absolute folder: use file:///absolute/path or a plain path")
         self._check(create)
 
     def __repr__(self) -> str:
@@ -194,8 +204,7 @@ class Store:
                 elif not os.path.isdir(self.base or "/"):
                     raise StorageError(f"storage {self.url!r} does not exist (nothing has been stored there yet)")
             else:
-                bucket = self.root.split("/")[0]
-                self._call("reaching the bucket", self.fs.ls, bucket, detail=False, _failed="is unreachable")
+                self._reach()
         except StorageError:
             raise
         except FileNotFoundError:
@@ -205,8 +214,26 @@ class Store:
         except Exception as exc:  # noqa: BLE001
             raise StorageError(f"storage {self.url!r} is unreachable: {_one_line(exc)}") from None
 
+    def _reach(self) -> None:
+        """List the bucket once, within SPOTWARP_STORAGE_CONNECT_TIMEOUT seconds in all (backends' own retries included)."""
+        bucket = self.root.split("/")[0]
+        deadline = _env_float("SPOTWARP_STORAGE_CONNECT_TIMEOUT", 10.0)
+        kwargs: dict[str, Any] = {"detail": False}
+        if deadline > 0 and getattr(self.fs, "async_impl", False):
+            kwargs["timeout"] = deadline  # fsspec's sync() cancels the listing (and its retries) then
+        started = time.monotonic()
+        try:
+            # one attempt bounded by the deadline: the backend's own retries run inside it
+            self._call("reaching the bucket", self.fs.ls, bucket, _failed="is unreachable",
+                       _attempts=1 if "timeout" in kwargs else None, **kwargs)
+        except StorageError as exc:
+            if "FSTimeoutError" in str(exc) or "TimeoutError" in str(exc):
+                raise StorageError(f"storage {self.url!r} is unreachable: no answer within "
+                                   f"{time.monotonic() - started:.0f} s (SPOTWARP_STORAGE_CONNECT_TIMEOUT)") from None
+            raise
+
     def _call(self, what: str, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None,
-              _failed: str | None = None, **kwargs: Any) -> T:
+              _failed: str | None = None, _attempts: int | None = None, **kwargs: Any) -> T:
         """Run one storage operation, retrying transient failures; raise StorageError when attempts are spent."""
         failed = _failed or f"failed while {what}"
         attempt = 0
@@ -220,7 +247,7 @@ class Store:
                 raise StorageError(f"storage {self.url!r} refuses access (check credentials) while {what}: "
                                    f"{_one_line(exc)}") from None
             except Exception as exc:  # noqa: BLE001
-                if not is_transient(exc) or attempt >= self.retry.attempts or (cancel is not None and cancel.is_set()):
+                if not is_transient(exc) or attempt >= (_attempts or self.retry.attempts) or (cancel is not None and cancel.is_set()):
                     tries = f" after {attempt} attempts" if attempt > 1 else ""
                     raise StorageError(f"storage {self.url!r} {failed}{tries}: {_one_line(exc)}") from None
                 pause = self.retry.pause(attempt)
@@ -257,7 +284,7 @@ class Store:
         path = self.object_path(oid)
         if self.local:
             if not os.path.exists(path):
-                self._write_local_atomic(path, data)
+                self._write_local("writing an object", path, data)
         elif size < ASK_BEFORE_UPLOAD or self._stored_size(path, cancel) != size:
             # A small object is simply written: one idempotent PUT of identical bytes costs no more than
             # asking whether it is there. A large one left whole by an interrupted snapshot is found and
@@ -406,7 +433,7 @@ class Store:
         """
         path = posixpath.join(self.snapshots_dir, name)
         if self.local:
-            self._write_local_atomic(path, data)
+            self._write_local("committing a manifest", path, data)
         else:
             self._call("committing a manifest", self.fs.pipe_file, path, data)
 
@@ -417,9 +444,49 @@ class Store:
         except FileNotFoundError:
             pass
 
+    # -- locks (leases.py) -------------------------------------------------------------------
+    def put_lock(self, name: str, data: bytes) -> None:
+        """Write (or refresh) one lock object."""
+        path = posixpath.join(self.locks_dir, name)
+        if self.local:
+            self._write_local("writing a lock", path, data)
+        else:
+            self._call("writing a lock", self.fs.pipe_file, path, data)
+
+    def list_locks(self) -> dict[str, float | None]:
+        """Every lock object: name -> when it was last written (epoch seconds, if known)."""
+        if self.local:
+            out: dict[str, float | None] = {}
+            try:
+                names = os.listdir(self.locks_dir)
+            except FileNotFoundError:
+                return out
+            for name in names:
+                if _TMP_MARK in name or not name.endswith(".json"):
+                    continue
+                try:
+                    out[name] = os.stat(os.path.join(self.locks_dir, name)).st_mtime
+                except FileNotFoundError:
+                    continue
+            return out
+        self.fs.invalidate_cache(self.locks_dir)
+        try:
+            listing = self._call("listing locks", self.fs.ls, self.locks_dir, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {posixpath.basename(i["name"].rstrip("/")): _modified(i) for i in listing
+                if i.get("type") != "directory" and i["name"].endswith(".json")}
+
+    def delete_lock(self, name: str) -> None:
+        """Remove one lock object (gone already is fine)."""
+        try:
+            self._call("removing a lock", self.fs.rm, posixpath.join(self.locks_dir, name))
+        except FileNotFoundError:
+            pass
+
     # -- housekeeping ---------------------------------------------------------------------
-    def stale_temporaries(self, older_than_s: float = 3600.0) -> Iterator[str]:
-        """Leftovers of interrupted local writes, old enough that no writer still owns them.
+    def stale_temporaries(self, older_than_s: float = TEMPORARY_GRACE_S) -> Iterator[str]:
+        """Leftovers of interrupted local writes: old enough, or left by a process of this host that is gone.
 
         Object stores leave no temporaries (uploads are invisible until complete); their interrupted
         multipart uploads are cleared by `clear_interrupted_uploads`.
@@ -427,16 +494,32 @@ class Store:
         if not self.local:
             return
         now = time.time()
-        for top in (self.objects_dir, self.snapshots_dir):
+        for top in (self.objects_dir, self.snapshots_dir, self.locks_dir):
             for dirpath, _dirs, files in os.walk(top):
                 for name in files:
                     if _TMP_MARK in name:
                         path = os.path.join(dirpath, name)
                         try:
-                            if now - os.path.getmtime(path) > older_than_s:
+                            if now - os.path.getmtime(path) > older_than_s or _writer_gone(name):
                                 yield path
                         except OSError:
                             continue
+
+    def sweep_temporaries(self) -> int:
+        """Remove stale temporaries of interrupted local writes, once per Store (the first write); how many."""
+        if not self.local or self._swept:
+            return 0
+        self._swept = True
+        removed = 0
+        for path in list(self.stale_temporaries()):
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                continue
+        if removed:
+            log.info("storage %s: removed %d temporaries of interrupted writes", self.url, removed)
+        return removed
 
     def interrupted_uploads(self) -> list[dict[str, Any]]:
         """Unfinished multipart uploads under this project (S3 only; they hold storage until aborted)."""
@@ -467,11 +550,19 @@ class Store:
             cleared += 1
         return cleared
 
+    def _write_local(self, what: str, path: str, data: Buffer) -> None:
+        """A local atomic write; a full disk or a refusal becomes one StorageError line."""
+        try:
+            self._write_local_atomic(path, data)
+        except OSError as exc:
+            reason = exc.strerror or _one_line(exc)
+            raise StorageError(f"storage {self.url!r} failed while {what}: {reason}") from None
+
     @staticmethod
     def _write_local_atomic(path: str, data: Buffer) -> None:
         directory = os.path.dirname(path)
         os.makedirs(directory, exist_ok=True)
-        tmp = f"{path}{_TMP_MARK}{os.getpid()}-{secrets.token_hex(4)}"
+        tmp = f"{path}{_TMP_MARK}{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             with open(tmp, "wb") as f:
                 f.write(data)
@@ -492,3 +583,20 @@ class Store:
                 os.close(fd)
         except OSError:
             pass
+
+
+def _writer_gone(name: str) -> bool:
+    """True when a temporary's name says it was written by a process of this host that no longer runs."""
+    parts = name.rsplit(_TMP_MARK, 1)[-1].split("-")
+    if len(parts) != 3 or parts[0] != HOST_TAG or not parts[1].isdigit():
+        return False
+    pid = int(parts[1])
+    if pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False
+    return False
