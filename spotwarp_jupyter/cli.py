@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
     p.add_argument("--port", type=_port, help="port JupyterLab listens on")
     p.add_argument("--snapshot", default="latest", help="snapshot an empty workspace is restored from (default latest)")
+    p.add_argument("--candidate-id", dest="candidate_id", type=_candidate_id,
+                   help="failover: start as this race candidate, in standby until promoted (set by `spotwarp launch`)")
+    p.add_argument("--generation", type=_positive_int, help="failover: the lease generation this candidate races for")
 
     p = sub.add_parser("snapshot", help="a snapshot now: files, and live kernels when a server runs the project")
     _common(p)
@@ -86,16 +89,25 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _candidate_id(text: str) -> str:
+    from .engine.fence import validate_candidate_id
+
+    try:
+        return validate_candidate_id(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return int(text)
 
 
-def _engine(args: argparse.Namespace, create: bool = False) -> SnapshotEngine:
+def _engine(args: argparse.Namespace, create: bool = False, fence: Any = None) -> SnapshotEngine:
     settings = Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
                                 workspace=getattr(args, "workspace", None))
-    return SnapshotEngine(settings, create=create)
+    return SnapshotEngine(settings, create=create, fence=fence)
 
 
 def manifest_summary(m: Manifest) -> dict[str, Any]:
@@ -115,6 +127,8 @@ def manifest_summary(m: Manifest) -> dict[str, Any]:
         "files": len(m.files.get("entries", {})) if isinstance(m.files, dict) else 0,
         "parent": m.parent,
         "signed": m.signed,
+        "generation": m.generation,
+        "holder": m.holder,
     }
 
 
@@ -237,7 +251,13 @@ def _workspace(settings: Settings, command_name: str) -> str:
 
 @command("start")
 def cmd_start(args: argparse.Namespace) -> int:
-    engine = _engine(args, create=True)
+    from .engine.fence import Fence
+
+    started_at = time.time()
+    if (args.candidate_id is None) != (args.generation is None):
+        raise ConfigError("--candidate-id and --generation go together (both are set by `spotwarp launch`)")
+    fence = Fence(args.generation or 0, args.candidate_id)
+    engine = _engine(args, create=True, fence=fence)
     workspace = _workspace(engine.settings, "start")
     if os.path.exists(workspace) and not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} exists and is not a folder")
@@ -248,9 +268,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         if manifest is None:
             print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
         else:
-            with restoring(engine.store, manifest.id, what="files", via="spotwarp start") as outcome:
+            if fence.candidate:  # a standby candidate writes nothing to the project, not even the journal
                 report = _restore_files(engine, manifest, workspace, quiet=args.json)
-                outcome.update(files_restored=report.files_restored, bytes_restored=report.bytes_restored)
+            else:
+                with restoring(engine.store, manifest.id, what="files", via="spotwarp start") as outcome:
+                    report = _restore_files(engine, manifest, workspace, quiet=args.json)
+                    outcome.update(files_restored=report.files_restored, bytes_restored=report.bytes_restored)
             summary["restored"] = {"id": manifest.id, **report.as_dict()}
             if not args.json:
                 print(_restore_summary(manifest, report, workspace))
@@ -262,7 +285,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     env = {**os.environ, "SPOTWARP_PROJECT": engine.settings.project, "SPOTWARP_STORAGE": engine.settings.storage,
-           "SPOTWARP_WORKSPACE": workspace}
+           "SPOTWARP_WORKSPACE": workspace, "SPOTWARP_STARTED_AT": repr(started_at),
+           "SPOTWARP_START_RESTORE": json.dumps(None if summary["restored"] is None else {
+               "snapshot": summary["restored"]["id"], "duration_s": summary["prepared_s"],
+               "files_restored": summary["restored"].get("files_restored"),
+               "bytes_restored": summary["restored"].get("bytes_restored")}), **fence.env()}
+    for name in ("SPOTWARP_CANDIDATE_ID", "SPOTWARP_GENERATION"):
+        if not fence.candidate:
+            env.pop(name, None)
     if engine.settings.storage_options:
         env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}",

@@ -76,6 +76,13 @@ class Manifest:
     stats: dict[str, Any] = field(default_factory=dict)
     objects: dict[str, int] = field(default_factory=dict)
     signed: bool = False
+    generation: int = 0  # the writer's lease generation (0: no failover); `latest` never goes to a lower one
+    holder: str | None = None  # the writer's candidate id under failover
+
+    @property
+    def order(self) -> tuple[int, float, str]:
+        """Sort key of `latest`: generation first, so a fenced-off writer's late snapshot never wins."""
+        return (self.generation, self.created, self.id)
 
     @property
     def name(self) -> str:
@@ -109,6 +116,8 @@ class Manifest:
             "env": self.env,
             "stats": self.stats,
             "objects": self.objects,
+            **({"generation": self.generation} if self.generation else {}),
+            **({"holder": self.holder} if self.holder else {}),
         }
 
     def to_bytes(self, key: bytes | None = None) -> bytes:
@@ -170,6 +179,8 @@ class Manifest:
                 stats=doc.get("stats") or {},
                 objects={str(k): int(v) for k, v in (doc.get("objects") or {}).items()},
                 signed=signature is not None,
+                generation=int(doc.get("generation") or 0),
+                holder=doc.get("holder"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None
