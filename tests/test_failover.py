@@ -310,3 +310,68 @@ def test_a_partitioned_holder_back_after_the_failover_never_becomes_latest_and_s
             pass
         old.discard()
         cleanup(store, tmp_path)
+
+
+def test_a_preemption_notice_is_detected_and_the_race_restores_the_final_snapshot(tmp_path):
+    store = str(tmp_path / "store")
+    seed_project(tmp_path, store)
+    engine = engine_for(store)
+    # a long --dead-after: only the notice can make the watch act this soon
+    launch = Launch(tmp_path, store, "--candidates", "1", "--watch", "--dead-after", "120s", env=env_for(tmp_path))
+    try:
+        first = launch.next("promoted")
+        launch.next("failover_finished")
+        ws_first = tmp_path / "candidates" / first["candidate"] / "ws"
+        (ws_first / "late.txt").write_text("only the final snapshot has this\n")
+        pid = read_heartbeat(engine.store, first["candidate"])["pid"]
+        sent = time.time()
+        os.kill(pid, signal.SIGTERM)  # the cloud's notice
+        lost = launch.next("host_lost", timeout=60)
+        assert lost["reason"] == "notice" and lost["source"] == "signals" and lost["final_snapshot"], lost
+        assert time.time() - sent < 60
+        final = engine.get(lost["final_snapshot"])
+        assert final.generation == 1 and final.holder == first["candidate"] and "late.txt" in final.files["entries"]
+        second = launch.next("promoted")
+        launch.next("failover_finished")
+        ws_second = tmp_path / "candidates" / second["candidate"] / "ws"
+        assert (ws_second / "late.txt").read_text() == "only the final snapshot has this\n"
+        assert tree(ws_second) == tree(ws_first)
+    finally:
+        launch.stop()
+        cleanup(store, tmp_path)
+
+
+def cli(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], capture_output=True, text=True,
+                          env=env_for(tmp_path), timeout=120)
+
+
+def test_launch_bad_input_and_a_race_where_every_candidate_fails_are_one_line(tmp_path):
+    store = str(tmp_path / "store")
+    base = ["launch", "--project-id", PROJECT, "--storage", store]
+    cases = [
+        ([*base, "--provider", "nope"], "unknown provider 'nope'"),
+        ([*base, "--candidates", "0"], "at least 1"),
+        ([*base, "--max-price", "-1"], "price"),
+        ([*base, "--dead-after", "soon"], "bad duration"),
+        ([*base, "--clouds", ",,"], "cloud names"),
+        ([*base, "--provider-option", "novalue"], "KEY=VALUE"),
+        ([*base, "--provider", "local", "--provider-option", "delays=a,b"], "delays must be numbers"),
+    ]
+    for args, message in cases:
+        out = cli(tmp_path, *args)
+        assert out.returncode in (1, 2) and message in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    seed_project(tmp_path, store)
+    engine = engine_for(store)
+    before = engine.store.manifest_names()
+    out = cli(tmp_path, *base, "--provider", "local", "--candidates", "2", "--provider-option", "fail=0,1",
+              "--provider-option", f"root={tmp_path / 'candidates'}")
+    assert out.returncode == 1 and "all 2 candidates failed" in out.stderr and "scripted failure" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
+    assert read_lease(engine.store).generation == 0 and engine.store.manifest_names() == before
+    hosts = json.loads(cli(tmp_path, "hosts", "--project-id", PROJECT, "--storage", store, "--json").stdout)
+    assert hosts["lease"]["generation"] == 0 and hosts["hosts"] == []
+    report = json.loads(cli(tmp_path, "report", "--project-id", PROJECT, "--storage", store, "--json").stdout)
+    (row,) = report["failovers"]
+    assert not row["ok"] and "all 2 candidates failed" in row["error"]

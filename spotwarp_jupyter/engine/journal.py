@@ -100,12 +100,17 @@ class Journal:
         return item
 
     def record_soon(self, event: str, snapshot: str | None = None, notebook: str | None = None,
-                    **details: Any) -> threading.Thread:
-        """Write one event from a background thread (kernels: never hold up the user's loop); errors are logged."""
+                    fence: Any = None, **details: Any) -> threading.Thread:
+        """Write one event from a background thread (kernels: never hold up the user's loop); errors are logged.
+
+        With `fence` (engine.fence.Fence), nothing is written unless this host may write to the project.
+        """
         when = time.time()
 
         def write() -> None:
             try:
+                if fence is not None:
+                    fence.check(self.store)
                 self.record(event, snapshot, notebook, when=when, **details)
             except Exception as exc:  # noqa: BLE001 - the journal is a record, never a reason to fail
                 log.warning("SpotWarp: event %s not recorded: %s", event, exc)
