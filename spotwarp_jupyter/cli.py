@@ -77,10 +77,28 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="preemptions survived, work lost, time to resume, compute saved")
     _common(p)
 
-    p = sub.add_parser("launch", help="failover: race candidate hosts, keep the first serving a restored session",
-                       description="Race candidate hosts through a provider; the first that serves the project's "
-                                   "restored session is promoted, the others torn down. With --watch, stay on: when "
-                                   "the host is lost, race again (docs/failover.md).")
+    for name in ("launch", "watch"):
+        _launch_parser(sub, name)
+
+    p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")
+    _common(p)
+
+    p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
+    _common(p)
+    p.add_argument("--keep", required=True, type=_positive_int, help="how many of the newest snapshots to keep")
+    return parser
+
+
+def _launch_parser(sub: Any, name: str) -> None:
+    if name == "watch":
+        p = sub.add_parser("watch", help="failover: watch the live host serving the project; on its loss, race",
+                           description="`spotwarp launch --watch` for a project already served: follow the live "
+                                       "host, and race a replacement when it is lost (docs/failover.md).")
+    else:
+        p = sub.add_parser("launch", help="failover: race candidate hosts, keep the first serving a restored session",
+                               description="Race candidate hosts through a provider; the first that serves the "
+                                       "project's restored session is promoted, the others torn down. With --watch, "
+                                       "stay on: when the host is lost, race again (docs/failover.md).")
     _common(p)
     p.add_argument("--provider", default="skypilot", help="where candidates run: local or skypilot (default)")
     p.add_argument("--candidates", type=_positive_int, default=3, help="how many candidates race (default 3)")
@@ -97,14 +115,6 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the port JupyterLab listens on, on each candidate (default 8888)")
     p.add_argument("--provider-option", dest="provider_options", action="append", default=[], type=_option,
                    metavar="KEY=VALUE", help="an option of the provider (repeatable; see docs/failover.md)")
-
-    p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")
-    _common(p)
-
-    p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
-    _common(p)
-    p.add_argument("--keep", required=True, type=_positive_int, help="how many of the newest snapshots to keep")
-    return parser
 
 
 def _port(text: str) -> int:
@@ -481,6 +491,12 @@ def cmd_report(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+@command("watch")
+def cmd_watch(args: argparse.Namespace) -> int:
+    args.watch, args.adopt_only = True, True
+    return cmd_launch(args)
+
+
 @command("launch")
 def cmd_launch(args: argparse.Namespace) -> int:
     import signal
@@ -511,6 +527,9 @@ def cmd_launch(args: argparse.Namespace) -> int:
     if args.watch:
         signal.signal(signal.SIGTERM, lambda *_: stop.set())
     holder = adopt(store, args.dead_after) if args.watch else None
+    if holder is None and getattr(args, "adopt_only", False):
+        raise SpotWarpError(f"no live host serves project {engine.settings.project!r} (no heartbeat within "
+                            f"{format_duration(args.dead_after)}): start one with `spotwarp launch`")
     if holder is not None:
         say("adopted", {"holder": holder.id, "generation": holder.generation})
     else:

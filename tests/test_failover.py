@@ -370,6 +370,9 @@ def test_launch_bad_input_and_a_race_where_every_candidate_fails_are_one_line(tm
     assert out.returncode == 1 and "all 2 candidates failed" in out.stderr and "scripted failure" in out.stderr
     assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     assert read_lease(engine.store).generation == 0 and engine.store.manifest_names() == before
+    out = cli(tmp_path, "watch", "--project-id", PROJECT, "--storage", store, "--provider", "local")
+    assert out.returncode == 1 and "no live host serves project" in out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1, out.stderr
     hosts = json.loads(cli(tmp_path, "hosts", "--project-id", PROJECT, "--storage", store, "--json").stdout)
     assert hosts["lease"]["generation"] == 0 and hosts["hosts"] == []
     report = json.loads(cli(tmp_path, "report", "--project-id", PROJECT, "--storage", store, "--json").stdout)
