@@ -509,7 +509,15 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
     engine = _engine(args, create=True)
     provider = make_provider(args.provider, dict(args.provider_options))
-    env = {name: os.environ[name] for name in ("SPOTWARP_KEY", "SPOTWARP_STORAGE_OPTIONS") if os.environ.get(name)}
+    passed = ("SPOTWARP_KEY", "SPOTWARP_STORAGE_OPTIONS", "SPOTWARP_HEARTBEAT_INTERVAL")
+    env = {name: os.environ[name] for name in passed if os.environ.get(name)}
+    from .engine.units import parse_duration
+
+    beat = parse_duration(env["SPOTWARP_HEARTBEAT_INTERVAL"]) if env.get("SPOTWARP_HEARTBEAT_INTERVAL", "0") != "0" \
+        else 5.0
+    if args.dead_after < 2 * beat:
+        raise ConfigError(f"--dead-after {format_duration(args.dead_after)} is too short for heartbeats every "
+                          f"{format_duration(beat)} (SPOTWARP_HEARTBEAT_INTERVAL): give at least twice that")
     if engine.settings.storage_options:
         env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
     spec = LaunchSpec(engine.settings.project, engine.settings.storage, args.gpus, tuple(args.clouds), args.max_price,

@@ -141,7 +141,8 @@ class Fence:
 
     def why_not(self, role: str, lease: Lease) -> str:
         """One line: why this host may not write under `lease`."""
-        me = f"candidate {self.candidate} (generation {self.generation})" if self.candidate else "this host (no failover)"
+        me = f"candidate {self.candidate} (generation {self.generation})" if self.candidate \
+            else "this host (no failover)"
         if role == STANDBY:
             return f"{me} is in standby: it writes nothing until the orchestrator promotes it"
         return (f"{me} lost the lease to {lease.holder or '?'} (generation {lease.generation}): "

@@ -117,7 +117,8 @@ def race(provider: Provider, spec: LaunchSpec, store: Store, count: int, *, time
         result.candidates.append(Candidate(f"g{generation}c{i}-{secrets.token_hex(2)}", offer))
     _quietly(journal, RACE_STARTED, race=result.race, generation=generation, provider=provider.name, reason=reason,
              candidates=[{"id": c.id, "offer": c.offer.describe()} for c in result.candidates])
-    emit(RACE_STARTED, {"race": result.race, "generation": generation, "candidates": [c.as_dict() for c in result.candidates]})
+    emit(RACE_STARTED, {"race": result.race, "generation": generation,
+                        "candidates": [c.as_dict() for c in result.candidates]})
 
     pool = ThreadPoolExecutor(max_workers=len(offers) * 2, thread_name_prefix="spotwarp-race")
     lock = threading.Lock()

@@ -131,8 +131,12 @@ def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder
         record_loss(store, holder, loss)
         on_event(HOST_LOST, {"lost": holder.id, "reason": loss.reason,
                              "detect_s": round(loss.detected_at - loss.lost_at, 3), **loss.details})
-        if holder.handle is not None and loss.details.get("provider_state") in (GONE, FAILED):
-            provider.down(holder.handle)  # it is gone: make sure nothing of it stays up (and billed)
+        gone = loss.reason == "notice" or loss.details.get("provider_state") in (GONE, FAILED)
+        if holder.handle is not None and gone:
+            # gone, or going after its final snapshot: make sure nothing of it stays up (and billed); a host
+            # the provider says runs (a partition) is left: the lease fences it off and it stops itself
+            threading.Thread(target=provider.down, args=(holder.handle,), name="spotwarp-down-lost",
+                             daemon=True).start()  # never delays the race
         while not stop.is_set():
             try:
                 result = race(provider, spec, store, count, timeout=race_timeout, reason=loss.reason,
