@@ -547,8 +547,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
         holder = holder_of(result)
     if args.watch:
         try:
-            watch(provider, spec, store, args.candidates, holder, args.dead_after, stop, say,
-                  race_timeout=args.timeout)
+            holder = watch(provider, spec, store, args.candidates, holder, args.dead_after, stop, say,
+                           race_timeout=args.timeout)
         except KeyboardInterrupt:
             stop.set()
         say("stopped", {"holder": holder.id, "leaks": provider.leaks()})

@@ -122,12 +122,12 @@ def record_loss(store: Store, holder: Holder, loss: Loss) -> None:
 
 
 def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder: Holder, dead_after: float,
-          stop: threading.Event, on_event: OnEvent, race_timeout: float = 900.0, retry_s: float = 10.0) -> None:
-    """Follow the holder; when it is lost, race again and follow the winner; until `stop` is set."""
+          stop: threading.Event, on_event: OnEvent, race_timeout: float = 900.0, retry_s: float = 10.0) -> Holder:
+    """Follow the holder; when it is lost, race again and follow the winner; until `stop` is set (the last holder)."""
     while not stop.is_set():
         loss = detect_loss(store, holder, dead_after, provider, stop)
         if loss is None:
-            return
+            return holder
         record_loss(store, holder, loss)
         on_event(HOST_LOST, {"lost": holder.id, "reason": loss.reason,
                              "detect_s": round(loss.detected_at - loss.lost_at, 3), **loss.details})
@@ -146,8 +146,9 @@ def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder
                 on_event("race_failed", {"error": str(exc)})
                 stop.wait(retry_s)
         else:
-            return
+            return holder
         wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, dead_after)))
         row = finish(store, result, loss.reason, holder.id, loss.lost_at, loss.detected_at)
         on_event("failover_finished", row)
         holder = holder_of(result)
+    return holder
