@@ -56,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
     p.add_argument("--port", type=_port, help="port JupyterLab listens on")
     p.add_argument("--snapshot", default="latest", help="snapshot an empty workspace is restored from (default latest)")
+    p.add_argument("--candidate-id", dest="candidate_id", type=_candidate_id,
+                   help="failover: start as this race candidate, in standby until promoted (set by `spotwarp launch`)")
+    p.add_argument("--generation", type=_positive_int, help="failover: the lease generation this candidate races for")
 
     p = sub.add_parser("snapshot", help="a snapshot now: files, and live kernels when a server runs the project")
     _common(p)
@@ -74,10 +77,44 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="preemptions survived, work lost, time to resume, compute saved")
     _common(p)
 
+    for name in ("launch", "watch"):
+        _launch_parser(sub, name)
+
+    p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")
+    _common(p)
+
     p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
     _common(p)
     p.add_argument("--keep", required=True, type=_positive_int, help="how many of the newest snapshots to keep")
     return parser
+
+
+def _launch_parser(sub: Any, name: str) -> None:
+    if name == "watch":
+        p = sub.add_parser("watch", help="failover: watch the live host serving the project; on its loss, race",
+                           description="`spotwarp launch --watch` for a project already served: follow the live "
+                                       "host, and race a replacement when it is lost (docs/failover.md).")
+    else:
+        p = sub.add_parser("launch", help="failover: race candidate hosts, keep the first serving a restored session",
+                               description="Race candidate hosts through a provider; the first that serves the "
+                                       "project's restored session is promoted, the others torn down. With --watch, "
+                                       "stay on: when the host is lost, race again (docs/failover.md).")
+    _common(p)
+    p.add_argument("--provider", default="skypilot", help="where candidates run: local or skypilot (default)")
+    p.add_argument("--candidates", type=_positive_int, default=3, help="how many candidates race (default 3)")
+    p.add_argument("--gpus", help="accelerators per candidate, SkyPilot syntax, e.g. A100:1")
+    p.add_argument("--clouds", type=_clouds, default=(), help="clouds to pick offers from, comma-separated")
+    p.add_argument("--max-price", dest="max_price", type=_price, help="highest spot price per hour, USD")
+    p.add_argument("--watch", action="store_true", help="stay on: detect the host's loss and race again")
+    p.add_argument("--dead-after", dest="dead_after", type=_duration, default=20.0,
+                   help="a host silent this long is lost (default 20s)")
+    p.add_argument("--timeout", type=_duration, default=900.0, help="give up a race after this long (default 15m)")
+    p.add_argument("--workspace-path", dest="remote_workspace", default="~/spotwarp-workspace",
+                   help="the workspace folder on each candidate (default ~/spotwarp-workspace)")
+    p.add_argument("--remote-port", dest="remote_port", type=_port, default=8888,
+                   help="the port JupyterLab listens on, on each candidate (default 8888)")
+    p.add_argument("--provider-option", dest="provider_options", action="append", default=[], type=_option,
+                   metavar="KEY=VALUE", help="an option of the provider (repeatable; see docs/failover.md)")
 
 
 def _port(text: str) -> int:
@@ -86,16 +123,58 @@ def _port(text: str) -> int:
     return int(text)
 
 
+def _clouds(text: str) -> tuple[str, ...]:
+    clouds = tuple(c.strip().lower() for c in text.split(",") if c.strip())
+    if not clouds or any(not c.replace("-", "").isalnum() for c in clouds):
+        raise argparse.ArgumentTypeError(f"expected cloud names separated by commas, got {text!r}")
+    return clouds
+
+
+def _price(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a price in USD per hour above 0, got {text!r}")
+    return value
+
+
+def _duration(text: str) -> float:
+    from .engine.units import parse_duration
+
+    try:
+        return parse_duration(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+def _option(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value
+
+
+def _candidate_id(text: str) -> str:
+    from .engine.fence import validate_candidate_id
+
+    try:
+        return validate_candidate_id(text)
+    except ConfigError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _positive_int(text: str) -> int:
     if not text.isdigit() or int(text) < 1:
         raise argparse.ArgumentTypeError(f"expected a whole number of at least 1, got {text!r}")
     return int(text)
 
 
-def _engine(args: argparse.Namespace, create: bool = False) -> SnapshotEngine:
+def _engine(args: argparse.Namespace, create: bool = False, fence: Any = None) -> SnapshotEngine:
     settings = Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
                                 workspace=getattr(args, "workspace", None))
-    return SnapshotEngine(settings, create=create)
+    return SnapshotEngine(settings, create=create, fence=fence)
 
 
 def manifest_summary(m: Manifest) -> dict[str, Any]:
@@ -115,6 +194,8 @@ def manifest_summary(m: Manifest) -> dict[str, Any]:
         "files": len(m.files.get("entries", {})) if isinstance(m.files, dict) else 0,
         "parent": m.parent,
         "signed": m.signed,
+        "generation": m.generation,
+        "holder": m.holder,
     }
 
 
@@ -237,7 +318,13 @@ def _workspace(settings: Settings, command_name: str) -> str:
 
 @command("start")
 def cmd_start(args: argparse.Namespace) -> int:
-    engine = _engine(args, create=True)
+    from .engine.fence import Fence
+
+    started_at = time.time()
+    if (args.candidate_id is None) != (args.generation is None):
+        raise ConfigError("--candidate-id and --generation go together (both are set by `spotwarp launch`)")
+    fence = Fence(args.generation or 0, args.candidate_id)
+    engine = _engine(args, create=True, fence=fence)
     workspace = _workspace(engine.settings, "start")
     if os.path.exists(workspace) and not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} exists and is not a folder")
@@ -248,9 +335,12 @@ def cmd_start(args: argparse.Namespace) -> int:
         if manifest is None:
             print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
         else:
-            with restoring(engine.store, manifest.id, what="files", via="spotwarp start") as outcome:
+            if fence.candidate:  # a standby candidate writes nothing to the project, not even the journal
                 report = _restore_files(engine, manifest, workspace, quiet=args.json)
-                outcome.update(files_restored=report.files_restored, bytes_restored=report.bytes_restored)
+            else:
+                with restoring(engine.store, manifest.id, what="files", via="spotwarp start") as outcome:
+                    report = _restore_files(engine, manifest, workspace, quiet=args.json)
+                    outcome.update(files_restored=report.files_restored, bytes_restored=report.bytes_restored)
             summary["restored"] = {"id": manifest.id, **report.as_dict()}
             if not args.json:
                 print(_restore_summary(manifest, report, workspace))
@@ -262,7 +352,14 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(summary, sort_keys=True))
     env = {**os.environ, "SPOTWARP_PROJECT": engine.settings.project, "SPOTWARP_STORAGE": engine.settings.storage,
-           "SPOTWARP_WORKSPACE": workspace}
+           "SPOTWARP_WORKSPACE": workspace, "SPOTWARP_STARTED_AT": repr(started_at),
+           "SPOTWARP_START_RESTORE": json.dumps(None if summary["restored"] is None else {
+               "snapshot": summary["restored"]["id"], "duration_s": summary["prepared_s"],
+               "files_restored": summary["restored"].get("files_restored"),
+               "bytes_restored": summary["restored"].get("bytes_restored")}), **fence.env()}
+    for name in ("SPOTWARP_CANDIDATE_ID", "SPOTWARP_GENERATION"):
+        if not fence.candidate:
+            env.pop(name, None)
     if engine.settings.storage_options:
         env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}",
@@ -377,6 +474,139 @@ def cmd_report(args: argparse.Namespace) -> int:
         lines.append(f"{r['notice']:<25} {r['host'][:16]:<16} {r['source'] or '?':<8} {r['final_snapshot'] or '-':<10} "
                      f"{r['restored_snapshot'] or '-':<10} {fmt(r['work_lost_s']):>8} {fmt(r['resume_s']):>8} "
                      f"{fmt(r['compute_saved_s']):>8}")
+    if data["failovers"]:
+        lines.append(f"failovers: {sum(1 for f in data['failovers'] if f['ok'])} of {len(data['failovers'])} races "
+                     "served the session")
+        lines.append(f"{'time (UTC)':<25} {'reason':<13} {'provider':<9} {'candidate':<16} {'offer':<24} "
+                     f"{'detect':>8} {'provision':>9} {'restore+serve':>13} {'total':>8}  outcome")
+    for f in data["failovers"]:
+        lines.append(f"{f['time']:<25} {f['reason'] or '-':<13} {f['provider'] or '-':<9} {'(race)':<16} {'':<24} "
+                     f"{fmt(f['detect_s']):>8} {fmt(f['provision_s']):>9} {fmt(f['restore_serve_s']):>13} "
+                     f"{fmt(f['total_s']):>8}  {'winner ' + f['winner'] if f['ok'] else f['error'] or 'failed'}")
+        for c in f["candidates"]:
+            lines.append(f"{'':<25} {'':<13} {'':<9} {c['id'][:16]:<16} {(c['offer'] or '')[:24]:<24} {'':>8} "
+                         f"{fmt(c['provision_s']):>9} {fmt(c['restore_serve_s']):>13} {'':>8}  "
+                         f"{c['state']}{': ' + c['message'] if c.get('message') else ''}")
+    _print(args, data, "\n".join(lines))
+    return EXIT_OK
+
+
+@command("watch")
+def cmd_watch(args: argparse.Namespace) -> int:
+    args.watch, args.adopt_only = True, True
+    return cmd_launch(args)
+
+
+@command("launch")
+def cmd_launch(args: argparse.Namespace) -> int:
+    import signal
+    import threading
+
+    from .failover.provider import LaunchSpec
+    from .failover.race import finish, race, wait_promotion_seen
+    from .failover.registry import make_provider
+    from .failover.watch import adopt, holder_of, watch
+
+    engine = _engine(args, create=True)
+    provider = make_provider(args.provider, dict(args.provider_options))
+    passed = ("SPOTWARP_KEY", "SPOTWARP_STORAGE_OPTIONS", "SPOTWARP_HEARTBEAT_INTERVAL")
+    env = {name: os.environ[name] for name in passed if os.environ.get(name)}
+    from .engine.units import parse_duration
+
+    beat = parse_duration(env["SPOTWARP_HEARTBEAT_INTERVAL"]) if env.get("SPOTWARP_HEARTBEAT_INTERVAL", "0") != "0" \
+        else 5.0
+    if args.dead_after < 2 * beat:
+        raise ConfigError(f"--dead-after {format_duration(args.dead_after)} is too short for heartbeats every "
+                          f"{format_duration(beat)} (SPOTWARP_HEARTBEAT_INTERVAL): give at least twice that")
+    if engine.settings.storage_options:
+        env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
+    spec = LaunchSpec(engine.settings.project, engine.settings.storage, args.gpus, tuple(args.clouds), args.max_price,
+                      args.remote_workspace, env, args.remote_port)
+    store = engine.store
+
+    def say(kind: str, data: dict[str, Any]) -> None:
+        if args.json:
+            print(json.dumps({"event": kind, "time": round(time.time(), 3), **data}, sort_keys=True, default=str),
+                  flush=True)
+            return
+        print(_launch_line(kind, data), flush=True)
+
+    stop = threading.Event()
+    if args.watch:
+        signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    holder = adopt(store, args.dead_after) if args.watch else None
+    if holder is None and getattr(args, "adopt_only", False):
+        raise SpotWarpError(f"no live host serves project {engine.settings.project!r} (no heartbeat within "
+                            f"{format_duration(args.dead_after)}): start one with `spotwarp launch`")
+    if holder is not None:
+        say("adopted", {"holder": holder.id, "generation": holder.generation})
+    else:
+        result = race(provider, spec, store, args.candidates, timeout=args.timeout, on_event=say)
+        wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, args.dead_after)))
+        say("failover_finished", finish(store, result, "launch"))
+        holder = holder_of(result)
+    if args.watch:
+        try:
+            holder = watch(provider, spec, store, args.candidates, holder, args.dead_after, stop, say,
+                           race_timeout=args.timeout)
+        except KeyboardInterrupt:
+            stop.set()
+        say("stopped", {"holder": holder.id, "leaks": provider.leaks()})
+    leaks = provider.leaks()
+    if leaks:
+        print(f"spotwarp launch: still up after teardown: {'; '.join(leaks)}", file=sys.stderr)
+        return EXIT_FAILURE
+    return EXIT_OK
+
+
+def _launch_line(kind: str, d: dict[str, Any]) -> str:
+    fmt = lambda s: "-" if s is None else format_duration(s)  # noqa: E731
+    if kind == "race_started":
+        return (f"race for generation {d['generation']}: "
+                + ", ".join(f"{c['id']} ({c['offer']})" for c in d["candidates"]))
+    if kind == "candidate_failed":
+        return f"candidate {d['id']} dropped: {d.get('message') or d.get('state')}"
+    if kind == "candidate_ready":
+        return (f"candidate {d['id']} serves the restored session (provision {fmt(d.get('provision_s'))}, "
+                f"restore and serve {fmt(d.get('restore_serve_s'))})")
+    if kind == "promoted":
+        return f"promoted {d['candidate']} (generation {d['generation']}): {d.get('url') or ''}"
+    if kind == "failover_finished":
+        return (f"session served by {d['winner']} on {d['offer']}: detect {fmt(d.get('detect_s'))}, provision "
+                f"{fmt(d.get('provision_s'))}, restore and serve {fmt(d.get('restore_serve_s'))}, race "
+                f"{fmt(d.get('race_s'))}, total {fmt(d.get('total_s'))}")
+    if kind == "host_lost":
+        return f"host {d['lost']} lost ({d['reason']}), detected {fmt(d.get('detect_s'))} after its last sign"
+    if kind == "race_failed":
+        return f"race failed: {d['error']}; trying again"
+    if kind == "adopted":
+        return f"watching {d['holder']} (generation {d['generation']}), already serving"
+    return f"{kind}: {json.dumps(d, default=str)}"
+
+
+@command("hosts")
+def cmd_hosts(args: argparse.Namespace) -> int:
+    from .engine.fence import read_lease
+    from .engine.hosts import age, read_heartbeats
+
+    engine = _engine(args)
+    lease = read_lease(engine.store)
+    now = time.time()
+    hosts = [{**doc, "age_s": round(age(doc, now) or 0.0, 1)} for doc in read_heartbeats(engine.store)]
+    data = {"project": engine.settings.project, "lease": lease.as_dict(), "hosts": hosts}
+    lines = [f"lease    generation {lease.generation}, holder {lease.holder or '- (no failover yet)'}"
+             + (f", since {format_duration(now - lease.time)} ago" if lease.time else "")]
+    if hosts:
+        lines.append(f"{'id':<22} {'state':<9} {'gen':>4} {'beat':>8} {'restored':<10} {'restore':>8}  url")
+    for h in hosts:
+        restore = h.get("restore") or {}
+        mark = " *" if h.get("id") == lease.holder else ""
+        lines.append(f"{str(h.get('id'))[:22]:<22} {str(h.get('state')):<9} {h.get('generation', 0):>4} "
+                     f"{format_duration(h['age_s']) + ' ago':>8} {restore.get('snapshot') or '-':<10} "
+                     f"{format_duration(restore['duration_s']) if restore.get('duration_s') is not None else '-':>8}  "
+                     f"{h.get('url') or ''}{mark}")
+    if not hosts:
+        lines.append("no host has written a heartbeat for this project")
     _print(args, data, "\n".join(lines))
     return EXIT_OK
 

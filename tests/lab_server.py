@@ -39,8 +39,10 @@ def host_env(home: Path, **extra: str) -> dict[str, str]:
 class LabServer:
     """`spotwarp start ... -- jupyter args` in its own process group, like a terminal session."""
 
-    def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path, plain: bool = False):
-        """`plain` runs `jupyter lab` itself without SpotWarp (the reference a benchmark compares with)."""
+    def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path, plain: bool = False,
+                 start_args: tuple[str, ...] = ()):
+        """`plain` runs `jupyter lab` itself without SpotWarp (the reference a benchmark compares with);
+        `start_args` go to `spotwarp start` (e.g. `--candidate-id`)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.env = env
@@ -54,7 +56,7 @@ class LabServer:
                     *jupyter_args]
         else:
             argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", project, "--storage", store,
-                    "--workspace-path", str(workspace), "--port", str(self.port), "--", *jupyter_args]
+                    "--workspace-path", str(workspace), "--port", str(self.port), *start_args, "--", *jupyter_args]
         self.started = time.perf_counter()
         with open(log, "wb") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)

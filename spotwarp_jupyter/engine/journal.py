@@ -30,7 +30,14 @@ FINAL_SNAPSHOT_COMMITTED = "final_snapshot_committed"
 RESTORE_STARTED = "restore_started"
 RESTORE_FINISHED = "restore_finished"
 TRAINING_RESUMED = "training_resumed"
-EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED)
+# failover (written by the orchestrator, `spotwarp launch`; see docs/failover.md)
+HOST_LOST = "host_lost"
+RACE_STARTED = "race_started"
+CANDIDATE_READY = "candidate_ready"
+PROMOTED = "promoted"
+FAILOVER_FINISHED = "failover_finished"
+EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED,
+          HOST_LOST, RACE_STARTED, CANDIDATE_READY, PROMOTED, FAILOVER_FINISHED)
 EVENTS_DIR = "events"
 
 
@@ -94,12 +101,17 @@ class Journal:
         return item
 
     def record_soon(self, event: str, snapshot: str | None = None, notebook: str | None = None,
-                    **details: Any) -> threading.Thread:
-        """Write one event from a background thread (kernels: never hold up the user's loop); errors are logged."""
+                    fence: Any = None, **details: Any) -> threading.Thread:
+        """Write one event from a background thread (kernels: never hold up the user's loop); errors are logged.
+
+        With `fence` (engine.fence.Fence), nothing is written unless this host may write to the project.
+        """
         when = time.time()
 
         def write() -> None:
             try:
+                if fence is not None:
+                    fence.check(self.store)
                 self.record(event, snapshot, notebook, when=when, **details)
             except Exception as exc:  # noqa: BLE001 - the journal is a record, never a reason to fail
                 log.warning("SpotWarp: event %s not recorded: %s", event, exc)
@@ -242,6 +254,7 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
             "survived": survived, "work_lost_s": lost, "resume_s": resume_s, "compute_saved_s": saved,
             "resumed_at_step": resumed.details.get("position") if resumed else None,
         })
+    failovers = failover_rows(events)
     survived_rows = [r for r in rows if r["survived"]]
     resumes = [r["resume_s"] for r in survived_rows if r["resume_s"] is not None]
     return {
@@ -252,4 +265,22 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
         "compute_saved_s": round(sum(r["compute_saved_s"] or 0.0 for r in survived_rows), 3),
         "warnings": sum(1 for e in events if e.event == NOTICE_SEEN and not e.details.get("fatal", True)),
         "events": rows,
+        "failovers": failovers,
     }
+
+
+def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """One row per race of `spotwarp launch`: why, and detect / provision / restore-and-serve / total seconds."""
+    rows = []
+    for e in events:
+        if e.event != FAILOVER_FINISHED:
+            continue
+        d = e.details
+        rows.append({
+            "time": e.as_dict()["time"], "race": d.get("race"), "reason": d.get("reason"), "lost": d.get("lost"),
+            "provider": d.get("provider"), "generation": d.get("generation"), "ok": d.get("ok", False),
+            "winner": d.get("winner"), "offer": d.get("offer"), "detect_s": d.get("detect_s"),
+            "provision_s": d.get("provision_s"), "restore_serve_s": d.get("restore_serve_s"),
+            "total_s": d.get("total_s"), "error": d.get("error"), "candidates": d.get("candidates") or [],
+        })
+    return rows

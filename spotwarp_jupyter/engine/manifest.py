@@ -78,6 +78,13 @@ class Manifest:
     signed: bool = False
     # where a signature is valid (project, storage location, hub user): inside what is signed
     scope: dict[str, Any] | None = None
+    generation: int = 0  # the writer's lease generation (0: no failover); `latest` never goes to a lower one
+    holder: str | None = None  # the writer's candidate id under failover
+
+    @property
+    def order(self) -> tuple[int, float, str]:
+        """Sort key of `latest`: generation first, so a fenced-off writer's late snapshot never wins."""
+        return (self.generation, self.created, self.id)
 
     @property
     def name(self) -> str:
@@ -111,6 +118,8 @@ class Manifest:
             "env": self.env,
             "stats": self.stats,
             "objects": self.objects,
+            **({"generation": self.generation} if self.generation else {}),
+            **({"holder": self.holder} if self.holder else {}),
         }
         if self.scope is not None:
             body["scope"] = self.scope
@@ -182,6 +191,8 @@ class Manifest:
                 objects={str(k): int(v) for k, v in (doc.get("objects") or {}).items()},
                 signed=signature is not None,
                 scope=doc.get("scope"),
+                generation=int(doc.get("generation") or 0),
+                holder=doc.get("holder"),
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None

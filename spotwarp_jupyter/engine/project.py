@@ -41,6 +41,15 @@ def latest_kernel_state(engine: SnapshotEngine, notebook: str) -> tuple[str, dic
     return (listing[0].id, listing[0].kernels[notebook]) if listing else None
 
 
+def carried_kernel_states(engine: SnapshotEngine) -> dict[str, dict[str, Any]]:
+    """Every notebook's newest committed kernel record (what a newly promoted host carries on)."""
+    out: dict[str, dict[str, Any]] = {}
+    for manifest in engine.manifests():
+        for notebook, record in manifest.kernels.items():
+            out.setdefault(notebook, record)
+    return out
+
+
 def with_files(engine: SnapshotEngine, ref: str = "latest") -> Manifest | None:
     """The snapshot `ref`, or for `latest` the newest one holding workspace files; None when there is none."""
     if ref not in ("latest", "", None):

@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator, Mapping
 from .capture import CaptureOptions, KernelImage, capture_namespace
 from .environment import collect_facts, version_warnings
 from .errors import ManifestError, SnapshotNotFound, SpotWarpError, StorageError
+from .fence import Fence, Fenced
 from .hashing import is_object_id
 from .leases import GC, WRITE, Lease, WriteLease, live_locks, stale_locks
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
@@ -92,9 +93,10 @@ def _modules_used(record: dict[str, Any]) -> set[str]:
 class SnapshotEngine:
     """Snapshots of one project in one storage location."""
 
-    def __init__(self, settings: Settings, key: bytes | None = None, create: bool = True):
+    def __init__(self, settings: Settings, key: bytes | None = None, create: bool = True, fence: Fence | None = None):
         self.settings = settings
         self.key = key if key is not None else signing_key()
+        self.fence = fence if fence is not None else Fence.from_env()
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self.scope = signing_scope(settings)
         self._cache: dict[str, Manifest] = {}
@@ -131,7 +133,7 @@ class SnapshotEngine:
                 self._cache[name] = manifest
             if manifest is not None and (notebook is None or notebook in manifest.kernels):
                 out.append(manifest)
-        out.sort(key=lambda m: (m.created, m.id), reverse=True)
+        out.sort(key=lambda m: m.order, reverse=True)
         return out
 
     def get(self, ref: str = "latest", notebook: str | None = None) -> Manifest:
@@ -221,8 +223,19 @@ class SnapshotEngine:
             return self.commit_manifest(manifest)
 
     def commit_manifest(self, manifest: Manifest) -> Manifest:
-        """Commit: write the manifest (signed when a key is set) after every object it names is stored."""
+        """Commit: write the manifest (signed when a key is set) after every object it names is stored.
+
+        Fenced: only the lease's holder (or, without failover, any host) commits. The lease is read before
+        the write and again after it; a manifest written while the lease moved is taken back.
+        """
+        self.fence.check(self.store)
+        manifest.generation, manifest.holder = self.fence.generation, self.fence.candidate
         self.store.write_manifest(manifest.name, manifest.to_bytes(self.key))
+        try:
+            self.fence.check(self.store)
+        except Fenced:
+            self.store.delete_manifest(manifest.name)
+            raise
         manifest.signed = bool(self.key)
         self._cache[manifest.name] = manifest
         return manifest

@@ -1,1 +1,4 @@
-"""Automatic failover: race candidate hosts, keep the first serving a restored session, fence the rest."""
+"""Automatic failover: race candidate hosts through a provider, promote the first serving one, watch it.
+
+See docs/failover.md. No Jupyter imports.
+"""

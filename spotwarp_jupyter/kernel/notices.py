@@ -123,7 +123,7 @@ def training_resumed(name: str, position: int) -> None:
         return
     restored = session.last_restore[0].id if session.last_restore else None
     try:
-        Journal(session.engine.store).record_soon(TRAINING_RESUMED, restored, session.notebook, loop=name,
+        Journal(session.engine.store).record_soon(TRAINING_RESUMED, restored, session.notebook, fence=session.engine.fence, loop=name,
                                                   position=int(position))
     except Exception as exc:  # noqa: BLE001 - never break the user's loop for a record
         log.warning("SpotWarp: training_resumed not recorded: %s", exc)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 
 from jupyter_core.utils import ensure_async
@@ -13,6 +14,7 @@ from traitlets.config import Configurable
 from ..engine import Settings, SnapshotEngine, SpotWarpError
 from ..engine.units import parse_duration
 from .handlers import handlers
+from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
 from .service import ProjectService
 from .watchers import PreemptionResponder, start_watchers
@@ -83,6 +85,14 @@ class SpotWarp(Configurable):
     @default("kernel_timeout")
     def _default_kernel_timeout(self) -> float:
         return _env_seconds("SPOTWARP_KERNEL_TIMEOUT", 60.0)
+
+    heartbeat_interval = Float(help="Seconds between two heartbeats this server writes into the store "
+                                    "(`hosts/<id>.json`, read by `spotwarp launch --watch` and `spotwarp hosts`); "
+                                    "0 turns them off (default: $SPOTWARP_HEARTBEAT_INTERVAL, else 5).").tag(config=True)
+
+    @default("heartbeat_interval")
+    def _default_heartbeat_interval(self) -> float:
+        return _env_seconds("SPOTWARP_HEARTBEAT_INTERVAL", 5.0)
 
     # -- preemption watchers (docs/preemption.md) ------------------------------------------------------
     watchers = List(Unicode(), help="Preemption watchers to run, among signals, aws, gcp, azure (default: "
@@ -194,10 +204,43 @@ class SpotWarpApp(ExtensionApp):
         interval = self.config_object.backup_interval
         if interval > 0:
             self._backup_task = asyncio.create_task(self.service.backup_loop(interval))
+        interval = self.config_object.heartbeat_interval
+        fence = self.service.engine.fence
+        if interval > 0 or fence.candidate:
+            # a candidate always beats: the orchestrator learns from it that it serves, and it learns its promotion
+            self.service.heartbeat = Heartbeat(self.service.engine.store, fence, interval if interval > 0 else 5.0,
+                                               self._host_info(serverapp), asyncio.get_running_loop(),
+                                               self._promoted, self._fenced)
+            self.service.heartbeat.start()
         # watchers start in the background: finding out which cloud this is never delays serving
         self.service.responder = PreemptionResponder(self.service)
         self.service.watchers = start_watchers(self.config_object, self.service.responder, serverapp,
                                                self._exit_after_notice)
+
+    def _host_info(self, serverapp) -> dict:
+        """What the heartbeat says of this server: where it listens, when `spotwarp start` began, what it restored."""
+        info = {"project": self.service.engine.settings.project, "port": serverapp.port,
+                "url": serverapp.connection_url, "started_at": None, "restore": None}
+        try:
+            info["started_at"] = float(os.environ.get("SPOTWARP_STARTED_AT") or 0) or None
+            info["restore"] = json.loads(os.environ.get("SPOTWARP_START_RESTORE") or "null")
+        except ValueError:
+            pass
+        return info
+
+    def _promoted(self) -> None:
+        asyncio.ensure_future(self._commit_promotion())
+
+    async def _commit_promotion(self) -> None:
+        try:
+            await self.service.promoted()
+        except Exception as exc:  # noqa: BLE001 - the backup loop and kernels take over from here
+            self.log.warning("SpotWarp: promotion snapshot failed: %s", exc)
+
+    def _fenced(self, why: str) -> None:
+        """Lost the lease: say so (log, status) and stop; every write was already refused by the engine."""
+        self.service.last_error = f"fenced: {why}"
+        asyncio.ensure_future(self._exit_after_notice())
 
     async def _exit_after_notice(self) -> None:
         """After SIGTERM/SIGINT and the final snapshot: stop kernels at once (their state is in), then the server."""
@@ -208,6 +251,8 @@ class SpotWarpApp(ExtensionApp):
         self.serverapp.stop()
 
     async def stop_extension(self) -> None:
+        if getattr(getattr(self, "service", None), "heartbeat", None) is not None:
+            self.service.heartbeat.stop()
         for watcher in getattr(getattr(self, "service", None), "watchers", []):
             await watcher.stop()
         if getattr(self, "_backup_task", None) is not None:

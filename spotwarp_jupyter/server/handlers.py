@@ -14,6 +14,7 @@ from tornado import web
 
 from ..cli import manifest_summary
 from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
+from ..engine.fence import Fenced
 from .service import ProjectService
 
 _ID = r"(?P<snapshot_id>[^/]+)"
@@ -51,6 +52,8 @@ class SpotWarpHandler(APIHandler):
             return await coro
         except SnapshotNotFound as exc:
             raise web.HTTPError(404, str(exc)) from None
+        except Fenced as exc:  # standby, or lost the failover lease: this host writes nothing
+            raise web.HTTPError(409, str(exc)) from None
         except ManifestError as exc:  # damaged, tampered or unsafe snapshot: refused, nothing changed
             raise web.HTTPError(400, str(exc)) from None
         except SpotWarpError as exc:

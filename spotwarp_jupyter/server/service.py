@@ -18,9 +18,11 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 from .. import __version__
 from ..cli import manifest_summary
 from ..engine import Manifest, SnapshotEngine
+from ..engine.fence import SERVING, STANDBY, WRITERS
 from ..engine.journal import Journal
 from ..engine.journal import report as preemption_report
 from ..engine.project import (
+    carried_kernel_states,
     kernel_state,
     latest_kernel_state,
     restore_project_files,
@@ -48,6 +50,7 @@ class ProjectService:
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
         self.journal = Journal(engine.store)  # one reader: each event is fetched once per server
+        self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
         self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spotwarp-server")
         self._lock = asyncio.Lock()  # one project snapshot or restore at a time
 
@@ -57,6 +60,29 @@ class ProjectService:
 
     def close(self) -> None:
         self._executor.shutdown(wait=False, cancel_futures=True)
+
+    @property
+    def role(self) -> str:
+        """serving, standby, holder or fenced (docs/failover.md)."""
+        if self.heartbeat is not None:
+            return self.heartbeat.role
+        return STANDBY if self.engine.fence.candidate else SERVING
+
+    async def check_fence(self) -> None:
+        """Fenced (a SpotWarpError) unless this host may write to the project now; reads the lease."""
+        await self.run(self.engine.fence.check, self.engine.store)
+
+    async def promoted(self) -> Manifest | None:
+        """Just promoted: commit this generation's first snapshot, naming the files and every notebook's newest state.
+
+        From then on `latest` (ordered by generation first) is this host's, whatever a fenced-off host still writes.
+        """
+        async with self._lock:
+            kernels = await self.run(carried_kernel_states, self.engine)
+            manifest = await self.run(snapshot_project, self.engine, self.workspace, kernels,
+                                      f"promoted: generation {self.engine.fence.generation}")
+        log.warning("SpotWarp: promotion snapshot %s committed", manifest.id if manifest else None)
+        return manifest
 
     # -- kernels ------------------------------------------------------------------------------
     def notebook_of(self, api_path: str) -> str:
@@ -98,6 +124,8 @@ class ProjectService:
             "watchers": [w.describe() for w in self.watchers],
             "last_error": self.last_error,
             "report": preemption_report(events, listing),
+            "failover": self.heartbeat.describe() if self.heartbeat is not None else
+            {"role": self.role, "generation": self.engine.fence.generation, "candidate": self.engine.fence.candidate},
         }
 
     async def snapshots(self) -> list[dict[str, Any]]:
@@ -111,6 +139,7 @@ class ProjectService:
         `collected` (kernel id -> `{"id", "notebook"}` it committed, or why not) replaces asking the kernels: a
         preemption notice gathers them at safe points. `lock_timeout` bounds the wait for other work in progress.
         """
+        await self.check_fence()
         async with self._exclusive(lock_timeout):
             live = await self.live_kernels()
             if collected is not None:
@@ -188,6 +217,8 @@ class ProjectService:
         """Continuous backup: files (and the newest state of live kernels) every `interval` seconds, when changed."""
         while True:
             await asyncio.sleep(interval)
+            if self.role not in WRITERS:
+                continue  # standby or fenced: nothing to back up from here
             try:
                 manifest = await self.snapshot("automatic backup", ask_kernels=False, only_if_changed=True)
                 if manifest is not None:

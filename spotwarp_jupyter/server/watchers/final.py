@@ -19,7 +19,7 @@ import time
 from queue import Empty
 from typing import TYPE_CHECKING, Any
 
-from ...engine import Manifest
+from ...engine import Manifest, SpotWarpError
 from ...engine.journal import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
 from ...kernel.notices import REASON, REQUEST
 from .base import Notice
@@ -81,11 +81,21 @@ class PreemptionResponder:
 
     async def _record(self, event: str, snapshot: str | None = None, **details: Any) -> None:
         try:
-            await self.service.run(self.journal.record, event, snapshot, run=self.run_id, **details)
+            fence = self.service.engine.fence
+            heartbeat = self.service.heartbeat
+            await self.service.run(self.journal.record, event, snapshot, run=self.run_id, candidate=fence.candidate,
+                                   generation=fence.generation or None,
+                                   host_id=heartbeat.id if heartbeat is not None else None, **details)
         except Exception as exc:  # noqa: BLE001 - the record never stops the snapshot
             log.warning("SpotWarp: event %s not recorded: %s", event, exc)
 
     async def __call__(self, notice: Notice) -> Manifest | None:
+        try:
+            await self.service.check_fence()
+        except SpotWarpError as exc:
+            # a standby candidate torn down, or a host that lost the lease: it must write nothing, not even this
+            log.warning("SpotWarp: %s notice from %s, but %s: no final snapshot", notice.kind, notice.source, exc)
+            return None
         log.warning("SpotWarp: %s notice from %s (%s); final snapshot within %.1f s", notice.kind, notice.source,
                     "fatal" if notice.fatal else "a warning", notice.window_s)
         recorded = asyncio.ensure_future(self._record(NOTICE_SEEN, source=notice.source, kind=notice.kind,

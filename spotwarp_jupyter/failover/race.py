@@ -1,0 +1,232 @@
+"""The race: launch N candidates in parallel through a provider, promote the first that serves a restored session.
+
+A candidate is ready when its own heartbeat in the store says so (restored, serving, in standby for this
+race's generation): readiness never depends on the provider. The winner is promoted by moving the lease
+to it; only then are the others torn down, so a loser's teardown (SIGTERM) finds itself fenced off and
+writes nothing. Candidates that fail are dropped; when all fail, the race fails with one line.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+from ..engine.errors import SpotWarpError
+from ..engine.fence import HOLDER
+from ..engine.journal import CANDIDATE_READY, FAILOVER_FINISHED, PROMOTED, RACE_STARTED, Journal
+from ..engine.store import Store
+from .heartbeat import read_heartbeat, ready_candidate
+from .lease import move_lease, read_lease
+from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Offer, Provider
+
+log = logging.getLogger("spotwarp")
+OnEvent = Callable[[str, dict[str, Any]], None]
+
+
+class RaceFailed(SpotWarpError):
+    """No candidate came up: each one's reason in one line."""
+
+
+@dataclass
+class Candidate:
+    """One candidate of a race, as the orchestrator follows it."""
+
+    id: str
+    offer: Offer
+    handle: CandidateHandle | None = None
+    state: str = "launching"  # launching, running, ready, promoted, failed, down
+    message: str = ""
+    launched_at: float = 0.0
+    started_at: float | None = None  # when `spotwarp start` began on it (its heartbeat says)
+    ready_at: float | None = None  # when it served (its heartbeat says)
+    seen_ready_at: float | None = None  # when the orchestrator saw it ready
+    restore: dict[str, Any] | None = None
+    url: str | None = None
+
+    @property
+    def provision_s(self) -> float | None:
+        return None if self.started_at is None else round(max(0.0, self.started_at - self.launched_at), 3)
+
+    @property
+    def restore_serve_s(self) -> float | None:
+        if self.started_at is None or self.ready_at is None:
+            return None
+        return round(max(0.0, self.ready_at - self.started_at), 3)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "offer": self.offer.describe(), "cloud": self.offer.cloud,
+                "price_per_hour": self.offer.price_per_hour, "state": self.state, "message": self.message or None,
+                "provision_s": self.provision_s, "restore_serve_s": self.restore_serve_s,
+                "ready_s": None if self.seen_ready_at is None else round(self.seen_ready_at - self.launched_at, 3),
+                "restored": (self.restore or {}).get("snapshot")}
+
+
+@dataclass
+class RaceResult:
+    """How a race went: the winner (None when all failed), every candidate, and the times."""
+
+    race: str
+    generation: int
+    provider: str
+    started: float
+    candidates: list[Candidate] = field(default_factory=list)
+    winner: Candidate | None = None
+    promoted_at: float | None = None
+    url: str | None = None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.winner is not None and self.error is None
+
+    def as_dict(self) -> dict[str, Any]:
+        w = self.winner
+        return {"race": self.race, "generation": self.generation, "provider": self.provider, "ok": self.ok,
+                "winner": w.id if w else None, "offer": w.offer.describe() if w else None, "url": self.url,
+                "race_s": None if self.promoted_at is None else round(self.promoted_at - self.started, 3),
+                "provision_s": w.provision_s if w else None, "restore_serve_s": w.restore_serve_s if w else None,
+                "error": self.error, "candidates": [c.as_dict() for c in self.candidates]}
+
+
+def _quietly(journal: Journal, event: str, **details: Any) -> None:
+    try:
+        journal.record(event, **details)
+    except Exception as exc:  # noqa: BLE001 - the journal is a record, never a reason to fail a failover
+        log.warning("SpotWarp: event %s not recorded: %s", event, exc)
+
+
+def race(provider: Provider, spec: LaunchSpec, store: Store, count: int, *, timeout: float = 900.0,
+         poll_s: float = 0.2, provider_poll_s: float = 1.0, reason: str = "launch",
+         on_event: OnEvent | None = None) -> RaceResult:
+    """Race `count` candidates; promote the first ready; tear the rest down. RaceFailed when none comes up."""
+    emit = on_event or (lambda kind, data: None)
+    journal = Journal(store)
+    generation = read_lease(store).generation + 1
+    offers = list(provider.offers(spec, count))[:count]
+    if not offers:
+        raise RaceFailed(f"provider {provider.name} has no offer for {spec.gpus or 'this task'}"
+                         + (f" on {', '.join(spec.clouds)}" if spec.clouds else "")
+                         + (f" under ${spec.max_price:g}/h" if spec.max_price is not None else ""))
+    result = RaceResult(secrets.token_hex(4), generation, provider.name, time.time())
+    for i, offer in enumerate(offers):
+        result.candidates.append(Candidate(f"g{generation}c{i}-{secrets.token_hex(2)}", offer))
+    _quietly(journal, RACE_STARTED, race=result.race, generation=generation, provider=provider.name, reason=reason,
+             candidates=[{"id": c.id, "offer": c.offer.describe()} for c in result.candidates])
+    emit(RACE_STARTED, {"race": result.race, "generation": generation,
+                        "candidates": [c.as_dict() for c in result.candidates]})
+
+    pool = ThreadPoolExecutor(max_workers=len(offers) * 2, thread_name_prefix="spotwarp-race")
+    lock = threading.Lock()
+
+    def launch(c: Candidate) -> None:
+        c.launched_at = time.time()
+        try:
+            handle = provider.launch(spec, c.offer, c.id, generation)
+        except Exception as exc:  # noqa: BLE001 - a failed launch drops this candidate only
+            with lock:
+                c.state, c.message = "failed", f"{type(exc).__name__}: {exc}"
+            return
+        with lock:
+            c.handle = handle
+            if c.state == "launching":
+                c.state = "running"
+
+    launches = [pool.submit(launch, c) for c in result.candidates]
+    deadline = time.monotonic() + timeout
+    next_poll = 0.0
+    try:
+        while result.winner is None:
+            live = [c for c in result.candidates if c.state in ("launching", "running")]
+            if not live:
+                break
+            if time.monotonic() > deadline:
+                result.error = f"no candidate served within {timeout:g} s"
+                break
+            ready = []
+            for c in live:
+                if c.state != "running":
+                    continue
+                doc = ready_candidate(store, c.id, generation)
+                if doc is not None:
+                    c.seen_ready_at = time.time()
+                    c.started_at, c.ready_at = doc.get("started_at"), doc.get("ready_at")
+                    c.restore = doc.get("restore")
+                    c.state, c.url = "ready", doc.get("url")
+                    ready.append(c)
+            if ready:
+                result.winner = min(ready, key=lambda c: c.ready_at or c.seen_ready_at or 0)
+                result.url = result.winner.url
+                break
+            if time.monotonic() >= next_poll:
+                next_poll = time.monotonic() + provider_poll_s
+                for c in live:
+                    if c.handle is None:
+                        continue
+                    status = provider.poll(c.handle)
+                    if status.state in (FAILED, GONE):
+                        c.state, c.message = "failed", status.message or status.state
+                        emit("candidate_failed", c.as_dict())
+            time.sleep(poll_s)  # the deadline-bounded poll of the store, not a stand-in for synchronisation
+        winner = result.winner
+        if winner is not None:
+            _quietly(journal, CANDIDATE_READY, snapshot=(winner.restore or {}).get("snapshot"), race=result.race,
+                     candidate=winner.id, offer=winner.offer.describe(), provision_s=winner.provision_s,
+                     restore_serve_s=winner.restore_serve_s)
+            emit(CANDIDATE_READY, winner.as_dict())
+            try:
+                lease = move_lease(store, generation, winner.id)
+            except SpotWarpError as exc:
+                result.error = str(exc)
+            else:
+                result.promoted_at = lease.time
+                winner.state = "promoted"
+                _quietly(journal, PROMOTED, race=result.race, candidate=winner.id, generation=generation)
+                emit(PROMOTED, {"candidate": winner.id, "generation": generation, "url": result.url})
+    finally:
+        for f in launches:
+            f.result()
+        losers = [c for c in result.candidates if c is not result.winner or not result.ok]
+        for c in losers:
+            if c.state not in ("failed",):
+                c.state = "down"
+        list(pool.map(lambda c: c.handle is not None and provider.down(c.handle), losers))
+        pool.shutdown(wait=True)
+    if not result.ok:
+        reasons = "; ".join(f"{c.id} ({c.offer.describe()}): {c.message or c.state}" for c in result.candidates)
+        result.error = result.error or f"all {len(result.candidates)} candidates failed"
+        _quietly(journal, FAILOVER_FINISHED, race=result.race, ok=False, provider=provider.name, generation=generation,
+                 error=result.error, candidates=[c.as_dict() for c in result.candidates])
+        raise RaceFailed(f"{result.error}: {reasons}")
+    return result
+
+
+def wait_promotion_seen(store: Store, result: RaceResult, timeout: float = 30.0, poll_s: float = 0.2) -> bool:
+    """Whether the winner's heartbeat said "holder" within `timeout` (it learnt of its promotion)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        doc = read_heartbeat(store, result.winner.id) if result.winner else None
+        if doc is not None and doc.get("state") == HOLDER:
+            return True
+        time.sleep(poll_s)  # deadline-bounded poll of the store
+    return False
+
+
+def finish(store: Store, result: RaceResult, reason: str, lost: str | None = None, lost_at: float | None = None,
+           detected_at: float | None = None) -> dict[str, Any]:
+    """Record failover_finished with detect / provision / restore-and-serve / total seconds; return the row."""
+    w = result.winner
+    origin = lost_at if lost_at is not None else result.started
+    row = {"race": result.race, "ok": result.ok, "reason": reason, "lost": lost, "provider": result.provider,
+           "generation": result.generation, "winner": w.id if w else None, "offer": w.offer.describe() if w else None,
+           "detect_s": None if lost_at is None or detected_at is None else round(detected_at - lost_at, 3),
+           "provision_s": w.provision_s if w else None, "restore_serve_s": w.restore_serve_s if w else None,
+           "race_s": None if result.promoted_at is None else round(result.promoted_at - result.started, 3),
+           "total_s": None if result.promoted_at is None else round(result.promoted_at - origin, 3),
+           "candidates": [c.as_dict() for c in result.candidates], "url": result.url}
+    _quietly(Journal(store), FAILOVER_FINISHED, **{k: v for k, v in row.items() if k != "ok"}, ok=result.ok)
+    return row

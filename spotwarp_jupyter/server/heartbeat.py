@@ -1,0 +1,95 @@
+"""The server's heartbeat: its role under the lease, written into the store from a thread every few seconds.
+
+Each beat reads the lease, so a standby candidate learns it was promoted, and a host cut off from the
+store learns, once it reaches it again, that it lost the lease. Transitions are handed to the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import socket
+import threading
+import time
+from typing import Any, Callable
+
+from ..engine.fence import FENCED, HOLDER, SERVING, STANDBY, Fence, Fenced, read_lease
+from ..engine.hosts import host_id, write_heartbeat
+from ..engine.store import Store
+
+log = logging.getLogger("spotwarp")
+
+
+class Heartbeat:
+    """Writes `hosts/<id>.json` every `interval` seconds and tracks this host's role."""
+
+    def __init__(self, store: Store, fence: Fence, interval: float, info: dict[str, Any],
+                 loop: asyncio.AbstractEventLoop, on_promoted: Callable[[], Any], on_fenced: Callable[[str], Any]):
+        self.store = store
+        self.fence = fence
+        self.interval = interval
+        self.info = info
+        self.loop = loop
+        self.on_promoted = on_promoted
+        self.on_fenced = on_fenced
+        self.id = host_id(fence.candidate, info.get("port"))
+        self.role = STANDBY if fence.candidate else SERVING
+        self.why: str | None = None
+        self.ready_at = time.time()  # the extension starts once the server listens and its loop runs
+        self.last_beat: float | None = None
+        self.last_error: str | None = None
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def describe(self) -> dict[str, Any]:
+        """What `GET status` shows."""
+        return {"id": self.id, "role": self.role, "generation": self.fence.generation,
+                "candidate": self.fence.candidate, "interval_s": self.interval, "why": self.why,
+                "last_beat": self.last_beat, "last_error": self.last_error}
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="spotwarp-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        while True:
+            self.beat()
+            if self.role == FENCED or self._stop.wait(self.interval):
+                return
+
+    def beat(self) -> str:
+        """Read the lease, update the role, write the heartbeat (blocking: runs in the heartbeat thread)."""
+        previous = self.role
+        try:
+            lease = read_lease(self.store)
+            role = self.fence.role(lease)
+            why = None if role in (SERVING, HOLDER) else self.fence.why_not(role, lease)
+        except Fenced as exc:  # a damaged lease: write nothing, but not a reason to stop
+            role, why = (STANDBY if self.fence.candidate else previous), str(exc)
+        except Exception as exc:  # noqa: BLE001 - an unreachable store: keep serving, try again
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            return self.role
+        if previous == FENCED:
+            role = FENCED
+        self.role, self.why = role, why
+        doc = {**self.info, "id": self.id, "candidate": self.fence.candidate, "generation": self.fence.generation,
+               "state": role, "ready": True, "ready_at": self.ready_at, "time": time.time(),
+               "host": socket.gethostname(), "pid": os.getpid(), "why": why}
+        try:
+            write_heartbeat(self.store, doc)
+            self.last_beat, self.last_error = doc["time"], None
+        except Exception as exc:  # noqa: BLE001
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        if role != previous:
+            if role == HOLDER:
+                log.warning("SpotWarp: promoted: candidate %s holds the lease (generation %d)", self.fence.candidate,
+                            self.fence.generation)
+                self.loop.call_soon_threadsafe(self.on_promoted)
+            elif role == FENCED:
+                log.error("SpotWarp: %s; stopping this server", why)
+                self.loop.call_soon_threadsafe(self.on_fenced, why or "fenced")
+        return role
