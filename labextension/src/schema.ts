@@ -103,6 +103,10 @@ export interface components {
             files: number;
             parent?: string | null;
             signed: boolean;
+            /** @description The writer's failover lease generation (0 without failover; docs/failover.md) */
+            generation?: number;
+            /** @description The writer's candidate id under failover */
+            holder?: string | null;
         };
         SnapshotStats: {
             files?: number;
@@ -139,6 +143,13 @@ export interface components {
             watchers: components["schemas"]["Watcher"][];
             /** @description Why the last automatic backup failed */
             last_error?: string | null;
+            /**
+             * @description This host under the failover lease (docs/failover.md): `role` (serving without failover, standby,
+             *     holder, fenced), `generation`, `candidate`, `why` it may not write, its heartbeat `id` and `last_beat`.
+             */
+            failover?: {
+                [key: string]: unknown;
+            };
             /**
              * @description What the server restored into an empty workspace when it started (restore-on-start, on by
              *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
@@ -181,6 +192,37 @@ export interface components {
             /** @description Non-fatal notices (e.g. AWS rebalance recommendations) */
             warnings: number;
             events: components["schemas"]["ReportRow"][];
+            /** @description One row per race of `spotwarp launch` (docs/failover.md) */
+            failovers: components["schemas"]["FailoverRow"][];
+        };
+        FailoverRow: {
+            /**
+             * Format: date-time
+             * @description When the race finished
+             */
+            time: string;
+            race: string | null;
+            /** @description Why it raced: launch, notice, silent heartbeat */
+            reason: string | null;
+            /** @description The host that was lost */
+            lost: string | null;
+            /** @description local or skypilot */
+            provider: string | null;
+            /** @description The lease generation the winner was promoted to */
+            generation: number | null;
+            ok: boolean;
+            /** @description The promoted candidate */
+            winner: string | null;
+            /** @description The winner's offer (cloud/region/instance and price) */
+            offer: string | null;
+            detect_s: number | null;
+            provision_s: number | null;
+            restore_serve_s: number | null;
+            total_s: number | null;
+            error: string | null;
+            candidates: {
+                [key: string]: unknown;
+            }[];
         };
         ReportRow: {
             /**
@@ -339,6 +381,18 @@ export interface operations {
             };
             400: components["responses"]["BadRequest"];
             403: components["responses"]["Forbidden"];
+            /**
+             * @description This host may not write to the project (docs/failover.md): a failover candidate in standby,
+             *     or a host that lost the lease. Nothing committed.
+             */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             500: components["responses"]["Failed"];
         };
     };

@@ -33,7 +33,8 @@ export function emptyReport(): IReport {
     resume_s_median: null,
     compute_saved_s: 0,
     warnings: 0,
-    events: []
+    events: [],
+    failovers: []
   };
 }
 
