@@ -393,6 +393,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):  # a file name that is not UTF-8 is printed escaped, not a traceback
+        sys.stdout.reconfigure(errors="backslashreplace")
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough: list[str] = []

@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_server import host_env
+from lab_server import LabServer, host_env
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.workspace import backup_workspace
@@ -93,13 +93,44 @@ def test_names_that_are_not_utf8_round_trip_byte_for_byte(tmp_path, store, key):
 
     snap = ok(cli("snapshot", "--workspace-path", str(ws), "--json", "-m", "odd names", store=store,
                   home=tmp_path / "a", key=key))
-    assert json.loads(snap.stdout)["files"] == 7
+    assert json.loads(snap.stdout)["files"] == 6  # five files and a link
     ok(cli("list", store=store, home=tmp_path / "a", key=key))
     assert b"ok:" in ok(cli("verify", store=store, home=tmp_path / "a", key=key)).stdout
 
     target = tmp_path / "new-host" / "ws"
     ok(cli("restore", "--workspace-path", str(target), store=store, home=tmp_path / "b", key=key))
     assert btree(target) == btree(ws)
+
+
+def test_automatic_and_final_snapshots_of_names_that_are_not_utf8(tmp_path, store):
+    """`spotwarp start` with automatic backups every second, then SIGTERM: both snapshots hold the odd names."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    with open(os.path.join(os.fsencode(ws), b"caf\xe9.csv"), "wb") as f:
+        f.write(b"a,b\n")
+    (ws / "plain.txt").write_text("plain")
+    env = host_env(tmp_path / "home", SPOTWARP_BACKUP_INTERVAL="1", SPOTWARP_WATCHERS="signals")
+    server = LabServer(ws, store, PROJECT, env, tmp_path / "lab.log")
+    engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}))
+    try:
+        server.wait_ready()
+        deadline = time.monotonic() + 120
+        status: dict = {}
+        while time.monotonic() < deadline:
+            status = server.request("GET", "spotwarp/api/status")[1]
+            if status["last_snapshot"] or status["last_error"]:
+                break
+            time.sleep(0.1)  # poll interval of a deadline-bounded wait for the first automatic backup
+        assert status["last_error"] is None and status["last_snapshot"], (status, server.log()[-2000:])
+        assert status["last_snapshot"]["message"] == "automatic backup" and status["last_snapshot"]["files"] == 2
+        (ws / "plain.txt").write_text("changed before the notice")
+        os.kill(server.proc.pid, signal.SIGTERM)
+        assert server.proc.wait(timeout=120) == 0, server.log()[-3000:]
+    finally:
+        server.kill()
+    final = engine.get("latest")
+    assert final.message.startswith("final snapshot"), server.log()[-3000:]
+    assert set(final.files["entries"]) == {os.fsdecode(b"caf\xe9.csv"), "plain.txt"}
 
 
 # -- item 4: names up to the filesystem's limit ----------------------------------------------------------
@@ -309,7 +340,7 @@ def test_a_home_folder_workspace_leaves_credentials_out_by_default(tmp_path, sto
 def test_spotwarpignore_negation_brings_credentials_back(tmp_path, store):
     home = tmp_path / "home" / "jovyan"
     home_workspace(home)
-    (home / ".spotwarpignore").write_text("!.env\n!.ssh/\n")
+    (home / ".spotwarpignore").write_text("!.env\n!.ssh/\n!id_ed25519\n")  # a key file also by its name
     names = restored_names(tmp_path, home, store, "restored")
     back = {".env", "project/.env", ".ssh/id_ed25519", ".ssh/config"}
     assert names == set(KEPT) | back | {".spotwarpignore"}, sorted(names ^ (set(KEPT) | back))

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import time
 from pathlib import Path
 
 import pytest
@@ -24,20 +22,14 @@ def store_dir(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def backup_interval() -> float:
-    return 0
-
-
-@pytest.fixture
-def jp_server_config(store_dir, backup_interval, monkeypatch):
+def jp_server_config(store_dir, monkeypatch):
     for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS",
                  "SPOTWARP_KEY"):
         monkeypatch.setenv(name, "unset")
         monkeypatch.delenv(name)
     return {
         "ServerApp": {"jpserver_extensions": {"spotwarp_jupyter.server": True}, "allow_root": True},
-        "SpotWarp": {"project": "api", "storage": str(store_dir), "backup_interval": backup_interval,
-                     "kernel_timeout": 30},
+        "SpotWarp": {"project": "api", "storage": str(store_dir), "backup_interval": 0, "kernel_timeout": 30},
     }
 
 
@@ -87,19 +79,6 @@ async def test_snapshot_and_restore_of_names_that_are_not_utf8(jp_fetch, workspa
         with open(os.path.join(base, name), "rb") as f:
             assert f.read() == b"row %d\n" % i
     assert SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={})).verify().ok
-
-
-@pytest.mark.parametrize("backup_interval", [0.2])
-async def test_automatic_backups_of_names_that_are_not_utf8(jp_fetch, workspace, store_dir):
-    deadline = time.monotonic() + 60
-    status: dict = {}
-    while time.monotonic() < deadline:
-        _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
-        if status["last_snapshot"] or status["last_error"]:
-            break
-        await asyncio.sleep(0.1)  # poll interval of a deadline-bounded wait for the loop's first round
-    assert status["last_error"] is None and status["last_snapshot"], status
-    assert status["last_snapshot"]["files"] == 3
 
 
 @pytest.mark.parametrize("body", [
