@@ -224,6 +224,8 @@ def _restore_summary(manifest: Manifest, report, workspace: str) -> str:
         text += f"; {report.files_unchanged} already up to date"
     if report.links_restored:
         text += f"; {report.links_restored} links"
+    if report.temporaries_removed:
+        text += f"; removed {report.temporaries_removed} temporaries an interrupted restore left"
     if report.unstable:
         text += f"; changing while backed up (may be inconsistent): {', '.join(report.unstable[:5])}"
     return text
