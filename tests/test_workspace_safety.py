@@ -350,11 +350,21 @@ def test_spotwarpignore_negation_brings_credentials_back(tmp_path, store):
 @pytest.mark.parametrize("bad", [{"mode": "rwxr-xr-x"}, {"mode": None}, {"mode": [493]}, {"mode": 1 << 70},
                                  {"mtime_ns": "yesterday"}, {"mtime_ns": 10**30}, {"mtime_ns": {"s": 1}}])
 def test_a_malformed_mode_or_mtime_is_refused_in_one_line(tmp_path, store, engine, bad):
+    malformed_metadata_is_refused(tmp_path, store, engine, bad, KEY)
+
+
+def test_a_malformed_mode_in_an_unsigned_manifest_is_refused_in_one_line(tmp_path, store):
+    unsigned = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=b"")
+    malformed_metadata_is_refused(tmp_path, store, unsigned, {"mode": "0644", "mtime_ns": -1.5}, None)
+
+
+def malformed_metadata_is_refused(tmp_path: Path, store: str, engine: SnapshotEngine, bad: dict,
+                                  key: str | None) -> None:
     ws = tmp_path / "ws"
     ws.mkdir()
     (ws / "f.txt").write_text("payload")
     os.utime(ws / "f.txt", (time.time() - 60, time.time() - 60))  # old enough to be named again unread
-    ok(cli("snapshot", "--workspace-path", str(ws), store=store, home=tmp_path / "a"))
+    ok(cli("snapshot", "--workspace-path", str(ws), store=store, home=tmp_path / "a", key=key))
     good = engine.get("latest")
     entry = {**good.files["entries"]["f.txt"], **bad}
     evil = engine.new_manifest("project", "bad metadata", files={**good.files, "entries": {"f.txt": entry}},
@@ -362,14 +372,14 @@ def test_a_malformed_mode_or_mtime_is_refused_in_one_line(tmp_path, store, engin
     engine.commit_manifest(evil)
     target = tmp_path / "target"
     err = one_line_failure(cli("restore", "--workspace-path", str(target), "--snapshot", evil.id, store=store,
-                               home=tmp_path / "b"))
+                               home=tmp_path / "b", key=key))
     assert "f.txt" in err
     assert not target.exists() or list(target.iterdir()) == []
     # the next backup, which reads that manifest as its previous one, still works and reads the file again
     out = json.loads(ok(cli("snapshot", "--workspace-path", str(ws), "--json", store=store,
-                            home=tmp_path / "a")).stdout)
+                            home=tmp_path / "a", key=key)).stdout)
     assert out["files"] == 1
-    ok(cli("restore", "--workspace-path", str(tmp_path / "again"), store=store, home=tmp_path / "b"))
+    ok(cli("restore", "--workspace-path", str(tmp_path / "again"), store=store, home=tmp_path / "b", key=key))
     assert (tmp_path / "again" / "f.txt").read_text() == "payload"
 
 
@@ -394,6 +404,7 @@ def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, 
         proc = subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 120
         while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.002)  # poll interval while watching for the temporary (the condition is checked below)
             if target.is_dir() and temporaries(target):
                 proc.send_signal(signal.SIGSTOP)  # frozen with its temporary on disk, then killed
                 if temporaries(target):

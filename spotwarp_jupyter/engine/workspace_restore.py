@@ -164,9 +164,10 @@ def survey(root: str) -> tuple[dict[str, str], list[str]]:
 
 def check_links(root: str, on_disk: dict[str, str], entries: dict[str, dict[str, Any]]) -> None:
     """Refuse (before anything is written) a restore after which some link would lead outside the workspace."""
-    folders = {f for p in entries for f in _ancestors(p)}
-    for folder in sorted(folders & set(on_disk)):
-        raise UnsafePathError(f"{os.path.join(root, folder)} is a symbolic link: refusing to restore files through it")
+    linked_folders = sorted({f for p in entries for f in _ancestors(p)} & set(on_disk))
+    if linked_folders:
+        raise UnsafePathError(f"{os.path.join(root, linked_folders[0])} is a symbolic link: "
+                              "refusing to restore files through it")
     before = Links(root, on_disk)
     after = before.after(entries)
     for relpath, entry in sorted(entries.items()):
