@@ -321,6 +321,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     workspace = _workspace(engine.settings, "snapshot")
     if not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} is not a folder")
+    if args.message is not None and args.message != args.message.encode("utf-8", "replace").decode():
+        raise ConfigError("--message must be text: it holds bytes that are not UTF-8")  # as the REST API says
     server = _running_server(engine.settings)
     if server is not None:
         import urllib.error

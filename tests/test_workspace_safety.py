@@ -25,7 +25,7 @@ KEY = "test-signing-key"
 PROJECT = "safety"
 
 
-def cli(*args: str, store: str, home: Path, key: str | None = KEY, timeout: float = 300) -> subprocess.CompletedProcess:
+def cli(*args: str | bytes, store: str, home: Path, key: str | None = KEY, timeout: float = 300) -> subprocess.CompletedProcess:
     """`spotwarp ARGS --project-id safety --storage STORE` as a user runs it, on its own fresh host."""
     env = host_env(home, **({"SPOTWARP_KEY": key} if key else {}))
     return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args, "--project-id", PROJECT,
@@ -100,6 +100,15 @@ def test_names_that_are_not_utf8_round_trip_byte_for_byte(tmp_path, store, key):
     target = tmp_path / "new-host" / "ws"
     ok(cli("restore", "--workspace-path", str(target), store=store, home=tmp_path / "b", key=key))
     assert btree(target) == btree(ws)
+
+
+def test_a_message_that_is_not_utf8_is_refused_in_one_line(tmp_path, store):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    err = one_line_failure(cli("snapshot", "--workspace-path", str(ws), "-m", b"note \xff", store=store,
+                               home=tmp_path / "a"))
+    assert "--message must be text" in err
+    assert not (Path(store) / PROJECT / "snapshots").is_dir() or not list((Path(store) / PROJECT / "snapshots").iterdir())
 
 
 def test_automatic_and_final_snapshots_of_names_that_are_not_utf8(tmp_path, store):
