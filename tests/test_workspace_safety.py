@@ -476,6 +476,27 @@ def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, 
     assert (target / "big.bin").read_bytes() == (ws / "big.bin").read_bytes()
 
 
+def test_the_temporary_of_a_restore_still_running_is_left_alone(tmp_path, store):
+    from spotwarp_jupyter.engine import restore_temporaries
+
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "f.txt").write_text("payload")
+    ok(cli("snapshot", "--workspace-path", str(ws), store=store, home=tmp_path / "a"))
+    target = tmp_path / "target"
+    target.mkdir()
+    running, fd = restore_temporaries.create_locked(str(target))  # this process writes it, as a restore would
+    try:
+        os.write(fd, b"half written")
+        (target / restore_temporaries.new_name()).write_bytes(b"left by a killed restore")
+        out = json.loads(ok(cli("restore", "--workspace-path", str(target), "--json", store=store,
+                                home=tmp_path / "b")).stdout)
+        assert out["temporaries_removed"] == 1
+        assert temporaries(target) == [os.path.basename(running)]
+    finally:
+        os.close(fd)
+
+
 def engine_entries(store: str) -> list[str]:
     engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=KEY.encode())
     return list(engine.get("latest").files["entries"])

@@ -70,6 +70,15 @@ def _lock(fd: int, blocking: bool) -> bool:
     return True
 
 
+def _open_to_lock(path: str) -> int:
+    # read-write where possible: over NFS an exclusive lock needs a descriptor open for writing
+    flags = os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        return os.open(path, os.O_RDWR | flags)
+    except PermissionError:
+        return os.open(path, os.O_RDONLY | flags)
+
+
 def sweep(paths: list[str]) -> tuple[int, int]:
     """Remove the temporaries no live restore is writing; (how many, bytes freed)."""
     removed = freed = 0
@@ -83,7 +92,7 @@ def sweep(paths: list[str]) -> tuple[int, int]:
                 continue
             if not stat.S_ISREG(st.st_mode):
                 continue
-            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+            fd = _open_to_lock(path)
         except OSError:
             continue  # gone already, or not ours to open
         try:
