@@ -425,6 +425,19 @@ def malformed_metadata_is_refused(tmp_path: Path, store: str, engine: SnapshotEn
     assert (tmp_path / "again" / "f.txt").read_text() == "payload"
 
 
+@pytest.mark.parametrize("files", ["not a record", {"entries": ["a"]}, {"entries": {"f.txt": 5}}])
+def test_a_malformed_files_record_is_refused_in_one_line(tmp_path, store, engine, files):
+    evil = engine.commit_manifest(engine.new_manifest("project", "malformed", files=files))
+    target = tmp_path / "target"
+    for ref in (evil.id, "latest"):
+        result = cli("restore", "--workspace-path", str(target), "--snapshot", ref, store=store, home=tmp_path / "b")
+        err = result.stderr.decode()
+        # the refusal, after the engine's warning naming the refused manifest (item 11 settles that warning)
+        assert result.returncode == 1 and "Traceback" not in err, err
+        assert err.strip().splitlines()[-1].startswith("spotwarp restore: ") and "malformed" in err
+    assert not target.exists()
+
+
 # -- item 13: temporaries of a killed restore ------------------------------------------------------------
 def temporaries(root: Path) -> list[str]:
     return sorted(p.name for p in root.rglob("*") if ".spotwarp-tmp-" in p.name)

@@ -166,6 +166,9 @@ class Manifest:
                 raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
+        for record in ("kernels", "files", "env", "stats", "objects"):
+            if not isinstance(doc.get(record) or {}, dict):
+                raise ManifestError(f"snapshot manifest {name}: its {record!r} record is malformed")
         try:
             return cls(
                 id=doc["id"],
