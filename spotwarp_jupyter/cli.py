@@ -305,6 +305,8 @@ def _restore_summary(manifest: Manifest, report, workspace: str) -> str:
         text += f"; {report.files_unchanged} already up to date"
     if report.links_restored:
         text += f"; {report.links_restored} links"
+    if report.temporaries_removed:
+        text += f"; removed {report.temporaries_removed} temporaries an interrupted restore left"
     if report.unstable:
         text += f"; changing while backed up (may be inconsistent): {', '.join(report.unstable[:5])}"
     return text
@@ -416,6 +418,8 @@ def cmd_snapshot(args: argparse.Namespace) -> int:
     workspace = _workspace(engine.settings, "snapshot")
     if not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} is not a folder")
+    if args.message is not None and args.message != args.message.encode("utf-8", "replace").decode():
+        raise ConfigError("--message must be text: it holds bytes that are not UTF-8")  # as the REST API says
     server = _running_server(engine.settings)
     if server is not None:
         import urllib.error
@@ -624,6 +628,8 @@ def cmd_gc(args: argparse.Namespace) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    if hasattr(sys.stdout, "reconfigure"):  # a file name that is not UTF-8 is printed escaped, not a traceback
+        sys.stdout.reconfigure(errors="backslashreplace")
     parser = build_parser()
     argv = list(sys.argv[1:] if argv is None else argv)
     passthrough: list[str] = []

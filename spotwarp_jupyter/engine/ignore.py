@@ -11,6 +11,43 @@ from .errors import ConfigError
 
 IGNORE_FILE = ".spotwarpignore"
 
+# Credentials and shell histories a home-folder workspace (the JupyterHub layout) holds: a snapshot is
+# readable by whoever reads the store, and a restore on another host must not plant one user's keys there.
+# `!.env` or `!.ssh/` in .spotwarpignore brings one back (a folder comes back as a whole).
+CREDENTIAL_PATTERNS = (
+    ".ssh/",
+    ".gnupg/",
+    "id_rsa", "id_dsa", "id_ecdsa", "id_ed25519", "id_ecdsa_sk", "id_ed25519_sk",
+    "**/.aws/credentials",
+    "**/.aws/sso/cache/",
+    "**/.aws/cli/cache/",
+    ".netrc", "_netrc",
+    ".git-credentials",
+    ".env",
+    "!.env/",  # a folder named .env is usually a virtual environment, not secrets
+    ".env.*",
+    "!.env.example", "!.env.sample", "!.env.template",
+    ".pgpass",
+    ".pypirc",
+    ".npmrc",
+    ".databrickscfg",
+    ".boto",
+    ".s3cfg",
+    "**/.docker/config.json",
+    "**/.kube/config",
+    "**/.config/gcloud/",
+    "**/.azure/",
+    "**/.config/gh/hosts.yml",
+    "**/.config/rclone/rclone.conf",
+    "**/.kaggle/kaggle.json",
+    "**/.huggingface/token",
+    "**/.config/huggingface/token",
+    "**/.terraform.d/credentials.tfrc.json",
+    ".bash_history", ".zsh_history", ".sh_history", ".history", ".python_history", ".node_repl_history",
+    ".psql_history", ".mysql_history", ".sqlite_history", ".rediscli_history", ".lesshst", ".viminfo",
+    "**/.local/share/fish/fish_history",
+)
+
 # Rebuildable or private by nature; a `!pattern` line in .spotwarpignore brings any of them back.
 DEFAULT_PATTERNS = (
     ".git/",
@@ -33,6 +70,7 @@ DEFAULT_PATTERNS = (
     ".jupyter/lab/workspaces/",
     ".npm/",
     ".ipython/profile_*/history.sqlite*",
+    *CREDENTIAL_PATTERNS,
 )
 
 

@@ -56,7 +56,18 @@ def trust_warning(key: bytes | None) -> str | None:
 
 
 def _canonical(body: dict[str, Any]) -> bytes:
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    # a file name that is not UTF-8 arrives as lone surrogates (os.fsdecode): "surrogatepass" gives them bytes
+    # of their own; every other string encodes exactly as plain UTF-8, so existing checksums still hold
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def _document(doc: dict[str, Any]) -> bytes:
+    """The stored JSON: readable UTF-8, or \\u escapes throughout when a string is not valid text."""
+    text = json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False)
+    try:
+        return text.encode()
+    except UnicodeEncodeError:
+        return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
 @dataclass
@@ -134,7 +145,7 @@ class Manifest:
         if key:
             doc["signature"] = hmac.new(key, payload, hashlib.sha256).hexdigest()
             doc["key_id"] = key_id(key)
-        return json.dumps(doc, sort_keys=True, indent=1, ensure_ascii=False).encode()
+        return _document(doc)
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "?", key: bytes | None = None, require_signature: bool = False,
@@ -175,6 +186,9 @@ class Manifest:
                 check_scope(ident, doc.get("scope"), scope)
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
+        for record in ("kernels", "files", "env", "stats", "objects"):
+            if not isinstance(doc.get(record) or {}, dict):
+                raise ManifestError(f"snapshot manifest {name}: its {record!r} record is malformed")
         try:
             return cls(
                 id=doc["id"],

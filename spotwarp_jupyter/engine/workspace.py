@@ -5,7 +5,9 @@ is named again without being read. Changed files are read in fixed chunks; a chu
 fingerprint is already known (from the previous snapshot or another file) is not written again, so
 editing a few bytes of a 10 GB file uploads one chunk. A file that changes while it is read is read
 again; if it never holds still it is kept as read and marked `unstable`. Symbolic links are recorded,
-never followed; one pointing outside the workspace is skipped.
+never followed; one pointing outside the workspace is skipped. A file replaced by a pipe, socket or
+device between the scan and its read is skipped (opened without waiting, checked after opening), and
+a restore's temporaries are never backed up, whatever `.spotwarpignore` says.
 """
 
 from __future__ import annotations
@@ -21,7 +23,9 @@ from typing import Any, Callable, Iterator
 from .hashing import fingerprint
 from .ignore import IgnoreRules
 from .persist import CHUNK_SIZE
+from .restore_temporaries import is_temporary
 from .store import Store
+from .workspace_restore import is_valid_entry
 
 READ_ATTEMPTS = 3
 RACY_WINDOW_NS = 2_000_000_000  # mtimes this close to a scan may hide a later write with the same mtime
@@ -76,6 +80,8 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[_Se
         subdirs = []
         for entry in entries:
             rel = f"{reldir}/{entry.name}" if reldir else entry.name
+            if is_temporary(entry.name):
+                continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
@@ -154,6 +160,10 @@ class _Uploads:
         self.pending_bytes = 0
 
 
+class NotRegularFile(OSError):
+    """The path names a pipe, socket or device now, not the regular file the scan saw."""
+
+
 def _read_exactly(f, n: int) -> bytes:
     """Up to `n` bytes, fewer only at end of file (a short read is not EOF on every filesystem)."""
     parts = []
@@ -177,9 +187,13 @@ def _read_file(seen: _Seen, uploads: _Uploads, chunk_size: int,
     chunks: list[dict[str, Any]] = []
     for _attempt in range(READ_ATTEMPTS):
         chunks = []
-        fd = os.open(seen.abspath, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+        # O_NONBLOCK: a pipe put in the file's place since the scan must not hold the backup (and its lock) forever
+        fd = os.open(seen.abspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
         try:
             before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise NotRegularFile(seen.relpath)
+            os.set_blocking(fd, True)
             with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
                 offset = 0
                 while True:
@@ -206,6 +220,19 @@ def _read_file(seen: _Seen, uploads: _Uploads, chunk_size: int,
             return chunks, after, True
         st = after
     return chunks, st, False
+
+
+def _well_formed(previous: Any) -> dict[str, Any] | None:
+    """The previous files record without what a damaged or crafted manifest could break this backup with."""
+    if not isinstance(previous, dict):
+        return None
+    entries = previous.get("entries")
+    scanned = previous.get("scanned_at_ns")
+    return {
+        "scanned_at_ns": scanned if isinstance(scanned, int) and not isinstance(scanned, bool) else 0,
+        "entries": {p: e for p, e in entries.items() if is_valid_entry(p, e) and ("link" in e or "mode" in e)}
+        if isinstance(entries, dict) else {},
+    }
 
 
 def _known_chunks(previous: dict[str, Any] | None) -> dict[str, tuple[str, int]]:
@@ -243,6 +270,7 @@ def backup_workspace(
 
         raise SpotWarpError(f"workspace {root} is not a folder")
     rules = rules or IgnoreRules.for_workspace(root)
+    previous = _well_formed(previous)
     stats = FileBackupStats()
     scanned_at = time.time_ns()
     prev_entries = (previous or {}).get("entries") or {}
@@ -289,6 +317,9 @@ def backup_workspace(
                 chunks, st, stable = _read_file(seen, uploads, chunk_size, lambda n, rel=seen.relpath: advance(n, rel))
             except FileNotFoundError:
                 continue  # deleted since the scan: not part of this snapshot
+            except NotRegularFile:
+                stats.skipped[seen.relpath] = "not a regular file (device, socket or pipe)"
+                continue
             except OSError as exc:
                 if exc.errno == errno.ELOOP:  # replaced by a symlink since the scan
                     continue

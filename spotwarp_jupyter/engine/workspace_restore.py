@@ -1,9 +1,11 @@
 """Restore workspace files from a snapshot, never writing outside the workspace whatever the manifest says.
 
 Every path and entry is checked before anything is written: an absolute path, a `..` component,
-a malformed chunk list or a link leading out of the workspace refuses the whole restore. Folders
+a malformed chunk list, mode or time, or a link leading out of the workspace (followed through every
+other link, those on disk and those the restore plants: link_safety) refuses the whole restore. Folders
 on the way are created one by one and never entered through a symbolic link. Each file is written
-to a temporary name and renamed into place, so a failed restore leaves no half-written file.
+to a short temporary name and renamed into place, so a failed restore leaves no half-written file,
+and the temporaries a killed restore left are removed by the next one (restore_temporaries).
 Files already holding the snapshot's content are left alone; files the snapshot does not name are
 never deleted.
 """
@@ -12,7 +14,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import secrets
 import stat
 import threading
 import time
@@ -20,12 +21,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from . import restore_temporaries
 from .errors import ManifestError, SpotWarpError
 from .hashing import fingerprint, is_object_id
+from .link_safety import Links
 from .store import Store
 
 Progress = Callable[[int, int, str], None]
-TMP_MARK = ".spotwarp-tmp-"
+TMP_MARK = restore_temporaries.MARK
+_NS_LIMIT = 2**63  # file times are signed 64-bit nanoseconds
 
 
 class UnsafePathError(ManifestError):
@@ -43,12 +47,14 @@ class FileRestoreReport:
     bytes_total: int = 0
     duration_s: float = 0.0
     unstable: list[str] = field(default_factory=list)
+    temporaries_removed: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "files_restored": self.files_restored, "files_unchanged": self.files_unchanged,
             "links_restored": self.links_restored, "bytes_restored": self.bytes_restored,
             "bytes_total": self.bytes_total, "duration_s": round(self.duration_s, 3), "unstable": self.unstable,
+            "temporaries_removed": self.temporaries_removed,
         }
 
 
@@ -79,6 +85,12 @@ def _check_entry(relpath: str, entry: Any) -> None:
     size = entry.get("size")
     if not isinstance(chunks, list) or not isinstance(size, int) or size < 0:
         raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
+    mode, mtime = entry.get("mode", 0o644), entry.get("mtime_ns")
+    if not _is_int(mode) or not 0 <= mode <= 0o7777:
+        raise ManifestError(f"snapshot entry for {relpath!r} has a malformed mode {_short(mode)}: refusing to restore")
+    if mtime is not None and (not _is_int(mtime) or not -_NS_LIMIT < mtime < _NS_LIMIT):
+        raise ManifestError(f"snapshot entry for {relpath!r} has a malformed mtime_ns {_short(mtime)}: "
+                            "refusing to restore")
     total = 0
     for c in chunks:
         if (not isinstance(c, dict) or not is_object_id(str(c.get("id", ""))) or not isinstance(c.get("size"), int)
@@ -87,6 +99,25 @@ def _check_entry(relpath: str, entry: Any) -> None:
         total += c["size"]
     if total != size:
         raise ManifestError(f"snapshot entry for {relpath!r}: chunks hold {total} bytes, not {size}")
+
+
+def is_valid_entry(relpath: Any, entry: Any) -> bool:
+    """True when a restore would accept this entry (a safe path, well-formed chunks, mode and time)."""
+    try:
+        check_relpath(relpath)
+        _check_entry(relpath, entry)
+    except ManifestError:
+        return False
+    return all(isinstance(c.get("fp", ""), str) for c in entry.get("chunks", []))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def check_files(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -102,6 +133,56 @@ def check_files(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
         if any(f == relpath or f.startswith(relpath + "/") for f in folders if f):
             raise ManifestError(f"snapshot names {relpath!r} both as a file and as a folder")
     return entries
+
+
+def survey(root: str) -> tuple[dict[str, str], list[str]]:
+    """The workspace's symbolic links (relative path -> target) and restore temporaries, never following links."""
+    links: dict[str, str] = {}
+    temporaries: list[str] = []
+    stack = [""]
+    while stack:
+        reldir = stack.pop()
+        try:
+            with os.scandir(os.path.join(root, reldir) if reldir else root) as it:
+                found = list(it)
+        except OSError:
+            continue  # unreadable: nothing the restore writes goes there either
+        for entry in found:
+            rel = f"{reldir}/{entry.name}" if reldir else entry.name
+            try:
+                if entry.is_symlink():
+                    links[rel] = os.readlink(entry.path)
+                elif entry.is_dir(follow_symlinks=False):
+                    stack.append(rel)
+                    continue
+            except OSError:
+                continue
+            if restore_temporaries.is_temporary(entry.name):
+                temporaries.append(entry.path)
+    return links, temporaries
+
+
+def check_links(root: str, on_disk: dict[str, str], entries: dict[str, dict[str, Any]]) -> None:
+    """Refuse (before anything is written) a restore after which some link would lead outside the workspace."""
+    linked_folders = sorted({f for p in entries for f in _ancestors(p)} & set(on_disk))
+    if linked_folders:
+        raise UnsafePathError(f"{os.path.join(root, linked_folders[0])} is a symbolic link: "
+                              "refusing to restore files through it")
+    before = Links(root, on_disk)
+    after = before.after(entries)
+    for relpath, entry in sorted(entries.items()):
+        if "link" in entry and not after.stays_inside(relpath):
+            raise UnsafePathError(f"snapshot link {relpath!r} -> {entry['link']!r} leads outside the workspace "
+                                  "through other links: refusing to restore")
+    for relpath in sorted(set(on_disk) - set(entries)):
+        if before.stays_inside(relpath) and not after.stays_inside(relpath):
+            raise UnsafePathError(f"snapshot links would make the workspace's link {relpath!r} -> "
+                                  f"{on_disk[relpath]!r} lead outside it: refusing to restore")
+
+
+def _ancestors(relpath: str) -> list[str]:
+    parts = relpath.split("/")[:-1]
+    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
 def _folder(root: str, reldir: str) -> str:
@@ -132,7 +213,13 @@ def _holds(path: str, entry: dict[str, Any]) -> bool:
         return False
     if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
         return False
-    with open(path, "rb") as f:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False  # replaced since the stat (by a link, a pipe...): write it again
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
         for chunk in entry["chunks"]:
             data = f.read(chunk["size"])
             if not chunk.get("fp") or fingerprint(data) != chunk["fp"]:
@@ -142,22 +229,20 @@ def _holds(path: str, entry: dict[str, Any]) -> bool:
 
 def _write_file(store: Store, folder: str, name: str, entry: dict[str, Any], on_bytes: Callable[[int], None]) -> None:
     target = os.path.join(folder, name)
-    tmp = os.path.join(folder, f".{name}{TMP_MARK}{secrets.token_hex(4)}")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o600)
+    tmp, fd = restore_temporaries.create_locked(folder)  # short name: any name the filesystem allows fits
     try:
-        with os.fdopen(fd, "wb") as f:
+        with os.fdopen(fd, "wb") as f:  # closing it releases the lock: only after the rename below
             for chunk in entry["chunks"]:
                 data = store.read_object(chunk["id"], chunk["size"])  # checked against its hash
                 f.write(data)
                 on_bytes(len(data))
             f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, int(entry.get("mode", 0o644)) & 0o777)
-        if entry.get("mtime_ns"):
-            os.utime(tmp, ns=(int(entry["mtime_ns"]), int(entry["mtime_ns"])))
-        if os.path.isdir(target) and not os.path.islink(target):
-            raise SpotWarpError(f"cannot restore file {target}: a folder is in the way")
-        os.replace(tmp, target)  # replaces a symlink itself, never what it points to
+            # through the descriptor: never through whatever the name may have been replaced with
+            os.chmod(fd, entry.get("mode", 0o644) & 0o777)
+            if entry.get("mtime_ns"):
+                os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
+            os.fsync(fd)
+            _rename(tmp, target)
     except BaseException:
         try:
             os.unlink(tmp)
@@ -166,9 +251,20 @@ def _write_file(store: Store, folder: str, name: str, entry: dict[str, Any], on_
         raise
 
 
+def _rename(tmp: str, target: str) -> None:
+    if os.path.isdir(target) and not os.path.islink(target):
+        raise SpotWarpError(f"cannot restore file {target}: a folder is in the way")
+    os.replace(tmp, target)  # replaces a symlink itself, never what it points to
+
+
 def _write_link(folder: str, name: str, target: str) -> None:
     path = os.path.join(folder, name)
-    tmp = os.path.join(folder, f".{name}{TMP_MARK}{secrets.token_hex(4)}")
+    try:
+        os.symlink(target, path)
+        return
+    except FileExistsError:
+        pass  # replaced through a temporary, in one rename
+    tmp = os.path.join(folder, restore_temporaries.new_name())
     os.symlink(target, tmp)
     try:
         if os.path.isdir(path) and not os.path.islink(path):
@@ -184,9 +280,12 @@ def restore_files(store: Store, files: dict[str, Any], root: str, progress: Prog
     """Write the snapshot's files into `root` (created if missing); see the module docstring for the rules."""
     started = time.perf_counter()
     entries = check_files(files)
-    os.makedirs(root, exist_ok=True)
     root = os.path.realpath(root)
+    on_disk, temporaries = survey(root) if os.path.isdir(root) else ({}, [])
+    check_links(root, on_disk, entries)
+    os.makedirs(root, exist_ok=True)
     report = FileRestoreReport(unstable=sorted(p for p, e in entries.items() if e.get("unstable")))
+    report.temporaries_removed = restore_temporaries.sweep(temporaries)[0]
     report.bytes_total = sum(e.get("size", 0) for e in entries.values())
     lock = threading.Lock()
     done = [0]

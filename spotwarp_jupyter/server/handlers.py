@@ -43,6 +43,8 @@ class SpotWarpHandler(APIHandler):
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise web.HTTPError(400, "request body is not valid JSON") from None
+        except RecursionError:  # nested deeper than the parser goes: no body of ours is more than one level
+            raise web.HTTPError(400, "request body is nested too deeply") from None
         if not isinstance(body, dict):
             raise web.HTTPError(400, "request body must be a JSON object")
         return body
@@ -85,6 +87,8 @@ class SnapshotsHandler(SpotWarpHandler):
         message = body.get("message")
         if message is not None and (not isinstance(message, str) or len(message) > 1000):
             raise web.HTTPError(400, "message must be a string of at most 1000 characters")
+        if message is not None and not _is_text(message):
+            raise web.HTTPError(400, "message must be text: it holds a lone surrogate (an escape such as \\ud800)")
         manifest = await self.call(self.service.snapshot(message or None))
         self.reply({**manifest_summary(manifest), "stats": manifest.stats}, status=201)
 
@@ -97,6 +101,15 @@ class RestoreHandler(SpotWarpHandler):
         if self.json_body():
             raise web.HTTPError(400, "restore takes no body: the snapshot id is in the URL")
         self.reply(await self.call(self.service.restore(snapshot_id)))
+
+
+def _is_text(value: str) -> bool:
+    """True when `value` is encodable text (JSON allows lone surrogates such as "\\ud800"; UTF-8 does not)."""
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def handlers() -> list[tuple[str, type[SpotWarpHandler]]]:
