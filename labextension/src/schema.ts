@@ -362,7 +362,7 @@ export interface operations {
         requestBody?: {
             content: {
                 "application/json": {
-                    /** @description A note stored with the snapshot */
+                    /** @description A note stored with the snapshot: text (a lone surrogate such as \ud800 is refused with 400) */
                     message?: string;
                 };
             };
