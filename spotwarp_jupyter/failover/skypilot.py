@@ -201,10 +201,15 @@ class SkyPilotProvider:
         ranked = self.catalog_offers(spec)
         if not self.dryrun_offers:
             return ranked[:count]
+        # One question for the enabled clouds spares a dryrun per offer SkyPilot could never launch.
+        enabled = set(self._enabled_clouds(load_sky(), sorted({o.cloud for o in ranked})))
         chosen: list[Offer] = []
         for offer in ranked:
             if len(chosen) >= count:
                 break
+            if offer.cloud not in enabled:
+                self.rejected.append(f"{offer.describe()}: {offer.cloud} is not enabled in SkyPilot (run: sky check {offer.cloud})")
+                continue
             problem = self.dryrun(spec, offer)
             if problem is None:
                 chosen.append(offer)
@@ -222,11 +227,20 @@ class SkyPilotProvider:
             return one_line(e)
         return None
 
-    def _enabled_clouds(self, sky: Any) -> list[str]:
+    def _enabled_clouds(self, sky: Any, wanted: Sequence[str] = ()) -> list[str]:
+        """The clouds SkyPilot may launch on; `sky check` runs once for wanted clouds its cache lacks."""
+        from sky.client import sdk  # noqa: PLC0415 (enabled_clouds and check are not re-exported at the top level)
+
         try:
-            return [str(c).lower() for c in sky.get(sky.enabled_clouds())]
+            enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
+            missing = tuple(c for c in wanted if c not in enabled)
+            if missing or not enabled:
+                # The API server only caches what the last `sky check` found; credentials set up since count too.
+                sky.get(sdk.check(missing or None, verbose=False))
+                enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
         except Exception as e:  # noqa: BLE001
             raise SkyPilotUnavailable(f"SkyPilot could not list the enabled clouds: {one_line(e)}") from None
+        return enabled
 
     # -- candidates -----------------------------------------------------------------------
 
@@ -250,10 +264,10 @@ class SkyPilotProvider:
     def poll(self, handle: CandidateHandle) -> CandidateStatus:
         """Map SkyPilot's request, cluster and job states to PENDING/RUNNING/FAILED/GONE; never raises."""
         data = handle.data
-        if data.get("error"):
-            return CandidateStatus(FAILED, data["error"])
         if data.get("downed"):
             return CandidateStatus(GONE, "torn down")
+        if data.get("error"):
+            return CandidateStatus(FAILED, data["error"])
         try:
             sky = load_sky()
             if data.get("job_id") is None:
