@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -188,19 +189,23 @@ def test_dryrun_refuses_a_port_the_cloud_cannot_open(provider):
 def test_failed_launch_is_a_failed_candidate(provider):
     """A launch SkyPilot refuses (no credentials for the cloud) polls as FAILED with one line; down is idempotent."""
     p = provider()
-    handle = p.launch(SPEC, AWS_OFFER, "c-2", 4)
-    assert handle.data["cluster"] == "sw-demo_project-c-2"
+    # The race launches each candidate from its own thread.
+    with ThreadPoolExecutor(2) as pool:
+        handle, other = pool.map(lambda a: p.launch(SPEC, *a), [(AWS_OFFER, "c-2", 4), (VAST_OFFER, "c-3", 4)])
+    assert (handle.data["cluster"], other.data["cluster"]) == ("sw-demo_project-c-2", "sw-demo_project-c-3")
     deadline = time.monotonic() + 120
-    status = p.poll(handle)
-    while status.state == PENDING and time.monotonic() < deadline:
+    status, other_status = p.poll(handle), p.poll(other)
+    while PENDING in (status.state, other_status.state) and time.monotonic() < deadline:
         time.sleep(0.5)
-        status = p.poll(handle)
+        status, other_status = p.poll(handle), p.poll(other)
+    assert other_status.state == FAILED and "vast which is not enabled" in other_status.message, other_status
     assert status.state == FAILED, status
     assert "\n" not in status.message and "aws which is not enabled" in status.message, status.message
     assert status.message.startswith("ResourcesUnavailableError: ")
     assert p.poll(handle) == status  # stays failed, never raises
     p.down(handle)
     p.down(handle)
+    p.down(other)
     assert p.errors == []
     assert p.poll(handle).state == GONE
     assert p.leaks() == []
