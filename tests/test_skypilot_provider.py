@@ -11,19 +11,21 @@ credentials does.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 import yaml
-
 from lab_server import free_port
+
 from spotwarp_jupyter.failover.provider import FAILED, GONE, PENDING, LaunchSpec, Offer
 
 HERE = Path(__file__).parent
@@ -46,28 +48,71 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+class RecordingProxy:
+    """An HTTP(S) proxy that forwards nothing: it records the first line of every request and hangs up."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+        self._sock = socket.socket()
+        self._sock.bind(("127.0.0.1", 0))
+        self._sock.listen(16)
+        self.port = self._sock.getsockname()[1]
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                conn, _ = self._sock.accept()
+            except OSError:
+                return
+            with conn:
+                conn.settimeout(5)
+                try:
+                    self.seen.append(conn.recv(1024).split(b"\r\n", 1)[0].decode(errors="replace"))
+                except OSError:
+                    self.seen.append("(no request line)")
+
+    def close(self) -> None:
+        self._sock.close()
+
+
 @pytest.fixture(scope="module")
 def sky_home(tmp_path_factory):
-    """SkyPilot offline: its own HOME with fixture catalogs, its own API server port; stopped at the end."""
+    """SkyPilot offline: its own HOME with fixture catalogs, its own API server port; stopped at the end.
+
+    Every HTTP(S) request that is not to 127.0.0.1 goes to a recording proxy that forwards nothing;
+    the fixture fails if anything tried (a catalog download, pypi.org, a cloud's API).
+    """
     if "sky" in sys.modules:
         pytest.fail("sky was imported before the fixture set HOME: SkyPilot fixes its catalog paths at import")
     home = tmp_path_factory.mktemp("skyhome")
     shutil.copytree(CATALOGS, home / ".sky" / "catalogs" / "v8")
     (home / ".sky" / "config.yaml").write_text("allowed_clouds: [aws, runpod, vast, mithril]\n")
+    # The API server asks pypi.org for SkyPilot's latest release unless it asked in the last 24 hours.
+    (home / ".sky" / "version_cache.json").write_text(json.dumps({"release_version": None, "cached_at": time.time()}))
     (home / ".config" / "mithril").mkdir(parents=True)
     (home / ".config" / "mithril" / "config.yaml").write_text("api_key: dummy\n")
+    proxy = RecordingProxy()
     port = free_port()
+    proxy_url = f"http://127.0.0.1:{proxy.port}"
     env = {
         "HOME": str(home),
         "SKYPILOT_API_SERVER_LOCAL_PORT": str(port),
         "SKYPILOT_DISABLE_USAGE_COLLECTION": "1",
         "AWS_EC2_METADATA_DISABLED": "true",  # boto3 must not ask 169.254.169.254 for credentials
-        "AWS_SHARED_CREDENTIALS_FILE": str(home / "no-aws-credentials"),
+        # A dryrun builds SkyPilot's wheel with pip: from the installed setuptools, never from an index.
+        "PIP_NO_INDEX": "1",
+        "PIP_NO_BUILD_ISOLATION": "0",  # pip reads this negative option inverted: "0" turns isolation off
+        **{k: proxy_url for k in ("http_proxy", "https_proxy", "HTTP_PROXY", "HTTPS_PROXY")},
+        **{k: "127.0.0.1,localhost" for k in ("no_proxy", "NO_PROXY")},
     }
-    saved = {k: os.environ.get(k) for k in [*env, "SKYPILOT_API_SERVER_ENDPOINT", "XDG_CONFIG_HOME"]}
+    dropped = ["SKYPILOT_API_SERVER_ENDPOINT", "XDG_CONFIG_HOME", "all_proxy", "ALL_PROXY",
+               "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE",
+               "AWS_CONFIG_FILE", "AWS_SHARED_CREDENTIALS_FILE"]  # no AWS credentials but HOME's (none)
+    saved = {k: os.environ.get(k) for k in [*env, *dropped]}
     os.environ.update(env)
-    os.environ.pop("SKYPILOT_API_SERVER_ENDPOINT", None)
-    os.environ.pop("XDG_CONFIG_HOME", None)
+    for k in dropped:
+        os.environ.pop(k, None)
     try:
         yield {"home": home, "port": port}
     finally:
@@ -78,12 +123,14 @@ def sky_home(tmp_path_factory):
         deadline = time.monotonic() + 30
         while _port_open(port) and time.monotonic() < deadline:
             time.sleep(0.2)
+        proxy.close()
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
         assert not _port_open(port), f"SkyPilot's API server still listens on {port}"
+        assert proxy.seen == [], f"SkyPilot tried to reach the network: {proxy.seen}"
 
 
 @pytest.fixture
@@ -131,10 +178,10 @@ def test_image_with_spotwarp_and_no_port(provider):
 
 
 def test_cluster_names_are_valid_for_skypilot(sky_home):
-    from spotwarp_jupyter.failover.skypilot import cluster_name
-
     import sky
     from sky.utils import common_utils
+
+    from spotwarp_jupyter.failover.skypilot import cluster_name
 
     names = [cluster_name("Demo Project/ü", "cand_1"), cluster_name("p" * 80, "c-2"), cluster_name("p" * 80, "c-3")]
     for name in names:
@@ -170,7 +217,7 @@ def test_dryrun_picks_cheapest_feasible_offer(provider):
     """SkyPilot's optimizer (dryrun) confirms offers: disabled clouds drop out, each with one line why."""
     p = provider({"open_port": False})
     offers = p.offers(SPEC, 1)
-    assert [(o.cloud, o.instance_type, o.price_per_hour) for o in offers] == [("mithril", "it_a100x1_fixture", 1.20)], p.rejected
+    assert [(o.cloud, o.instance_type, o.price_per_hour) for o in offers] == [("mithril", "it_a100x1_fixture", 1.20)], "\n".join(p.rejected)
     assert len(p.rejected) == 4  # both vast and both runpod offers, cheaper but not enabled
     for line in p.rejected:
         assert "\n" not in line and "not enabled" in line, line
@@ -245,7 +292,7 @@ def test_missing_or_old_skypilot_is_one_line(tmp_path, block, expected):
     (old / "skypilot-0.13.0.dist-info" / "METADATA").write_text("Metadata-Version: 2.1\nName: skypilot\nVersion: 0.13.0\n")
     env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path)}
     code = MISSING.format(block=block.format(old=str(old)))
-    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    out = subprocess.run([sys.executable, "-c", code], check=False, env=env, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout

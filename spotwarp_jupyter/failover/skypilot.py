@@ -16,10 +16,11 @@ import math
 import re
 import shlex
 import threading
+from collections.abc import Sequence
 from importlib import metadata
-from typing import Any, Sequence
+from typing import Any
 
-from ..engine.errors import SpotWarpError
+from ..engine.errors import ConfigError, SpotWarpError
 from .provider import FAILED, GONE, PENDING, RUNNING, CandidateHandle, CandidateStatus, LaunchSpec, Offer
 
 OLDEST_SKYPILOT = (0, 14, 1)
@@ -44,7 +45,7 @@ def load_sky() -> Any:
     """Import SkyPilot, or raise SkyPilotUnavailable in one line naming the extra to install."""
     wanted = ".".join(map(str, OLDEST_SKYPILOT))
     try:
-        import sky  # noqa: PLC0415 (lazy: the failover package must import without skypilot)
+        import sky  # lazy: the failover package must import without skypilot
     except ImportError:
         raise SkyPilotUnavailable(
             f"the SkyPilot provider needs skypilot >= {wanted}, which is not installed: {INSTALL_HINT}"
@@ -106,7 +107,7 @@ class SkyPilotProvider:
         known = {"image_id", "install", "open_port", "idle_minutes", "dryrun_offers", "retry_until_up"}
         unknown = sorted(set(opts) - known)
         if unknown:
-            raise SpotWarpError(f"unknown SkyPilot provider option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+            raise ConfigError(f"unknown SkyPilot provider option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         self.image_id: str | None = opts.get("image_id")
         self.install: str | None = opts.get("install")
         self.open_port: bool = bool(opts.get("open_port", True))
@@ -229,7 +230,7 @@ class SkyPilotProvider:
 
     def _enabled_clouds(self, sky: Any, wanted: Sequence[str] = ()) -> list[str]:
         """The clouds SkyPilot may launch on; `sky check` runs once for wanted clouds its cache lacks."""
-        from sky.client import sdk  # noqa: PLC0415 (enabled_clouds and check are not re-exported at the top level)
+        from sky.client import sdk  # enabled_clouds and check are not re-exported at the top level
 
         try:
             enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
