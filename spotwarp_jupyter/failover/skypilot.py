@@ -308,7 +308,8 @@ class SkyPilotProvider:
             return CandidateStatus(GONE, f"cluster {cluster_status.lower()}")
         job_id = data.get("job_id")
         jobs = sky.get(sky.job_status(data["cluster"], [job_id] if job_id is not None else None))
-        job = jobs.get(job_id) if job_id is not None else next(iter(jobs.values()), None)
+        # Keys may come back as strings from the API server's JSON.
+        job = jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else next(iter(jobs.values()), None)
         job_status = str(job).split(".")[-1].upper() if job is not None else "MISSING"
         if job_status in ("INIT", "PENDING", "SETTING_UP"):
             return CandidateStatus(PENDING, f"job {job_status.lower()}")
