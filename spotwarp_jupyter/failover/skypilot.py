@@ -1,0 +1,362 @@
+"""The SkyPilot provider: candidates are SkyPilot clusters, one per offer, on spot machines.
+
+A thin layer over SkyPilot's public Python API (`sky.Task`, `sky.Resources`, `sky.launch`,
+`sky.status`, `sky.job_status`, `sky.down`, the catalog's `sky.list_accelerators`). SkyPilot
+recovers one candidate at a time; the race launches several, so each candidate is its own
+cluster pinned to one offer (cloud, region, instance type) and torn down when it finishes.
+
+`sky` is imported only when the provider is used, so the failover package works without it.
+SDK calls go through SkyPilot's API server (a local one is started by SkyPilot when none is set).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import shlex
+import threading
+from collections.abc import Sequence
+from importlib import metadata
+from typing import Any
+
+from ..engine.errors import ConfigError, SpotWarpError
+from .provider import FAILED, GONE, PENDING, RUNNING, CandidateHandle, CandidateStatus, LaunchSpec, Offer
+
+OLDEST_SKYPILOT = (0, 14, 1)
+INSTALL_HINT = 'pip install "spotwarp[failover]"'
+# SkyPilot's CLUSTER_NAME_VALID_REGEX; 35 characters fit every cloud's own name limit (GCP's is the smallest).
+_CLUSTER_NAME_MAX = 35
+# The storage extra a candidate needs for the project's storage URL.
+_STORAGE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
+# sky.api_status request states.
+_REQUEST_WAITING = ("PENDING", "RUNNING")
+
+
+class SkyPilotUnavailable(SpotWarpError):
+    """SkyPilot is not installed, too old, or cannot answer; the message is one line."""
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
+
+
+def load_sky() -> Any:
+    """Import SkyPilot, or raise SkyPilotUnavailable in one line naming the extra to install."""
+    wanted = ".".join(map(str, OLDEST_SKYPILOT))
+    try:
+        import sky  # lazy: the failover package must import without skypilot
+    except ImportError:
+        raise SkyPilotUnavailable(
+            f"the SkyPilot provider needs skypilot >= {wanted}, which is not installed: {INSTALL_HINT}"
+        ) from None
+    try:
+        found = metadata.version("skypilot")
+    except metadata.PackageNotFoundError:
+        found = str(getattr(sky, "__version__", "0"))
+    if _version(found) < OLDEST_SKYPILOT:
+        raise SkyPilotUnavailable(
+            f"the SkyPilot provider needs skypilot >= {wanted}, found {found}: pip install -U \"spotwarp[failover]\""
+        )
+    return sky
+
+
+def one_line(exc: BaseException) -> str:
+    """A SkyPilot exception as one line: its type and the first non-empty line of its message."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # SkyPilot colours its messages
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def cluster_name(project_id: str, candidate_id: str) -> str:
+    """`sw-<project>-<candidate>` made valid for SkyPilot (letters, digits, - _ .; short enough for every cloud)."""
+    raw = f"sw-{project_id}-{candidate_id}".lower()
+    name = re.sub(r"[^a-z0-9_.-]+", "-", raw)
+    name = re.sub(r"-{2,}", "-", name).strip("-_.")
+    if len(name) > _CLUSTER_NAME_MAX:
+        digest = hashlib.sha1(raw.encode()).hexdigest()[:6]
+        name = name[: _CLUSTER_NAME_MAX - 7].rstrip("-_.") + "-" + digest
+    return name
+
+
+def _split_gpus(gpus: str | None) -> tuple[str | None, int]:
+    if not gpus:
+        return None, 1
+    name, _, count = gpus.partition(":")
+    return name.strip(), int(float(count)) if count.strip() else 1
+
+
+class SkyPilotProvider:
+    """Candidates on SkyPilot clusters: one cluster per offer, spot, torn down when done.
+
+    Options (all optional):
+      image_id: machine or container image with SpotWarp preinstalled (SkyPilot syntax,
+                e.g. "docker:ghcr.io/you/spotwarp:1" or an AMI id); setup skips the pip install then.
+      install: what setup pip-installs when the image lacks `spotwarp` (default: "spotwarp" with
+               the storage extra the spec's URL needs).
+      open_port: open spec.port on the candidate (default True).
+      idle_minutes: SkyPilot autodown after this many idle minutes (default None: down when the job ends).
+      dryrun_offers: confirm each catalog offer with `sky.launch(dryrun=True)` (default True).
+      retry_until_up: passed to sky.launch (default False: a failed offer fails its candidate).
+    """
+
+    name = "skypilot"
+
+    def __init__(self, options: dict | None = None) -> None:
+        opts = dict(options or {})
+        known = {"image_id", "install", "open_port", "idle_minutes", "dryrun_offers", "retry_until_up"}
+        unknown = sorted(set(opts) - known)
+        if unknown:
+            raise ConfigError(f"unknown SkyPilot provider option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
+        self.image_id: str | None = opts.get("image_id")
+        self.install: str | None = opts.get("install")
+        self.open_port: bool = bool(opts.get("open_port", True))
+        self.idle_minutes: int | None = opts.get("idle_minutes")
+        self.dryrun_offers: bool = bool(opts.get("dryrun_offers", True))
+        self.retry_until_up: bool = bool(opts.get("retry_until_up", False))
+        self.rejected: list[str] = []  # offers the dryrun refused, one line each
+        self.errors: list[str] = []  # teardown errors, one line each
+        self._lock = threading.Lock()
+        self._started: dict[str, CandidateHandle] = {}
+        self._downed: set[str] = set()
+
+    # -- the task -------------------------------------------------------------------------
+
+    def setup_command(self, spec: LaunchSpec) -> str:
+        """Install SpotWarp only when the image lacks it, so a prepared image goes straight to `run`."""
+        requirement = self.install
+        if requirement is None:
+            scheme = spec.storage.split("://", 1)[0].lower() if "://" in spec.storage else ""
+            extra = _STORAGE_EXTRAS.get(scheme)
+            requirement = f"spotwarp[{extra}]" if extra else "spotwarp"
+        return f"command -v spotwarp >/dev/null 2>&1 || python3 -m pip install --quiet {shlex.quote(requirement)}"
+
+    def build_task(self, spec: LaunchSpec, offer: Offer | None, candidate_id: str, generation: int) -> Any:
+        """The sky.Task for one candidate: `spotwarp start` in standby, pinned to `offer`'s machine."""
+        sky = load_sky()
+        task = sky.Task(
+            name=cluster_name(spec.project_id, candidate_id),
+            setup=self.setup_command(spec),
+            run=spec.start_command(candidate_id, generation),
+            # spec.env carries SPOTWARP_KEY and storage credentials: secrets, which SkyPilot redacts.
+            secrets=dict(spec.env) or None,
+        )
+        task.set_resources(sky.Resources(**self._resources_args(spec, offer)))
+        return task
+
+    def _resources_args(self, spec: LaunchSpec, offer: Offer | None) -> dict[str, Any]:
+        args: dict[str, Any] = {"accelerators": spec.gpus, "use_spot": True}
+        if offer is not None:
+            sky = load_sky()
+            args["cloud"] = sky.CLOUD_REGISTRY.from_str(offer.cloud)
+            args["region"] = offer.region
+            args["instance_type"] = offer.instance_type
+        if spec.max_price is not None:
+            args["max_hourly_cost"] = spec.max_price
+        if self.open_port:
+            args["ports"] = [str(spec.port)]
+        if self.image_id:
+            args["image_id"] = self.image_id
+        return args
+
+    # -- offers ---------------------------------------------------------------------------
+
+    def catalog_offers(self, spec: LaunchSpec) -> list[Offer]:
+        """Every spot offer in SkyPilot's catalog for spec's accelerator, clouds and price cap, cheapest first."""
+        sky = load_sky()
+        name, count = _split_gpus(spec.gpus)
+        if name is None:
+            raise SpotWarpError("the SkyPilot provider needs --gpus (e.g. A100:1) to pick offers from the catalog")
+        clouds = list(spec.clouds) or self._enabled_clouds(sky)
+        if not clouds:
+            return []
+        try:
+            listed = sky.list_accelerators(
+                gpus_only=True, name_filter=f"^{re.escape(name)}$", quantity_filter=count,
+                clouds=clouds, case_sensitive=False, all_regions=True,
+            )
+        except Exception as e:  # noqa: BLE001 (a catalog SkyPilot cannot read or fetch is one line)
+            raise SkyPilotUnavailable(f"SkyPilot's catalog could not be read: {one_line(e)}") from None
+        best: dict[tuple[str, str | None, str | None], Offer] = {}
+        for infos in listed.values():
+            for info in infos:
+                price = info.spot_price
+                if price is None or (isinstance(price, float) and math.isnan(price)):
+                    continue  # no spot market there
+                if spec.max_price is not None and price > spec.max_price:
+                    continue
+                cloud = str(info.cloud).lower()
+                key = (cloud, info.region, info.instance_type)
+                if key in best and best[key].price_per_hour <= price:  # type: ignore[operator]
+                    continue
+                best[key] = Offer(
+                    provider=self.name, cloud=cloud, region=info.region, instance_type=info.instance_type,
+                    accelerators=f"{info.accelerator_name}:{int(info.accelerator_count)}",
+                    price_per_hour=float(price),
+                    details={"on_demand_price": float(info.price), "vcpus": info.cpu_count, "memory_gib": info.memory},
+                )
+        return sorted(best.values(), key=lambda o: (o.price_per_hour, o.cloud, o.region or "", o.instance_type or ""))
+
+    def offers(self, spec: LaunchSpec, count: int) -> Sequence[Offer]:
+        """Up to `count` distinct offers, cheapest spot price first; each confirmed by a dryrun unless turned off."""
+        ranked = self.catalog_offers(spec)
+        if not self.dryrun_offers:
+            return ranked[:count]
+        # One question for the enabled clouds spares a dryrun per offer SkyPilot could never launch.
+        enabled = set(self._enabled_clouds(load_sky(), sorted({o.cloud for o in ranked})))
+        chosen: list[Offer] = []
+        for offer in ranked:
+            if len(chosen) >= count:
+                break
+            if offer.cloud not in enabled:
+                self.rejected.append(f"{offer.describe()}: {offer.cloud} is not enabled in SkyPilot (run: sky check {offer.cloud})")
+                continue
+            problem = self.dryrun(spec, offer)
+            if problem is None:
+                chosen.append(offer)
+            else:
+                self.rejected.append(f"{offer.describe()}: {problem}")
+        return chosen
+
+    def dryrun(self, spec: LaunchSpec, offer: Offer) -> str | None:
+        """Run SkyPilot's optimizer on `offer` without launching: None when feasible, else one line why not."""
+        sky = load_sky()
+        try:
+            task = self.build_task(spec, offer, "dryrun", 0)
+            sky.get(sky.launch(task, cluster_name=cluster_name(spec.project_id, "dryrun"), dryrun=True, down=True))
+        except Exception as e:  # noqa: BLE001 (SkyPilot's reasons are many; each is one line here)
+            return one_line(e)
+        return None
+
+    def _enabled_clouds(self, sky: Any, wanted: Sequence[str] = ()) -> list[str]:
+        """The clouds SkyPilot may launch on; `sky check` runs once for wanted clouds its cache lacks."""
+        from sky.client import sdk  # enabled_clouds and check are not re-exported at the top level
+
+        try:
+            enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
+            missing = tuple(c for c in wanted if c not in enabled)
+            if missing or not enabled:
+                # The API server only caches what the last `sky check` found; credentials set up since count too.
+                sky.get(sdk.check(missing or None, verbose=False))
+                enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
+        except Exception as e:  # noqa: BLE001
+            raise SkyPilotUnavailable(f"SkyPilot could not list the enabled clouds: {one_line(e)}") from None
+        return enabled
+
+    # -- candidates -----------------------------------------------------------------------
+
+    def launch(self, spec: LaunchSpec, offer: Offer, candidate_id: str, generation: int) -> CandidateHandle:
+        """Submit one cluster for `offer` (returns once SkyPilot has the request); failures show in `poll`."""
+        sky = load_sky()
+        name = cluster_name(spec.project_id, candidate_id)
+        handle = CandidateHandle(candidate_id=candidate_id, offer=offer, data={"cluster": name})
+        with self._lock:
+            self._started[name] = handle
+        try:
+            task = self.build_task(spec, offer, candidate_id, generation)
+            handle.data["request_id"] = sky.launch(
+                task, cluster_name=name, down=True, idle_minutes_to_autostop=self.idle_minutes,
+                retry_until_up=self.retry_until_up,
+            )
+        except Exception as e:  # noqa: BLE001 (the race reads it from poll, like any failed start)
+            handle.data["error"] = one_line(e)
+        return handle
+
+    def poll(self, handle: CandidateHandle) -> CandidateStatus:
+        """Map SkyPilot's request, cluster and job states to PENDING/RUNNING/FAILED/GONE; never raises."""
+        data = handle.data
+        if data.get("downed"):
+            return CandidateStatus(GONE, "torn down")
+        if data.get("error"):
+            return CandidateStatus(FAILED, data["error"])
+        try:
+            sky = load_sky()
+            if data.get("job_id") is None:
+                waiting = self._launch_state(sky, data)
+                if waiting is not None:
+                    return waiting
+            return self._cluster_state(sky, data)
+        except Exception as e:  # noqa: BLE001 (any SkyPilot failure is a failed candidate, in one line)
+            data["error"] = one_line(e)
+            return CandidateStatus(FAILED, data["error"])
+
+    def _launch_state(self, sky: Any, data: dict[str, Any]) -> CandidateStatus | None:
+        """While the launch request runs: PENDING; when it failed: FAILED; when it succeeded: None (look at the job)."""
+        request_id = data["request_id"]
+        payloads = sky.api_status([request_id])
+        status = str(payloads[0].status).upper() if payloads else ""
+        if status.split(".")[-1] in _REQUEST_WAITING:
+            return CandidateStatus(PENDING, "provisioning")
+        if status.endswith("CANCELLED"):
+            return CandidateStatus(GONE, "launch cancelled")
+        try:
+            job_id, _ = sky.get(request_id)  # raises the launch's own exception when it failed
+        except Exception as e:  # noqa: BLE001
+            data["error"] = one_line(e)
+            return CandidateStatus(FAILED, data["error"])
+        data["job_id"] = job_id
+        return None
+
+    def _cluster_state(self, sky: Any, data: dict[str, Any]) -> CandidateStatus:
+        records = sky.get(sky.status([data["cluster"]]))
+        if not records:
+            return CandidateStatus(GONE, "cluster gone")
+        cluster_status = str(records[0]["status"]).split(".")[-1].upper()
+        if cluster_status == "INIT":
+            return CandidateStatus(PENDING, "cluster initialising")
+        if cluster_status != "UP":
+            return CandidateStatus(GONE, f"cluster {cluster_status.lower()}")
+        job_id = data.get("job_id")
+        jobs = sky.get(sky.job_status(data["cluster"], [job_id] if job_id is not None else None))
+        # Keys may come back as strings from the API server's JSON.
+        job = jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else next(iter(jobs.values()), None)
+        job_status = str(job).split(".")[-1].upper() if job is not None else "MISSING"
+        if job_status in ("INIT", "PENDING", "SETTING_UP"):
+            return CandidateStatus(PENDING, f"job {job_status.lower()}")
+        if job_status == "RUNNING":
+            return CandidateStatus(RUNNING, "")
+        return CandidateStatus(FAILED, f"spotwarp start ended: job {job_status.lower()}")
+
+    def down(self, handle: CandidateHandle) -> None:
+        """Cancel the launch if still running and `sky.down` the cluster; idempotent, errors kept in `errors`."""
+        data = handle.data
+        name = data["cluster"]
+        with self._lock:
+            if name in self._downed:
+                return
+            self._downed.add(name)
+        data["downed"] = True
+        try:
+            sky = load_sky()
+        except SkyPilotUnavailable as e:
+            self._record(name, str(e))
+            return
+        request_id = data.get("request_id")
+        if request_id is not None and data.get("job_id") is None:
+            try:
+                sky.get(sky.api_cancel(request_id, silent=True))
+            except Exception as e:  # noqa: BLE001
+                self._record(name, f"cancelling the launch: {one_line(e)}")
+        try:
+            sky.get(sky.down(name))
+        except Exception as e:  # noqa: BLE001
+            if type(e).__name__ != "ClusterDoesNotExist":  # never came up, or already gone: nothing to tear down
+                self._record(name, one_line(e))
+
+    def _record(self, name: str, message: str) -> None:
+        line = f"{name}: {message}"
+        with self._lock:
+            self.errors.append(line)
+
+    def leaks(self) -> list[str]:
+        """Clusters this provider started and tore down that SkyPilot still lists (or that could not be checked)."""
+        with self._lock:
+            downed = sorted(self._downed)
+        if not downed:
+            return []
+        try:
+            sky = load_sky()
+            records = sky.get(sky.status(downed))
+        except Exception as e:  # noqa: BLE001
+            return [f"{name} (not checked: {one_line(e)})" for name in downed]
+        return sorted(str(r["name"]) for r in records if str(r["name"]) in downed)
