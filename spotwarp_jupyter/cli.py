@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 import time
@@ -369,6 +370,7 @@ def cmd_start(args: argparse.Namespace) -> int:
     if args.port:
         argv += [f"--port={args.port}", "--ServerApp.port_retries=0"]
     argv += list(getattr(args, "passthrough", []))
+    _show_held_warnings()
     sys.stdout.flush()
     sys.stderr.flush()
     os.execve(sys.executable, argv, env)  # the server takes this process's place: same pid, same signals
@@ -627,6 +629,33 @@ def cmd_gc(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+SERVING_COMMANDS = ("launch", "watch")  # long-running: their warnings are shown as they happen
+
+
+class HeldWarnings(logging.Handler):
+    """The engine's warnings during a one-shot command: shown after a success, dropped after a failure,
+    whose one-line error already says what went wrong (e.g. the damaged snapshot a warning named too)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+    def flush_to_stderr(self) -> None:
+        for line in self.lines:
+            print(line, file=sys.stderr)
+        self.lines.clear()
+
+
+def _show_held_warnings() -> None:
+    """Print what the engine warned about so far (before `start` hands its process to the server)."""
+    for handler in logging.getLogger("spotwarp").handlers:
+        if isinstance(handler, HeldWarnings):
+            handler.flush_to_stderr()
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     if hasattr(sys.stdout, "reconfigure"):  # a file name that is not UTF-8 is printed escaped, not a traceback
         sys.stdout.reconfigure(errors="backslashreplace")
@@ -643,6 +672,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not args.command:
         parser.print_help()
         return EXIT_USAGE
+    if args.command in SERVING_COMMANDS:
+        return _run(args)
+    held, logger = HeldWarnings(), logging.getLogger("spotwarp")
+    logger.addHandler(held)
+    logger.propagate = False
+    try:
+        code = _run(args)
+    finally:
+        logger.removeHandler(held)
+        logger.propagate = True
+    if code == EXIT_OK:
+        held.flush_to_stderr()
+    return code
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return COMMANDS[args.command](args)
     except SpotWarpError as exc:

@@ -267,6 +267,19 @@ def test_unknown_option_is_one_line(sky_home):
     assert "\n" not in str(e.value) and "imageid" in str(e.value) and "image_id" in str(e.value)
 
 
+def test_options_given_as_text_on_the_command_line(sky_home):
+    """`spotwarp launch --provider-option open_port=false` hands text: "false" must not read as yes."""
+    from spotwarp_jupyter.engine.errors import SpotWarpError
+    from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
+
+    p = SkyPilotProvider({"open_port": "false", "dryrun_offers": "no", "retry_until_up": "true", "idle_minutes": "30"})
+    assert (p.open_port, p.dryrun_offers, p.retry_until_up, p.idle_minutes) == (False, False, True, 30)
+    for bad in ({"open_port": "maybe"}, {"idle_minutes": "soon"}):
+        with pytest.raises(SpotWarpError) as e:
+            SkyPilotProvider(bad)
+        assert "\n" not in str(e.value) and next(iter(bad)) in str(e.value)
+
+
 MISSING = """
 import sys
 {block}

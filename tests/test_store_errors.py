@@ -36,10 +36,10 @@ def spotwarp(*args: str, cwd: Path | None = None, env: dict[str, str] | None = N
 
 
 def one_line_failure(result: subprocess.CompletedProcess, *words: str) -> None:
-    """Exit 1, no traceback, the error in one `spotwarp COMMAND: ...` line (a refused manifest's warning may precede it)."""
+    """Exit 1, no traceback, the error in one `spotwarp COMMAND: ...` line and nothing else."""
     assert result.returncode == 1, (result.returncode, result.stdout, result.stderr)
     lines = result.stderr.strip().splitlines()
-    assert "Traceback" not in result.stderr and len(lines) <= 2 and lines[-1].startswith("spotwarp "), result.stderr
+    assert "Traceback" not in result.stderr and len(lines) == 1 and lines[-1].startswith("spotwarp "), result.stderr
     for word in words:
         assert word in lines[-1], result.stderr
 

@@ -33,6 +33,19 @@ _STORAGE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 _REQUEST_WAITING = ("PENDING", "RUNNING")
 
 
+def _flag(options: dict, name: str, default: bool) -> bool:
+    """A yes/no option, given as a bool (Python) or as text (`--provider-option open_port=false`)."""
+    value = options.get(name, default)
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("1", "true", "yes", "on"):
+        return True
+    if text in ("0", "false", "no", "off"):
+        return False
+    raise ConfigError(f"SkyPilot provider option {name} must be true or false, got {value!r}")
+
+
 class SkyPilotUnavailable(SpotWarpError):
     """SkyPilot is not installed, too old, or cannot answer; the message is one line."""
 
@@ -110,10 +123,14 @@ class SkyPilotProvider:
             raise ConfigError(f"unknown SkyPilot provider option(s): {', '.join(unknown)} (known: {', '.join(sorted(known))})")
         self.image_id: str | None = opts.get("image_id")
         self.install: str | None = opts.get("install")
-        self.open_port: bool = bool(opts.get("open_port", True))
-        self.idle_minutes: int | None = opts.get("idle_minutes")
-        self.dryrun_offers: bool = bool(opts.get("dryrun_offers", True))
-        self.retry_until_up: bool = bool(opts.get("retry_until_up", False))
+        self.open_port: bool = _flag(opts, "open_port", True)
+        idle = opts.get("idle_minutes")
+        try:
+            self.idle_minutes: int | None = None if idle in (None, "") else int(idle)
+        except (TypeError, ValueError):
+            raise ConfigError(f"SkyPilot provider option idle_minutes must be a whole number, got {idle!r}") from None
+        self.dryrun_offers: bool = _flag(opts, "dryrun_offers", True)
+        self.retry_until_up: bool = _flag(opts, "retry_until_up", False)
         self.rejected: list[str] = []  # offers the dryrun refused, one line each
         self.errors: list[str] = []  # teardown errors, one line each
         self._lock = threading.Lock()

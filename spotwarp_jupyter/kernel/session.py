@@ -76,7 +76,7 @@ class KernelSession:
         self._flight_done = threading.Event()
         self._flight_done.set()
         self._deferred: list[str] = []
-        self._first_safe_point = True  # the session is protected at its first safe point, not `every` later
+        self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
         # package versions are recorded with each snapshot; learn them once, off the main thread
@@ -179,14 +179,14 @@ class KernelSession:
         """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
         return self._flight_done.wait(timeout)
 
-    def due(self, reasons: list[str]) -> bool:
+    def due(self, reasons: list[str], cell_end: bool = False) -> bool:
         """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
         if reasons:
             return True
         if not self.policy.enabled:
             return False
-        if self._first_safe_point:
-            self._first_safe_point = False
+        if cell_end and self._first_cell:
+            self._first_cell = False
             if self.last_snapshot_at is None and self.last_started_at is None and not self._unrestored_snapshot():
                 return True
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
@@ -206,7 +206,7 @@ class KernelSession:
         """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due."""
         if where == "cell" and not reasons and not self.policy.after_cell:
             return
-        if not self.due(reasons):
+        if not self.due(reasons, cell_end=where == "cell"):
             return
         if self.in_flight is not None:
             self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
