@@ -22,11 +22,16 @@ from pathlib import Path
 from typing import Any
 
 from lab_server import TOKEN, LabServer, host_env, tree
+from waiting import wait_for
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.fence import Fence, read_lease
 from spotwarp_jupyter.engine.hosts import read_heartbeat, read_heartbeats
-from spotwarp_jupyter.engine.journal import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
+from spotwarp_jupyter.engine.journal import (
+    FINAL_SNAPSHOT_COMMITTED,
+    NOTICE_SEEN,
+    Journal,
+)
 from spotwarp_jupyter.engine.project import snapshot_project
 
 PROJECT = "fo"
@@ -138,16 +143,6 @@ def running(marker: str) -> list[int]:
             if marker in cmdline and state != "Z":
                 out.append(int(entry))
     return out
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.1)  # poll interval of a deadline-bounded wait
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def env_for(tmp_path: Path, **extra: str) -> dict[str, str]:

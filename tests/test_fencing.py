@@ -13,25 +13,16 @@ from pathlib import Path
 
 import pytest
 from lab_server import LabServer, host_env
+from waiting import wait_for
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
-from spotwarp_jupyter.engine.fence import Fence, Fenced, Lease, read_lease, write_lease
+from spotwarp_jupyter.engine.fence import Fence, Fenced, Lease, write_lease
 from spotwarp_jupyter.engine.journal import Journal
 from spotwarp_jupyter.engine.project import snapshot_project
 
 
 def engine_for(store: str, fence: Fence) -> SnapshotEngine:
     return SnapshotEngine(Settings.resolve(project="fp", storage=store, env={}), key=b"", fence=fence)
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)  # poll interval of a deadline-bounded wait
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def test_the_lease_decides_who_commits_and_latest_never_goes_down_a_generation(tmp_path):

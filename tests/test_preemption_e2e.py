@@ -19,6 +19,7 @@ from pathlib import Path
 
 from lab_server import Execution, LabServer, host_env
 from metadata_servers import WATCHER_ENV_OFF
+from waiting import wait_for
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.journal import (
@@ -48,16 +49,6 @@ for step in spotwarp.resumable(range(100000), name="train"):
         break
     time.sleep(0.02)
 """
-
-
-def wait_for(predicate, what: str, timeout: float = 60.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.05)  # poll interval of a deadline-bounded wait
-    raise AssertionError(f"no {what} within {timeout} s")
 
 
 def read_progress(path: Path) -> int:
