@@ -167,6 +167,8 @@ export interface components {
             state: string;
             /** @description The metadata URL it polls (null for signals) */
             endpoint: string | null;
+            /** @description signals only: seconds the server may take after SIGTERM/SIGINT for the final snapshot */
+            grace_s?: number;
             last_notice: {
                 kind: string;
                 /** @description Unix time the notice was seen */
