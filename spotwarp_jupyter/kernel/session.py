@@ -187,16 +187,17 @@ class KernelSession:
             return False
         if cell_end and self._first_cell:
             self._first_cell = False
-            if self.last_snapshot_at is None and self.last_started_at is None and not self._unrestored_snapshot():
+            if self.last_snapshot_at is None and self.last_started_at is None and not self._first_cell_waits():
                 return True
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
         return time.time() - last >= self.policy.every_s
 
-    def _unrestored_snapshot(self) -> bool:
-        """Whether this notebook has a snapshot this kernel has not restored (an empty session must not
-        become its newest at once: the widget offers it, and the interval gives time to restore)."""
+    def _first_cell_waits(self) -> bool:
+        """Whether the first cell must not snapshot: this kernel restored one (its state is already stored),
+        or its notebook has one this kernel has not restored (an empty session must not become its newest
+        at once: the widget offers it, and the interval gives time to restore)."""
         if self.last_restore is not None:
-            return False
+            return True
         try:
             return bool(self.engine.manifests(self.notebook))
         except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
