@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 from api_contract import check as check_contract
 from lab_server import Execution
+from server_config import spotwarp_server_config
 from tornado.httpclient import HTTPClientError
 
 from spotwarp_jupyter import __version__
@@ -31,14 +32,7 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def jp_server_config(store_dir, monkeypatch):
-    # the extension exports these to its kernels; monkeypatch puts the test process's values back afterwards
-    for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS"):
-        monkeypatch.setenv(name, "unset")
-        monkeypatch.delenv(name)
-    return {
-        "ServerApp": {"jpserver_extensions": {"spotwarp_jupyter.server": True}, "allow_root": True},
-        "SpotWarp": {"project": "api", "storage": str(store_dir), "backup_interval": 0, "kernel_timeout": 30},
-    }
+    return spotwarp_server_config(store_dir, monkeypatch)
 
 
 @pytest.fixture
@@ -224,7 +218,13 @@ async def test_answers_match_api_openapi_yaml(jp_fetch, workspace, store_dir):
 def record_preemption(store_dir: Path, snapshot_id: str) -> None:
     """What a lost host and its successor write into the journal: a notice, a final snapshot, a restore."""
     from spotwarp_jupyter.engine.journal import (
-        FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, RESTORE_FINISHED, RESTORE_STARTED, Event, Journal)
+        FINAL_SNAPSHOT_COMMITTED,
+        NOTICE_SEEN,
+        RESTORE_FINISHED,
+        RESTORE_STARTED,
+        Event,
+        Journal,
+    )
 
     journal = Journal(SnapshotEngine(Settings(project="api", storage=str(store_dir))).store)
     base = 1_800_000_000.0

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+from server_config import spotwarp_server_config
 from tornado.httpclient import HTTPClientError
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
@@ -23,14 +24,7 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def jp_server_config(store_dir, monkeypatch):
-    for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS"):
-        monkeypatch.setenv(name, "unset")
-        monkeypatch.delenv(name)
-    monkeypatch.setenv("SPOTWARP_KEY", KEY)  # the server's engine signs with it
-    return {
-        "ServerApp": {"jpserver_extensions": {"spotwarp_jupyter.server": True}, "allow_root": True},
-        "SpotWarp": {"project": "api", "storage": str(store_dir), "backup_interval": 0, "kernel_timeout": 30},
-    }
+    return spotwarp_server_config(store_dir, monkeypatch, key=KEY)
 
 
 @pytest.fixture
