@@ -10,7 +10,8 @@ import pytest
 JUPYTER = ("IPython", "ipykernel", "jupyter_server", "jupyter_client", "tornado", "jupyterlab", "anywidget")
 
 
-@pytest.mark.parametrize("module", ["spotwarp_jupyter.engine", "spotwarp_jupyter.failover", "spotwarp"])
+@pytest.mark.parametrize("module", ["spotwarp_jupyter.engine", "spotwarp_jupyter.failover",
+                                    "spotwarp_jupyter.project", "spotwarp_jupyter.cli", "spotwarp"])
 def test_importing_loads_no_jupyter_module(module: str):
     code = (f"import sys, {module}\n"
             f"print(sorted({{m.split('.')[0] for m in sys.modules}} & set({JUPYTER!r})))")

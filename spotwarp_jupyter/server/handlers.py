@@ -12,9 +12,10 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..cli import manifest_summary
 from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
 from ..engine.fence import Fenced
+from ..project import SnapshotSummary
+from ..project.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
 from .service import ProjectService
 
 _ID = r"(?P<snapshot_id>[^/]+)"
@@ -66,7 +67,7 @@ class StatusHandler(SpotWarpHandler):
     @web.authenticated
     @authorized("read")
     async def get(self) -> None:
-        status = await self.call(self.service.status())
+        status = rest_status_json(*await self.call(self.service.status()))
         status["start_restore"] = self.settings.get("spotwarp_start_restore")  # restore-on-spawn, if any
         self.reply(status)
 
@@ -75,7 +76,7 @@ class SnapshotsHandler(SpotWarpHandler):
     @web.authenticated
     @authorized("read")
     async def get(self) -> None:
-        self.reply({"snapshots": await self.call(self.service.snapshots())})
+        self.reply({"snapshots": [summary_json(s) for s in await self.call(self.service.snapshots())]})
 
     @web.authenticated
     @authorized("write")
@@ -90,7 +91,7 @@ class SnapshotsHandler(SpotWarpHandler):
         if message is not None and not _is_text(message):
             raise web.HTTPError(400, "message must be text: it holds a lone surrogate (an escape such as \\ud800)")
         manifest = await self.call(self.service.snapshot(message or None))
-        self.reply({**manifest_summary(manifest), "stats": manifest.stats}, status=201)
+        self.reply(snapshot_json(SnapshotSummary.of(manifest)), status=201)
 
 
 class RestoreHandler(SpotWarpHandler):
@@ -100,7 +101,7 @@ class RestoreHandler(SpotWarpHandler):
     async def post(self, snapshot_id: str) -> None:
         if self.json_body():
             raise web.HTTPError(400, "restore takes no body: the snapshot id is in the URL")
-        self.reply(await self.call(self.service.restore(snapshot_id)))
+        self.reply(rest_restore_json(await self.call(self.service.restore(snapshot_id))))
 
 
 def _is_text(value: str) -> bool:

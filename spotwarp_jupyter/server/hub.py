@@ -13,15 +13,15 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from dataclasses import dataclass
 from typing import Any, Iterable, Mapping
 
 from jupyter_server.auth.authorizer import Authorizer
 
 from ..engine import ConfigError, SnapshotEngine
-from ..engine.project import restore_project_files, with_files
 from ..engine.settings import is_remote
+from ..project import VIA_HUB, Project
+from ..project.wire import hub_restore_json
 
 log = logging.getLogger("spotwarp")
 
@@ -87,22 +87,18 @@ def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity
         return None
     if not workspace_is_fresh(workspace, ignorable):
         return {"restored": False, "reason": "the workspace already holds files"}
-    started = time.perf_counter()
     try:
-        manifest = with_files(engine, "latest")
-        if manifest is None:
-            return {"restored": False, "reason": f"project {engine.settings.project!r} has no snapshot with files yet"}
-        os.makedirs(workspace, exist_ok=True)
-        report = restore_project_files(engine, manifest, workspace)
+        result = Project(engine, workspace).restore("latest", via=VIA_HUB, files_only=True)
     except Exception as exc:  # noqa: BLE001 - the server must come up; status shows the error
         log.error("SpotWarp: restoring the workspace at start failed: %s", exc)
         return {"restored": False, "error": f"{type(exc).__name__}: {exc}"}
+    if result is None:
+        return {"restored": False, "reason": f"project {engine.settings.project!r} has no snapshot with files yet"}
+    files, snap = result.files, result.snapshot
     log.info("SpotWarp: restored %d files (%d bytes) into %s from snapshot %s (%s, %s)",
-             report.files_restored, report.bytes_restored, workspace, manifest.id, manifest.host, manifest.created_iso)
-    return {"restored": True, "id": manifest.id, "host": manifest.host, "created": manifest.created_iso,
-            "files_restored": report.files_restored, "files_unchanged": report.files_unchanged,
-            "bytes_restored": report.bytes_restored, "notebooks": sorted(manifest.kernels),
-            "duration_s": round(time.perf_counter() - started, 3)}
+             files.files_restored if files else 0, files.bytes_restored if files else 0, workspace, snap.id,
+             snap.host, snap.created)
+    return hub_restore_json(result)
 
 
 GRANT_SCOPE = "custom:jupyter_server:{action}:{resource}"

@@ -1,7 +1,8 @@
-"""The server's door onto the engine: project status, snapshots of files and live kernels, restores.
+"""The server's door onto the project service: an async adapter that runs the core and asks live kernels.
 
-HTTP handlers call these coroutines; blocking engine work (fsspec, hashing, file walks) runs in a
-thread pool so the event loop keeps serving notebooks.
+HTTP handlers call these coroutines and format the records they return (project/wire.py). The core
+(project/service.py) does the work; it is blocking (fsspec, hashing, file walks), so it runs in a thread
+pool and the event loop keeps serving notebooks. Only this adapter talks to kernels.
 """
 
 from __future__ import annotations
@@ -10,24 +11,23 @@ import asyncio
 import contextlib
 import logging
 import os
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, AsyncIterator, Callable, TypeVar
 
 from .. import __version__
-from ..cli import manifest_summary
 from ..engine import Manifest, SnapshotEngine
 from ..engine.fence import SERVING, STANDBY, WRITERS
-from ..engine.journal import Journal
-from ..engine.journal import report as preemption_report
-from ..engine.project import (
-    carried_kernel_states,
-    kernel_state,
-    latest_kernel_state,
-    restore_project_files,
-    snapshot_project,
-    with_files,
+from ..project import (
+    VIA_REST,
+    KernelAnswer,
+    KernelRestore,
+    LiveKernel,
+    Project,
+    ProjectStatus,
+    RestoreResult,
+    ServerFacts,
+    SnapshotSummary,
 )
 from .kernel_link import KernelUnavailable, ask_kernel
 
@@ -42,6 +42,7 @@ class ProjectService:
                  session_manager: Any, kernel_timeout: float = 60.0):
         self.engine = engine
         self.workspace = os.path.realpath(workspace)
+        self.project = Project(engine, self.workspace)
         self.root_dir = os.path.realpath(root_dir)
         self.kernel_manager = kernel_manager
         self.session_manager = session_manager
@@ -49,9 +50,10 @@ class ProjectService:
         self.watchers: list[Any] = []  # preemption watchers (server/watchers), started with the extension
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
-        self.journal = Journal(engine.store)  # one reader: each event is fetched once per server
+        self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
-        self._executor = ThreadPoolExecutor(max_workers=2, thread_name_prefix="spotwarp-server")
+        # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
+        self._executor = ThreadPoolExecutor(max_workers=3, thread_name_prefix="spotwarp-server")
         self._lock = asyncio.Lock()  # one project snapshot or restore at a time
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -78,9 +80,7 @@ class ProjectService:
         From then on `latest` (ordered by generation first) is this host's, whatever a fenced-off host still writes.
         """
         async with self._lock:
-            kernels = await self.run(carried_kernel_states, self.engine)
-            manifest = await self.run(snapshot_project, self.engine, self.workspace, kernels,
-                                      f"promoted: generation {self.engine.fence.generation}")
+            manifest = await self.run(self.project.promotion_snapshot)
         log.warning("SpotWarp: promotion snapshot %s committed", manifest.id if manifest else None)
         return manifest
 
@@ -107,29 +107,16 @@ class ProjectService:
         return list(await asyncio.gather(*(one(k) for k in kernels)))
 
     # -- REST operations ----------------------------------------------------------------------
-    async def status(self) -> dict[str, Any]:
-        listing = await self.run(self.engine.manifests)
-        events = await self.run(self.journal.events)
-        last = listing[0] if listing else None
-        kernels = await self.live_kernels()
-        for k in kernels:
-            k["last_snapshot"] = next((m.id for m in listing if k["notebook"] and k["notebook"] in m.kernels), None)
-        return {
-            "version": __version__,
-            "project": self.engine.settings.project,
-            "storage": self.engine.settings.storage,
-            "workspace": self.workspace,
-            "last_snapshot": None if last is None else {**manifest_summary(last), "age_s": round(time.time() - last.created, 1)},
-            "kernels": kernels,
-            "watchers": [w.describe() for w in self.watchers],
-            "last_error": self.last_error,
-            "report": preemption_report(events, listing),
-            "failover": self.heartbeat.describe() if self.heartbeat is not None else
-            {"role": self.role, "generation": self.engine.fence.generation, "candidate": self.engine.fence.candidate},
-        }
+    async def status(self) -> tuple[ProjectStatus, ServerFacts]:
+        """The project with its report and live kernels, and what this server knows of itself."""
+        live = [LiveKernel(k["kernel_id"], k["notebook"]) for k in await self.live_kernels()]
+        status = await self.run(self.project.status, 0, True, live)
+        failover = self.heartbeat.describe() if self.heartbeat is not None else \
+            {"role": self.role, "generation": self.engine.fence.generation, "candidate": self.engine.fence.candidate}
+        return status, ServerFacts(__version__, [w.describe() for w in self.watchers], self.last_error, failover)
 
-    async def snapshots(self) -> list[dict[str, Any]]:
-        return [manifest_summary(m) for m in await self.run(self.engine.manifests)]
+    async def snapshots(self) -> list[SnapshotSummary]:
+        return await self.run(self.project.list)
 
     async def snapshot(self, message: str | None = None, ask_kernels: bool = True,
                        only_if_changed: bool = False, collected: dict[str, Any] | None = None,
@@ -147,24 +134,12 @@ class ProjectService:
             else:
                 answers = await self._ask_all(live, {"request": "snapshot", "message": message}) if ask_kernels \
                     else ["not asked"] * len(live)
-            kernels: dict[str, Any] = {}
-            fresh, stale, missing = [], [], {}
-            for k, answer in zip(live, answers):
-                if isinstance(answer, dict):
-                    kernels[answer["notebook"]] = await self.run(kernel_state, self.engine, answer["id"], answer["notebook"])
-                    fresh.append(answer["notebook"])
-                    continue
-                # a busy kernel keeps its newest committed state in the project snapshot
-                previous = await self.run(latest_kernel_state, self.engine, k["notebook"]) if k["notebook"] else None
-                if previous is not None:
-                    kernels[k["notebook"]] = previous[1]
-                    stale.append(k["notebook"])
-                if ask_kernels or collected is not None:
-                    missing[k["notebook"] or k["kernel_id"]] = answer
-            extra = {"kernels_fresh": sorted(fresh), "kernels_stale": sorted(stale), "kernels_missing": missing}
+            asked = ask_kernels or collected is not None
+            kernels = [KernelAnswer(k["kernel_id"], a["notebook"], committed=a["id"]) if isinstance(a, dict)
+                       else KernelAnswer(k["kernel_id"], k["notebook"], error=a, asked=asked)
+                       for k, a in zip(live, answers)]
             try:
-                manifest = await self.run(snapshot_project, self.engine, self.workspace, kernels, message,
-                                          extra, only_if_changed)
+                manifest = await self.run(self.project.snapshot, message, kernels, only_if_changed)
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise
@@ -186,32 +161,25 @@ class ProjectService:
             if held:
                 self._lock.release()
 
-    async def restore(self, ref: str) -> dict[str, Any]:
-        """Files back into the workspace, then every live kernel of a notebook the snapshot holds.
+    async def restore(self, ref: str) -> RestoreResult:
+        """Files back into the workspace, then every live kernel of a notebook the snapshot holds (journaled)."""
+        loop = asyncio.get_running_loop()
 
-        For `latest`, files come from the newest snapshot holding files and each kernel from the newest
-        snapshot of its own notebook (kernels usually snapshot more often than files change).
-        """
+        def ask_kernels(notebooks: frozenset[str], snapshot: str) -> list[KernelRestore]:
+            # called by the core in the executor: the kernels are asked on the event loop, this thread waits
+            return asyncio.run_coroutine_threadsafe(self._restore_kernels(notebooks, snapshot), loop).result()
+
         async with self._lock:
-            manifest = await self.run(with_files, self.engine, ref)
-            if manifest is None:
-                manifest = await self.run(self.engine.get, ref)
-            report = await self.run(restore_project_files, self.engine, manifest, self.workspace)
-            latest = ref.strip() in ("latest", "")
-            held = {nb for m in await self.run(self.engine.manifests) for nb in m.kernels} if latest \
-                else set(manifest.kernels)
-            live = [k for k in await self.live_kernels() if k["notebook"] in held]
-            answers = await self._ask_all(live, {"request": "restore", "snapshot": "latest" if latest else manifest.id})
-            kernels = []
-            for k, answer in zip(live, answers):
-                if isinstance(answer, dict):
-                    kernels.append({**k, "id": answer.get("id"), "restored": answer.get("restored", []),
-                                    "warnings": answer.get("warnings", [])})
-                else:
-                    kernels.append({**k, "restored": [], "error": answer})
-            return {"id": manifest.id, "files_restored": report.files_restored,
-                    "files_unchanged": report.files_unchanged, "bytes_restored": report.bytes_restored,
-                    "duration_s": round(report.duration_s, 3), "kernels": kernels}
+            result = await self.run(self.project.restore, ref, via=VIA_REST, kernels=ask_kernels)
+        assert result is not None  # not files_only: a missing snapshot raised SnapshotNotFound
+        return result
+
+    async def _restore_kernels(self, notebooks: frozenset[str], snapshot: str) -> list[KernelRestore]:
+        live = [k for k in await self.live_kernels() if k["notebook"] in notebooks]
+        answers = await self._ask_all(live, {"request": "restore", "snapshot": snapshot})
+        return [KernelRestore(k["kernel_id"], k["notebook"], a.get("id"), a.get("restored", []), a.get("warnings", []))
+                if isinstance(a, dict) else KernelRestore(k["kernel_id"], k["notebook"], error=a)
+                for k, a in zip(live, answers)]
 
     async def backup_loop(self, interval: float) -> None:
         """Continuous backup: files (and the newest state of live kernels) every `interval` seconds, when changed."""

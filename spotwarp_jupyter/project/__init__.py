@@ -1,0 +1,22 @@
+"""The project service: one synchronous core behind the CLI, the REST API and the hub (no Jupyter imports)."""
+
+from .records import (
+    VIA_CLI,
+    VIA_HUB,
+    VIA_REST,
+    VIA_START,
+    KernelAnswer,
+    KernelRestore,
+    LiveKernel,
+    ProjectStatus,
+    RestoreResult,
+    ServerFacts,
+    SnapshotSummary,
+)
+from .service import KernelRestorer, Project
+from .wire import manifest_summary
+
+__all__ = [
+    "VIA_CLI", "VIA_HUB", "VIA_REST", "VIA_START", "KernelAnswer", "KernelRestore", "KernelRestorer", "LiveKernel",
+    "Project", "ProjectStatus", "RestoreResult", "ServerFacts", "SnapshotSummary", "manifest_summary",
+]

@@ -1,0 +1,131 @@
+"""Typed records of what the project service answers: snapshot summaries, status, restore results.
+
+They hold facts only; `wire.py` turns them into the JSON of api/openapi.yaml and of `--json`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..engine.journal import Event
+from ..engine.manifest import Manifest
+from ..engine.workspace_restore import FileRestoreReport
+
+# the doors a restore comes through, as the journal's restore events name them (`via`)
+VIA_CLI = "cli"
+VIA_START = "spotwarp start"
+VIA_REST = "rest"
+VIA_HUB = "hub"
+VIAS = (VIA_CLI, VIA_START, VIA_REST, VIA_HUB)
+
+
+@dataclass(frozen=True)
+class SnapshotSummary:
+    """One committed snapshot as a listing shows it."""
+
+    id: str
+    created: str
+    created_ts: float
+    host: str
+    kind: str
+    message: str | None
+    size: int
+    bytes_written: int
+    duration_s: float | None
+    notebooks: list[str]
+    variables: list[str]
+    files: int
+    parent: str | None
+    signed: bool
+    generation: int
+    holder: str | None
+    stats: dict[str, Any] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, m: Manifest) -> "SnapshotSummary":
+        """The summary of manifest `m`."""
+        return cls(
+            id=m.id, created=m.created_iso, created_ts=m.created, host=m.host, kind=m.kind, message=m.message,
+            size=m.size, bytes_written=m.stats.get("bytes_written", 0), duration_s=m.stats.get("duration_s"),
+            notebooks=sorted(m.kernels),
+            variables=sorted({v for k in m.kernels.values() for v in k.get("variables", {})}),
+            files=len(m.files.get("entries", {})) if isinstance(m.files, dict) else 0,
+            parent=m.parent, signed=m.signed, generation=m.generation, holder=m.holder, stats=dict(m.stats),
+        )
+
+    def age_s(self, now: float | None = None) -> float:
+        """Seconds since it was committed, to a tenth."""
+        return round((time.time() if now is None else now) - self.created_ts, 1)
+
+
+@dataclass(frozen=True)
+class LiveKernel:
+    """A kernel running in the server, the notebook of its session (None without one), its newest snapshot."""
+
+    kernel_id: str
+    notebook: str | None
+    last_snapshot: str | None = None
+
+
+@dataclass(frozen=True)
+class KernelAnswer:
+    """What one live kernel answered a snapshot request: the snapshot it committed, or why not."""
+
+    kernel_id: str
+    notebook: str | None
+    committed: str | None = None
+    error: str | None = None
+    asked: bool = True
+
+
+@dataclass(frozen=True)
+class KernelRestore:
+    """What one live kernel answered a restore request: the variables it restored, or why not."""
+
+    kernel_id: str
+    notebook: str | None
+    snapshot: str | None = None
+    restored: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    error: str | None = None
+
+
+@dataclass(frozen=True)
+class ProjectStatus:
+    """A project as its store holds it: snapshots, the newest one and its age, recent events, the report."""
+
+    project: str
+    storage: str
+    workspace: str | None
+    snapshots: int
+    last_snapshot: SnapshotSummary | None
+    age_s: float | None
+    rejected: dict[str, str]
+    recent_events: list[Event]
+    report: dict[str, Any] | None = None
+    kernels: list[LiveKernel] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ServerFacts:
+    """What only a running server knows of itself, for `GET status`."""
+
+    version: str
+    watchers: list[dict[str, Any]]
+    last_error: str | None
+    failover: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RestoreResult:
+    """One restore: the snapshot chosen, what came back into the workspace and kernels, through which door."""
+
+    snapshot: SnapshotSummary
+    via: str
+    workspace: str | None
+    files: FileRestoreReport | None
+    kernels: list[KernelRestore]
+    duration_s: float
+    journaled: bool

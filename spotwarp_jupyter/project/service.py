@@ -1,0 +1,161 @@
+"""One project's snapshots behind every door: the CLI, the server's REST API, the hub's restore-on-start.
+
+Synchronous and free of Jupyter: a door parses its input, calls `Project`, and formats the record it gets
+back (`wire.py`). Live kernels are outside: the server passes what they answered, or a callable that asks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from typing import Any, Callable, Iterator, Sequence
+
+from ..engine.journal import Journal, restoring
+from ..engine.journal import report as preemption_report
+from ..engine.manifest import Manifest
+from ..engine.project import (
+    carried_kernel_states,
+    kernel_state,
+    latest_kernel_state,
+    restore_project_files,
+    snapshot_project,
+    with_files,
+)
+from ..engine.snapshots import SnapshotEngine
+from ..engine.workspace import Progress
+from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
+
+# asks the live kernels of these notebooks to restore from this snapshot ref; what each answered
+KernelRestorer = Callable[[frozenset[str], str], Sequence[KernelRestore]]
+
+
+class Project:
+    """A project's store and (optionally) its workspace folder: list, status, snapshot, restore, report."""
+
+    def __init__(self, engine: SnapshotEngine, workspace: str | None = None):
+        self.engine = engine
+        self.workspace = workspace
+        self.journal = Journal(engine.store)  # one reader: a long-lived project fetches each event once
+
+    @property
+    def name(self) -> str:
+        return self.engine.settings.project
+
+    def list(self) -> list[SnapshotSummary]:
+        """Every readable snapshot, newest first."""
+        return [SnapshotSummary.of(m) for m in self.engine.manifests()]
+
+    def status(self, recent_events: int = 5, with_report: bool = False,
+               live: Sequence[LiveKernel] = ()) -> ProjectStatus:
+        """Snapshots, the newest and its age, the newest `recent_events` events, the report; `live` kernels'
+        newest snapshots."""
+        listing = self.engine.manifests()
+        report = None
+        if with_report:
+            events = self.journal.events()
+            recent = events[-recent_events:] if recent_events > 0 else []
+            report = preemption_report(events, listing)
+        else:
+            recent = self.journal.events(limit=recent_events) if recent_events > 0 else []
+        last = SnapshotSummary.of(listing[0]) if listing else None
+        kernels = [LiveKernel(k.kernel_id, k.notebook, next(
+            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None)) for k in live]
+        return ProjectStatus(
+            project=self.name, storage=self.engine.settings.storage, workspace=self.workspace,
+            snapshots=len(listing), last_snapshot=last, age_s=None if last is None else last.age_s(),
+            rejected=dict(self.engine.rejected), recent_events=list(recent), report=report, kernels=kernels)
+
+    def report(self) -> dict[str, Any]:
+        """Preemptions survived, work lost, time to resume, compute saved (engine.journal.report)."""
+        return preemption_report(self.journal.events(), self.engine.manifests())
+
+    # -- snapshots ----------------------------------------------------------------------------
+    def snapshot(self, message: str | None = None, kernels: Sequence[KernelAnswer] | None = None,
+                 only_if_changed: bool = False, progress: Progress | None = None) -> Manifest | None:
+        """Workspace files plus each live kernel's state in one commit; None when nothing changed (`only_if_changed`).
+
+        A kernel that committed gives its fresh record; one that did not keeps its newest committed state (stale),
+        and, when it was asked, is listed with why (missing). `kernels` None: files only, no kernel stats.
+        """
+        records: dict[str, Any] = {}
+        fresh, stale, missing = [], [], {}
+        for k in kernels or ():
+            if k.committed is not None and k.notebook is not None:
+                records[k.notebook] = kernel_state(self.engine, k.committed, k.notebook)
+                fresh.append(k.notebook)
+                continue
+            # a busy kernel keeps its newest committed state in the project snapshot
+            previous = latest_kernel_state(self.engine, k.notebook) if k.notebook else None
+            if previous is not None:
+                records[k.notebook] = previous[1]
+                stale.append(k.notebook)
+            if k.asked:
+                missing[k.notebook or k.kernel_id] = k.error or "failed"
+        extra = {"kernels_fresh": sorted(fresh), "kernels_stale": sorted(stale), "kernels_missing": missing} \
+            if kernels is not None else None
+        return snapshot_project(self.engine, self._need_workspace(), records, message, extra, only_if_changed,
+                                progress=progress)
+
+    def promotion_snapshot(self) -> Manifest | None:
+        """The first snapshot of a newly promoted host: the files and every notebook's newest kernel state."""
+        return snapshot_project(self.engine, self._need_workspace(), carried_kernel_states(self.engine),
+                                f"promoted: generation {self.engine.fence.generation}")
+
+    # -- restores -----------------------------------------------------------------------------
+    def choose(self, ref: str = "latest", files_only: bool = False) -> Manifest | None:
+        """The snapshot a restore of `ref` uses: for `latest` with a workspace, the newest holding files
+        (refusing a newer one that fails its checks), else `ref` itself; None only with `files_only`."""
+        manifest = with_files(self.engine, ref) if self.workspace else None
+        if manifest is None and not files_only:
+            manifest = self.engine.get(ref)
+        return manifest
+
+    def restore(self, ref: str = "latest", *, via: str, files_only: bool = False, chosen: Manifest | None = None,
+                progress: Progress | None = None, kernels: KernelRestorer | None = None) -> RestoreResult | None:
+        """Files back into the workspace, then (through `kernels`) the live kernels of the snapshot's notebooks.
+
+        Journaled (restore_started / restore_finished, with `via`) so `report` shows the time to resume, unless
+        this host is a standby failover candidate, which writes nothing to the project. With `files_only`, only a
+        snapshot holding files is restored, and None says there is none (a new project). `chosen`: what
+        `choose(ref, files_only)` already answered (a door that shows the id before the work).
+        """
+        if via not in VIAS:
+            raise ValueError(f"unknown door {via!r}: one of {', '.join(VIAS)}")
+        started = time.perf_counter()
+        manifest = chosen if chosen is not None else self.choose(ref, files_only)
+        if manifest is None:
+            return None
+        summary = SnapshotSummary.of(manifest)
+        if self.workspace is None and kernels is None:  # nothing to bring back here: the kernel restores itself
+            return RestoreResult(summary, via, None, None, [], 0.0, journaled=False)
+        journaled = not self.engine.fence.candidate
+        with self._journal(manifest.id, via, journaled) as outcome:
+            files = None
+            if self.workspace is not None:
+                files = restore_project_files(self.engine, manifest, self.workspace, progress=progress)
+                outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
+            restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
+            if kernels is not None:
+                outcome.update(kernels=len(restored), kernels_failed=sum(1 for k in restored if k.error))
+        return RestoreResult(summary, via, self.workspace, files, restored, time.perf_counter() - started,
+                             journaled)
+
+    def _restore_kernels(self, ref: str, manifest: Manifest, kernels: KernelRestorer) -> Sequence[KernelRestore]:
+        # for `latest` each kernel restores its own notebook's newest state (kernels snapshot more often than files)
+        if ref.strip() in ("latest", ""):
+            held = frozenset(nb for m in self.engine.manifests() for nb in m.kernels)
+            return kernels(held, "latest")
+        return kernels(frozenset(manifest.kernels), manifest.id)
+
+    @contextlib.contextmanager
+    def _journal(self, snapshot: str, via: str, journaled: bool) -> Iterator[dict[str, Any]]:
+        if not journaled:
+            yield {}
+            return
+        with restoring(self.engine.store, snapshot, what="files", via=via) as outcome:
+            yield outcome
+
+    def _need_workspace(self) -> str:
+        if self.workspace is None:
+            raise ValueError("this project was opened without a workspace folder")
+        return self.workspace
