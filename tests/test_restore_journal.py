@@ -134,3 +134,19 @@ class TestHubStart:
         assert_resume_reported(str(store_dir), "api", self.snapshot, via="hub")
         code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
         assert status["report"]["events"][0]["restored_snapshot"] == self.snapshot
+
+
+def test_a_standby_candidate_restores_but_journals_nothing(tmp_path):
+    """Every door's restore goes through Project.restore: on a standby failover candidate it writes no event."""
+    from spotwarp_jupyter.engine.fence import Fence
+    from spotwarp_jupyter.project import VIA_HUB, Project
+
+    store = str(tmp_path / "store")
+    snapshot = lost_host(store, "standby", tmp_path / "host-a", host_env(tmp_path / "home"))
+    settings = Settings.resolve(project="standby", storage=store, env={})
+    before = [e.as_dict() for e in Journal(SnapshotEngine(settings).store).events()]
+    standby = Project(SnapshotEngine(settings, fence=Fence(1, "cand-a")), str(tmp_path / "host-b"))
+    result = standby.restore("latest", via=VIA_HUB, files_only=True)
+    assert result is not None and result.snapshot.id == snapshot and not result.journaled
+    assert tree(tmp_path / "host-b") == tree(tmp_path / "host-a")
+    assert [e.as_dict() for e in Journal(SnapshotEngine(settings).store).events()] == before
