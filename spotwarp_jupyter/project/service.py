@@ -111,13 +111,15 @@ class Project:
         return manifest
 
     def restore(self, ref: str = "latest", *, via: str, files_only: bool = False, chosen: Manifest | None = None,
-                progress: Progress | None = None, kernels: KernelRestorer | None = None) -> RestoreResult | None:
+                progress: Progress | None = None, kernels: KernelRestorer | None = None,
+                run: str | None = None) -> RestoreResult | None:
         """Files back into the workspace, then (through `kernels`) the live kernels of the snapshot's notebooks.
 
         Journaled (restore_started / restore_finished, with `via`) so `report` shows the time to resume, unless
         this host is a standby failover candidate, which writes nothing to the project. With `files_only`, only a
         snapshot holding files is restored, and None says there is none (a new project). `chosen`: what
-        `choose(ref, files_only)` already answered (a door that shows the id before the work).
+        `choose(ref, files_only)` already answered (a door that shows the id before the work). `run`: the
+        server run restoring (as its notices name it), so a run's own restore never counts as its recovery.
         """
         if via not in VIAS:
             raise ValueError(f"unknown door {via!r}: one of {', '.join(VIAS)}")
@@ -129,7 +131,7 @@ class Project:
         if self.workspace is None and kernels is None:  # nothing to bring back here: the kernel restores itself
             return RestoreResult(summary, via, None, None, [], 0.0, journaled=False)
         journaled = not self.engine.fence.candidate
-        with self._journal(manifest.id, via, journaled) as outcome:
+        with self._journal(manifest.id, via, journaled, run) as outcome:
             files = None
             if self.workspace is not None:
                 files = restore_project_files(self.engine, manifest, self.workspace, progress=progress)
@@ -148,11 +150,11 @@ class Project:
         return kernels(frozenset(manifest.kernels), manifest.id)
 
     @contextlib.contextmanager
-    def _journal(self, snapshot: str, via: str, journaled: bool) -> Iterator[dict[str, Any]]:
+    def _journal(self, snapshot: str, via: str, journaled: bool, run: str | None) -> Iterator[dict[str, Any]]:
         if not journaled:
             yield {}
             return
-        with restoring(self.engine.store, snapshot, what="files", via=via) as outcome:
+        with restoring(self.engine.store, snapshot, what="files", via=via, run=run) as outcome:
             yield outcome
 
     def _need_workspace(self) -> str:

@@ -170,7 +170,8 @@ class ProjectService:
             return asyncio.run_coroutine_threadsafe(self._restore_kernels(notebooks, snapshot), loop).result()
 
         async with self._lock:
-            result = await self.run(self.project.restore, ref, via=VIA_REST, kernels=ask_kernels)
+            result = await self.run(self.project.restore, ref, via=VIA_REST, kernels=ask_kernels,
+                                    run=getattr(self.responder, "run_id", None))
         assert result is not None  # not files_only: a missing snapshot raised SnapshotNotFound
         return result
 
