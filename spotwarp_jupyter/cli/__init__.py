@@ -21,6 +21,7 @@ SERVING_COMMANDS = ("launch", "watch")  # long-running: their warnings are shown
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The `spotwarp` console script: parse, run one command, exit 0, 1 or 2 (130 when interrupted)."""
     if hasattr(sys.stdout, "reconfigure"):  # a file name that is not UTF-8 is printed escaped, not a traceback
         sys.stdout.reconfigure(errors="backslashreplace")
     parser = build_parser()
