@@ -27,24 +27,20 @@ def record_objects(record: Mapping[str, Any]) -> dict[str, int]:
     return out
 
 
-def kernel_state(engine: SnapshotEngine, ref: str, notebook: str) -> dict[str, Any]:
-    """The kernel record of `notebook` in snapshot `ref` (what a kernel just committed)."""
-    manifest = engine.get(ref)
+def committed_kernel_record(listing: list[Manifest], snapshot_id: str, notebook: str) -> dict[str, Any]:
+    """The kernel record of `notebook` in snapshot `snapshot_id` of `listing` (what a kernel just committed)."""
+    manifest = next((m for m in listing if m.id == snapshot_id), None)
+    if manifest is None:
+        raise SnapshotNotFound(f"no snapshot {snapshot_id!r} holding {notebook!r}: it was removed before the commit")
     if notebook not in manifest.kernels:
         raise SnapshotNotFound(f"snapshot {manifest.id} holds no kernel state of {notebook!r}")
     return manifest.kernels[notebook]
 
 
-def latest_kernel_state(engine: SnapshotEngine, notebook: str) -> tuple[str, dict[str, Any]] | None:
-    """(snapshot id, record) of the newest committed state of `notebook`, if any."""
-    listing = engine.manifests(notebook)
-    return (listing[0].id, listing[0].kernels[notebook]) if listing else None
-
-
-def carried_kernel_states(engine: SnapshotEngine) -> dict[str, dict[str, Any]]:
-    """Every notebook's newest committed kernel record (what a newly promoted host carries on)."""
+def newest_kernel_records(listing: list[Manifest]) -> dict[str, dict[str, Any]]:
+    """Every notebook's newest committed kernel record in `listing` (newest first, as `engine.manifests()`)."""
     out: dict[str, dict[str, Any]] = {}
-    for manifest in engine.manifests():
+    for manifest in listing:
         for notebook, record in manifest.kernels.items():
             out.setdefault(notebook, record)
     return out

@@ -14,9 +14,8 @@ from ..engine.journal import Journal, restoring
 from ..engine.journal import report as preemption_report
 from ..engine.manifest import Manifest
 from ..engine.project import (
-    carried_kernel_states,
-    kernel_state,
-    latest_kernel_state,
+    committed_kernel_record,
+    newest_kernel_records,
     restore_project_files,
     snapshot_project,
     with_files,
@@ -79,15 +78,16 @@ class Project:
         """
         records: dict[str, Any] = {}
         fresh, stale, missing = [], [], {}
+        listing = self.engine.manifests() if kernels else []  # listed once, whatever the number of kernels
+        newest = newest_kernel_records(listing)
         for k in kernels or ():
             if k.committed is not None and k.notebook is not None:
-                records[k.notebook] = kernel_state(self.engine, k.committed, k.notebook)
+                records[k.notebook] = committed_kernel_record(listing, k.committed, k.notebook)
                 fresh.append(k.notebook)
                 continue
             # a busy kernel keeps its newest committed state in the project snapshot
-            previous = latest_kernel_state(self.engine, k.notebook) if k.notebook else None
-            if previous is not None:
-                records[k.notebook] = previous[1]
+            if k.notebook in newest:
+                records[k.notebook] = newest[k.notebook]
                 stale.append(k.notebook)
             if k.asked:
                 missing[k.notebook or k.kernel_id] = k.error or "failed"
@@ -98,7 +98,7 @@ class Project:
 
     def promotion_snapshot(self) -> Manifest | None:
         """The first snapshot of a newly promoted host: the files and every notebook's newest kernel state."""
-        return snapshot_project(self.engine, self._need_workspace(), carried_kernel_states(self.engine),
+        return snapshot_project(self.engine, self._need_workspace(), newest_kernel_records(self.engine.manifests()),
                                 f"promoted: generation {self.engine.fence.generation}")
 
     # -- restores -----------------------------------------------------------------------------
