@@ -10,6 +10,7 @@ from __future__ import annotations
 import copy
 import json
 import os
+import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
@@ -19,11 +20,22 @@ from .units import parse_duration, parse_size
 DEFAULT_PROJECT = "default"
 DEFAULT_METADATA_URL = "http://169.254.169.254"
 WATCHER_KINDS = ("signals", "aws", "gcp", "azure")
+RESTORE_MODES = ("auto", "if-empty", "never")
+_PROJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
 
 def default_storage() -> str:
     """The local store used when nothing is configured: `~/.spotwarp/store`."""
     return os.path.expanduser("~/.spotwarp/store")
+
+
+def validate_project_id(project: str) -> str:
+    """Return `project` if it is a safe name (letters, digits, `.`, `_`, `-`), else raise."""
+    if not isinstance(project, str) or not _PROJECT_ID.match(project) or ".." in project:
+        raise ConfigError(
+            f"bad project id {project!r}: use letters, digits, '.', '_' or '-' (at most 128, no '..')"
+        )
+    return project
 
 
 def _text(text: str) -> str:
@@ -60,6 +72,13 @@ def _json_object(text: str) -> dict[str, Any]:
     return value
 
 
+def _restore_mode(text: str) -> str:
+    mode = text.strip().lower()
+    if mode not in RESTORE_MODES:
+        raise ConfigError(f"expected one of {', '.join(RESTORE_MODES)}")
+    return mode
+
+
 def _watchers(text: str | list[str]) -> list[str]:
     words = text.replace(" ", "").split(",") if isinstance(text, str) else list(text)
     chosen = [w.strip().lower() for w in words if w.strip()]
@@ -92,7 +111,7 @@ class Setting:
 
 _ALL = (
     # where a project lives (CLI, server, kernel)
-    Setting("project", "SPOTWARP_PROJECT", _text, DEFAULT_PROJECT),
+    Setting("project", "SPOTWARP_PROJECT", validate_project_id, DEFAULT_PROJECT),
     Setting("storage", "SPOTWARP_STORAGE", _text, default_storage),
     Setting("storage_options", "SPOTWARP_STORAGE_OPTIONS", _json_object, dict),
     Setting("workspace", "SPOTWARP_WORKSPACE", _text, None),
@@ -100,7 +119,7 @@ _ALL = (
     Setting("backup_interval", "SPOTWARP_BACKUP_INTERVAL", _seconds, 300.0),
     Setting("kernel_timeout", "SPOTWARP_KERNEL_TIMEOUT", _seconds, 60.0),
     Setting("heartbeat_interval", "SPOTWARP_HEARTBEAT_INTERVAL", _seconds, 5.0),
-    Setting("restore_on_start", "SPOTWARP_RESTORE_ON_START", _text, "auto"),
+    Setting("restore_on_start", "SPOTWARP_RESTORE_ON_START", _restore_mode, "auto"),
     Setting("watchers", "SPOTWARP_WATCHERS", _watchers, list(WATCHER_KINDS), blank_is_value=True),
     Setting("aws_metadata_url", "SPOTWARP_AWS_METADATA_URL", _text, DEFAULT_METADATA_URL),
     Setting("gcp_metadata_url", "SPOTWARP_GCP_METADATA_URL", _text, DEFAULT_METADATA_URL),
@@ -124,13 +143,18 @@ SERVER = ("backup_interval", "kernel_timeout", "heartbeat_interval", "restore_on
 POLICY = ("every", "after_cell", "autosnapshot", "max_var_size", "keep")
 
 
-def _parsed(setting: Setting, value: Any, where: str) -> Any:
-    """A layer's value as the setting's type: text is parsed (config files may say `"5m"`), the rest kept."""
-    if not isinstance(value, str):
-        return setting.parse(value) if setting.parse is _watchers else value
+def _parsed(setting: Setting, value: Any, where: str | None) -> Any:
+    """A layer's value as the setting's type: text is parsed (config files may say `"5m"`), the rest kept.
+
+    A bad variable or config value is named in the error; a bad flag's error is left to its caller's wording.
+    """
+    if not isinstance(value, str) and setting.parse not in (_watchers, validate_project_id):
+        return value
     try:
         return setting.parse(value)
     except ConfigError as exc:
+        if where is None:
+            raise
         raise ConfigError(f"{where}={value!r} cannot be used: {exc}") from None
 
 
@@ -139,7 +163,7 @@ def resolve_setting(name: str, flags: Mapping[str, Any] | None = None, env: Mapp
     """One setting's value, strongest first: `flags`, `env`, `config`, then `default` or the declared default."""
     setting = SETTINGS[name]
     env = os.environ if env is None else env
-    layers = ((flags, name, f"--{name.replace('_', '-')}"), (env, setting.env, setting.env),
+    layers = ((flags, name, None), (env, setting.env, setting.env),
               (config, name, f"config {name}"))
     for layer, key, where in layers:
         if layer is not None and setting.given(layer.get(key)):

@@ -9,19 +9,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .resolver import DEFAULT_PROJECT, LOCATION, default_storage, resolve_setting, resolve_settings
-
-_PROJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def validate_project_id(project: str) -> str:
-    """Return `project` if it is a safe name (letters, digits, `.`, `_`, `-`), else raise."""
-    if not isinstance(project, str) or not _PROJECT_ID.match(project) or ".." in project:
-        raise ConfigError(
-            f"bad project id {project!r}: use letters, digits, '.', '_' or '-' (at most 128, no '..')"
-        )
-    return project
-
+from .resolver import (DEFAULT_PROJECT, LOCATION, default_storage, resolve_setting, resolve_settings,  # noqa: F401
+                       validate_project_id)
 
 def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """Where the JupyterHub identity comes from: `env` when it names a hub user, else this process's environment.
@@ -121,7 +110,7 @@ class Settings:
             storage_url = confine_to_user_prefix(storage_url, env)
         workspace_value = values["workspace"]
         return cls(
-            project=validate_project_id(values["project"]),
+            project=values["project"],
             storage=storage_url,
             storage_options=values["storage_options"],
             workspace=str(Path(workspace_value).expanduser().resolve()) if workspace_value else None,

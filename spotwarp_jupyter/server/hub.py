@@ -21,11 +21,11 @@ from jupyter_server.auth.authorizer import Authorizer
 
 from ..engine import ConfigError, SnapshotEngine
 from ..engine.project import restore_project_files, with_files
+from ..engine.resolver import RESTORE_MODES
 from ..engine.settings import is_remote
 
 log = logging.getLogger("spotwarp")
 
-RESTORE_MODES = ("auto", "if-empty", "never")
 # What a fresh home or volume holds before its user writes anything: shell skeleton files, the folders
 # Jupyter and IPython create at start, a new volume's lost+found, the default local store.
 FRESH_WORKSPACE_NAMES = (
