@@ -149,7 +149,7 @@ def _parsed(setting: Setting, value: Any, where: str | None) -> Any:
     A bad variable or config value is named in the error; a bad flag's error is left to its caller's wording.
     """
     if not isinstance(value, str) and setting.parse not in (_watchers, validate_project_id):
-        return value
+        return copy.copy(value)  # a dict or list of the caller's is not shared with the settings
     try:
         return setting.parse(value)
     except ConfigError as exc:

@@ -12,6 +12,7 @@ from .errors import ConfigError
 from .resolver import (DEFAULT_PROJECT, LOCATION, default_storage, resolve_setting, resolve_settings,  # noqa: F401
                        validate_project_id)
 
+
 def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """Where the JupyterHub identity comes from: `env` when it names a hub user, else this process's environment.
 

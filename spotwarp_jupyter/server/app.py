@@ -101,8 +101,10 @@ class SpotWarpApp(ExtensionApp):
     def initialize_settings(self) -> None:
         config = SpotWarp(parent=self)
         serverapp = self.serverapp
-        # `jupyter lab --SpotWarp.project=x` is a flag: stronger than SPOTWARP_PROJECT, unlike a config file
-        flags = dict(getattr(serverapp, "cli_config", {}).get("SpotWarp", {}))
+        # `jupyter lab --SpotWarp.project=x` is a flag: stronger than SPOTWARP_PROJECT, unlike a config file;
+        # traitlets has already typed its value into the trait
+        given = getattr(serverapp, "cli_config", {}).get("SpotWarp", {})
+        flags = {name: getattr(config, name) for name in given if name in SETTINGS}
         try:
             settings = config.resolve(flags, serverapp.root_dir)
             workspace = settings.workspace
