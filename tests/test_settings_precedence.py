@@ -83,8 +83,8 @@ def run_cli(tmp_path: Path, setting: str, strongest: str, *command: str) -> subp
     if "config" in layers:
         (config_dir / "jupyter_server_config.py").write_text(
             f"c.SpotWarp.{setting} = {value(setting, 'config', tmp_path)!r}\n")
-    return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], capture_output=True, text=True,
-                          env=env, cwd=tmp_path, timeout=120)
+    return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], check=False, capture_output=True,
+                          text=True, env=env, cwd=tmp_path, timeout=120)
 
 
 @pytest.mark.parametrize("setting, strongest", table("cli", ("project", "storage")))
@@ -113,7 +113,7 @@ def test_cli_workspace(tmp_path: Path, setting: str, strongest: str):
 
 def test_cli_names_a_bad_variable_in_one_line(tmp_path: Path):
     env = {**os.environ, "HOME": str(tmp_path), "SPOTWARP_PROJECT": "no such/project"}
-    result = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status"], capture_output=True,
+    result = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status"], check=False, capture_output=True,
                             text=True, env=env, timeout=120)
     assert result.returncode == 1 and result.stdout == ""
     assert result.stderr.count("\n") == 1 and "SPOTWARP_PROJECT='no such/project' cannot be used" in result.stderr

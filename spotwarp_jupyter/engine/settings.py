@@ -9,8 +9,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
-from .resolver import (DEFAULT_PROJECT, LOCATION, default_storage, resolve_setting, resolve_settings,  # noqa: F401
-                       validate_project_id)
+from .resolver import DEFAULT_PROJECT, LOCATION, default_storage, resolve_setting, resolve_settings  # noqa: F401
+from .resolver import validate_project_id  # noqa: F401 - its home was here
 
 
 def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:

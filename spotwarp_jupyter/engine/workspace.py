@@ -23,17 +23,28 @@ from .errors import SpotWarpError
 from .ignore import IgnoreRules
 from .persist import CHUNK_SIZE
 from .store import Store
+from .workspace_checks import is_valid_entry
 from .workspace_chunks import BATCH_BYTES, Uploads, known_chunks, present_objects
 from .workspace_read import READ_ATTEMPTS, NotRegularFile, read_file
-from .workspace_checks import is_valid_entry
 from .workspace_scan import Seen, link_target, scan
 
 RACY_WINDOW_NS = 2_000_000_000  # mtimes this close to a scan may hide a later write with the same mtime
 
 Progress = Callable[[int, int, str], None]
 
-__all__ = ["BATCH_BYTES", "FileBackupStats", "NotRegularFile", "Progress", "READ_ATTEMPTS", "RACY_WINDOW_NS",
-           "Seen", "backup_workspace", "files_changed", "link_target", "scan"]
+__all__ = [
+    "BATCH_BYTES",
+    "RACY_WINDOW_NS",
+    "READ_ATTEMPTS",
+    "FileBackupStats",
+    "NotRegularFile",
+    "Progress",
+    "Seen",
+    "backup_workspace",
+    "files_changed",
+    "link_target",
+    "scan",
+]
 
 
 @dataclass

@@ -23,14 +23,29 @@ from typing import Any, Callable
 from . import restore_temporaries
 from .link_safety import Links
 from .store import Store
-from .workspace_checks import UnsafePathError, check_files, check_relpath, is_valid_entry
+from .workspace_checks import (
+    UnsafePathError,
+    check_files,
+    check_relpath,
+    is_valid_entry,
+)
 from .workspace_write import folder_for, holds, write_file, write_link
 
 Progress = Callable[[int, int, str], None]
 TMP_MARK = restore_temporaries.MARK
 
-__all__ = ["FileRestoreReport", "Progress", "TMP_MARK", "UnsafePathError", "check_files", "check_links",
-           "check_relpath", "is_valid_entry", "restore_files", "survey"]
+__all__ = [
+    "TMP_MARK",
+    "FileRestoreReport",
+    "Progress",
+    "UnsafePathError",
+    "check_files",
+    "check_links",
+    "check_relpath",
+    "is_valid_entry",
+    "restore_files",
+    "survey",
+]
 
 
 @dataclass
