@@ -576,7 +576,9 @@ def test_restore_on_start_setting_is_checked(monkeypatch):
     from spotwarp_jupyter.server.hub import restore_mode
 
     monkeypatch.setenv("SPOTWARP_RESTORE_ON_START", "never")
-    assert SpotWarp().restore_on_start == "never"
+    config = SpotWarp()
+    config.resolve()
+    assert config.restore_on_start == "never"
     assert restore_mode("IF-EMPTY") == "if-empty"
     with pytest.raises(ConfigError, match="restore_on_start must be one of auto, if-empty, never"):
         restore_mode("sometimes")

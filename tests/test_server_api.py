@@ -248,12 +248,17 @@ def test_settings_come_from_spotwarp_environment_variables(monkeypatch):
     monkeypatch.setenv("SPOTWARP_KERNEL_TIMEOUT", "0")
     monkeypatch.setenv("SPOTWARP_STORAGE_OPTIONS", '{"anon": true}')
     config = SpotWarp()
-    assert (config.project, config.backup_interval, config.kernel_timeout) == ("from-env", 120.0, 0.0)
-    assert config.storage_options == {"anon": True}
-    assert SpotWarp(backup_interval=5).backup_interval == 5  # explicit config beats the default
+    assert config.project is None and config.backup_interval is None  # the traits are the config-file layer
+    settings = config.resolve()
+    assert (settings.project, config.backup_interval, config.kernel_timeout) == ("from-env", 120.0, 0.0)
+    assert settings.storage_options == {"anon": True}
+    monkeypatch.delenv("SPOTWARP_BACKUP_INTERVAL")
+    explicit = SpotWarp(backup_interval=5)
+    explicit.resolve()
+    assert explicit.backup_interval == 5  # config beats the default
     monkeypatch.setenv("SPOTWARP_BACKUP_INTERVAL", "soon")
-    with pytest.raises(ConfigError, match="bad duration"):
-        SpotWarp().backup_interval  # noqa: B018
+    with pytest.raises(ConfigError, match="SPOTWARP_BACKUP_INTERVAL='soon' cannot be used: bad duration"):
+        SpotWarp().resolve()
 
 
 class TestContinuousBackup:

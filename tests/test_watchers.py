@@ -192,6 +192,7 @@ async def test_watchers_come_from_the_configuration(monkeypatch, aws_metadata):
     monkeypatch.setenv("SPOTWARP_GCP_METADATA_URL", "off")
     monkeypatch.setenv("SPOTWARP_METADATA_POLL_INTERVAL", "0.1")
     config = SpotWarp()
+    config.resolve()
     assert (config.watchers, config.metadata_poll_interval, config.shutdown_grace) == (["signals", "aws", "gcp"], 0.1, 20)
     with pytest.raises(TraitError, match="unknown watcher"):
         SpotWarp(watchers=["aws", "vast"])
@@ -252,7 +253,9 @@ def store_dir(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def jp_server_config(store_dir, cloud, monkeypatch):
-    for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS"):
+    # the variables conftest sets would beat this config (environment > config files)
+    for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS",
+                 "SPOTWARP_WATCHERS", *(f"SPOTWARP_{c.upper()}_METADATA_URL" for c in CLOUDS)):
         monkeypatch.setenv(name, "unset")
         monkeypatch.delenv(name)
     name, server = cloud

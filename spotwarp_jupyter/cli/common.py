@@ -25,8 +25,10 @@ def command(name: str):
 
 
 def _engine(args: argparse.Namespace, create: bool = False, fence: Any = None) -> SnapshotEngine:
+    from ..jupyter_config import server_config_layer
+
     settings = Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
-                                workspace=getattr(args, "workspace", None))
+                                workspace=getattr(args, "workspace", None), config=server_config_layer())
     return SnapshotEngine(settings, create=create, fence=fence)
 
 

@@ -71,13 +71,14 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def _launch_spec(args: argparse.Namespace, engine: Any) -> Any:
     """What each candidate runs: the project, its storage and key, the offer wanted; checks --dead-after."""
-    from ..engine.units import parse_duration
+    from ..engine.resolver import resolve_setting
     from ..failover.provider import LaunchSpec
+    from ..jupyter_config import server_config_layer
 
     passed = ("SPOTWARP_KEY", "SPOTWARP_STORAGE_OPTIONS", "SPOTWARP_HEARTBEAT_INTERVAL")
     env = {name: os.environ[name] for name in passed if os.environ.get(name)}
-    beat = parse_duration(env["SPOTWARP_HEARTBEAT_INTERVAL"]) if env.get("SPOTWARP_HEARTBEAT_INTERVAL", "0") != "0" \
-        else 5.0
+    # the candidates' heartbeat, as their servers will resolve it (0, off, still leaves 5 s for the check)
+    beat = resolve_setting("heartbeat_interval", env=env, config=server_config_layer()) or 5.0
     if args.dead_after < 2 * beat:
         raise ConfigError(f"--dead-after {format_duration(args.dead_after)} is too short for heartbeats every "
                           f"{format_duration(beat)} (SPOTWARP_HEARTBEAT_INTERVAL): give at least twice that")

@@ -208,53 +208,28 @@ def _runs_last_notice(events: Sequence[Event]) -> list[tuple[Event, Event | None
     return [(n, finals.get(run)) for run, n in notices.items()]
 
 
-def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, Any]:
-    """Per project: preemptions survived, work lost per event, time to resume, compute saved (see docs/preemption.md)."""
-    events = sorted(events, key=lambda e: e.time)
-    preemptions = _runs_last_notice(events)
-    restores = [e for e in events if e.event == RESTORE_STARTED]
-    rows: list[dict[str, Any]] = []
-    origin = min((m.created - (float(m.stats.get("duration_s") or 0) if m.kind == "kernel" else 0.0)
-                  for m in manifests), default=None)
-    embodied = 0.0  # compute held by the restored state: what restarting from scratch would have to redo
-    work_since = origin  # when the current run's work started
+def _work_origin(manifests: Sequence[Manifest]) -> float | None:
+    """When the project's work began: its first snapshot, less the time a kernel snapshot took to capture."""
+    return min((m.created - (float(m.stats.get("duration_s") or 0) if m.kind == "kernel" else 0.0)
+                for m in manifests), default=None)
 
-    used: set[int] = set()
-    for index, (notice, final) in enumerate(preemptions):
-        next_notice = preemptions[index + 1][0].time if index + 1 < len(preemptions) else float("inf")
-        # the recovery is the first restore after the notice on another run, before the next notice
-        start = next((r for r in restores if notice.time <= r.time < next_notice and id(r) not in used
-                      and (r.host, r.details.get("run")) != (notice.host, notice.details.get("run"))), None)
-        if start is not None:
-            used.add(id(start))
-        later = [e for e in events if e.time >= (start.time if start else notice.time) and e.time < next_notice]
-        finished = next((e for e in later if e.event == RESTORE_FINISHED and start is not None
-                         and e.host == start.host and e.details.get("ok", True)), None)
-        resumed = next((e for e in later if e.event == TRAINING_RESUMED), None)
-        restored_id = (resumed.snapshot if resumed and resumed.snapshot else None) or (start.snapshot if start else None)
-        notebook = resumed.notebook if resumed else None
-        captured = capture_time(manifests, restored_id, notebook)
-        alive_until = final.time if final is not None else notice.time
-        lost = None if captured is None else round(max(0.0, alive_until - captured), 3)
-        running_again = resumed or finished
-        resume_s = None
-        if running_again is not None and start is not None:
-            resume_s = round(running_again.time - start.time, 3)
-        survived = running_again is not None
-        saved = None
-        if survived and captured is not None and work_since is not None:
-            embodied += max(0.0, captured - work_since)
-            saved = round(embodied, 3)
-            work_since = running_again.time
-        rows.append({
-            "notice": notice.as_dict()["time"], "host": notice.host, "source": notice.details.get("source"),
-            "final_snapshot": final.snapshot if final else None,
-            "notice_to_final_s": final.details.get("notice_to_commit_s") if final else None,
-            "restored_snapshot": restored_id, "restored_on": start.host if start else (resumed.host if resumed else None),
-            "survived": survived, "work_lost_s": lost, "resume_s": resume_s, "compute_saved_s": saved,
-            "resumed_at_step": resumed.details.get("position") if resumed else None,
-        })
-    failovers = failover_rows(events)
+
+def _recovery(notice: Event, next_notice: float, restores: Sequence[Event], used: set[int],
+              events: Sequence[Event]) -> tuple[Event | None, Event | None, Event | None]:
+    """The recovery from one notice: the restore that began it, that restore's end, and the training resumed."""
+    # the first restore after the notice on another run, before the next notice
+    start = next((r for r in restores if notice.time <= r.time < next_notice and id(r) not in used
+                  and (r.host, r.details.get("run")) != (notice.host, notice.details.get("run"))), None)
+    if start is not None:
+        used.add(id(start))
+    later = [e for e in events if e.time >= (start.time if start else notice.time) and e.time < next_notice]
+    finished = next((e for e in later if e.event == RESTORE_FINISHED and start is not None
+                     and e.host == start.host and e.details.get("ok", True)), None)
+    resumed = next((e for e in later if e.event == TRAINING_RESUMED), None)
+    return start, finished, resumed
+
+
+def _totals(rows: list[dict[str, Any]], events: Sequence[Event]) -> dict[str, Any]:
     survived_rows = [r for r in rows if r["survived"]]
     resumes = [r["resume_s"] for r in survived_rows if r["resume_s"] is not None]
     return {
@@ -264,9 +239,42 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
         "resume_s_median": round(statistics.median(resumes), 3) if resumes else None,
         "compute_saved_s": round(sum(r["compute_saved_s"] or 0.0 for r in survived_rows), 3),
         "warnings": sum(1 for e in events if e.event == NOTICE_SEEN and not e.details.get("fatal", True)),
-        "events": rows,
-        "failovers": failovers,
     }
+
+
+def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """Per project: preemptions survived, work lost per event, time to resume, compute saved (see docs/preemption.md)."""
+    events = sorted(events, key=lambda e: e.time)
+    preemptions = _runs_last_notice(events)
+    restores = [e for e in events if e.event == RESTORE_STARTED]
+    rows: list[dict[str, Any]] = []
+    embodied = 0.0  # compute held by the restored state: what restarting from scratch would have to redo
+    work_since = _work_origin(manifests)  # when the current run's work started
+    used: set[int] = set()
+    for index, (notice, final) in enumerate(preemptions):
+        next_notice = preemptions[index + 1][0].time if index + 1 < len(preemptions) else float("inf")
+        start, finished, resumed = _recovery(notice, next_notice, restores, used, events)
+        restored_id = (resumed.snapshot if resumed and resumed.snapshot else None) or (start.snapshot if start else None)
+        captured = capture_time(manifests, restored_id, resumed.notebook if resumed else None)
+        alive_until = final.time if final is not None else notice.time
+        running_again = resumed or finished
+        saved = None
+        if running_again is not None and captured is not None and work_since is not None:
+            embodied += max(0.0, captured - work_since)
+            saved = round(embodied, 3)
+            work_since = running_again.time
+        rows.append({
+            "notice": notice.as_dict()["time"], "host": notice.host, "source": notice.details.get("source"),
+            "final_snapshot": final.snapshot if final else None,
+            "notice_to_final_s": final.details.get("notice_to_commit_s") if final else None,
+            "restored_snapshot": restored_id, "restored_on": start.host if start else (resumed.host if resumed else None),
+            "survived": running_again is not None,
+            "work_lost_s": None if captured is None else round(max(0.0, alive_until - captured), 3),
+            "resume_s": round(running_again.time - start.time, 3) if running_again and start else None,
+            "compute_saved_s": saved,
+            "resumed_at_step": resumed.details.get("position") if resumed else None,
+        })
+    return {**_totals(rows, events), "events": rows, "failovers": failover_rows(events)}
 
 
 def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:

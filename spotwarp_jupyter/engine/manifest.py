@@ -154,59 +154,74 @@ class Manifest:
 
         With a key and `scope`, a signed manifest must have been signed for that scope (see engine.scope).
         """
-        try:
-            doc = json.loads(data)
-        except (ValueError, UnicodeDecodeError):
-            raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
-        if not isinstance(doc, dict) or doc.get("format") != FORMAT:
-            raise ManifestError(f"snapshot manifest {name} has an unknown format")
+        doc = _parse(data, name)
         checksum = doc.pop("checksum", None)
         signature = doc.pop("signature", None)
         signer = doc.pop("key_id", None)
         payload = _canonical(doc)
-        ident = doc.get("id", name)
         if key:
             # the signature is checked before the checksum: a forger can recompute a checksum, not an HMAC
-            if signature is None:
-                if require_signature:
-                    raise SignatureError(
-                        f"snapshot {ident} is unsigned, but SPOTWARP_KEY is set here: refusing to load it "
-                        "(it was written by a host without the key, or by someone else)"
-                    )
-            elif not isinstance(signature, str) or not hmac.compare_digest(
-                signature, hmac.new(key, payload, hashlib.sha256).hexdigest()
-            ):
-                if signer is not None and signer != key_id(key):
-                    raise SignatureError(
-                        f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
-                        "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
-                    )
-                raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
-            elif scope is not None:
-                check_scope(ident, doc.get("scope"), scope)
+            _check_signature(doc.get("id", name), payload, signature, signer, key, require_signature)
+            if signature is not None and scope is not None:
+                check_scope(doc.get("id", name), doc.get("scope"), scope)
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
         for record in ("kernels", "files", "env", "stats", "objects"):
             if not isinstance(doc.get(record) or {}, dict):
                 raise ManifestError(f"snapshot manifest {name}: its {record!r} record is malformed")
         try:
-            return cls(
-                id=doc["id"],
-                project=doc["project"],
-                created=float(doc["created_ts"]),
-                host=doc.get("host", "?"),
-                kind=doc.get("kind", "kernel"),
-                message=doc.get("message"),
-                parent=doc.get("parent"),
-                kernels=doc.get("kernels") or {},
-                files=doc.get("files") or {},
-                env=doc.get("env") or {},
-                stats=doc.get("stats") or {},
-                objects={str(k): int(v) for k, v in (doc.get("objects") or {}).items()},
-                signed=signature is not None,
-                scope=doc.get("scope"),
-                generation=int(doc.get("generation") or 0),
-                holder=doc.get("holder"),
-            )
+            return cls._from_document(doc, signed=signature is not None)
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None
+
+    @classmethod
+    def _from_document(cls, doc: dict[str, Any], signed: bool) -> "Manifest":
+        return cls(
+            id=doc["id"],
+            project=doc["project"],
+            created=float(doc["created_ts"]),
+            host=doc.get("host", "?"),
+            kind=doc.get("kind", "kernel"),
+            message=doc.get("message"),
+            parent=doc.get("parent"),
+            kernels=doc.get("kernels") or {},
+            files=doc.get("files") or {},
+            env=doc.get("env") or {},
+            stats=doc.get("stats") or {},
+            objects={str(k): int(v) for k, v in (doc.get("objects") or {}).items()},
+            signed=signed,
+            scope=doc.get("scope"),
+            generation=int(doc.get("generation") or 0),
+            holder=doc.get("holder"),
+        )
+
+
+def _parse(data: bytes, name: str) -> dict[str, Any]:
+    """The JSON document of a stored manifest of this format, or ManifestError."""
+    try:
+        doc = json.loads(data)
+    except (ValueError, UnicodeDecodeError):
+        raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
+    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+        raise ManifestError(f"snapshot manifest {name} has an unknown format")
+    return doc
+
+
+def _check_signature(ident: str, payload: bytes, signature: Any, signer: Any, key: bytes,
+                     require_signature: bool) -> None:
+    """Refuse an unsigned manifest where one is required, one signed with another key, or one altered."""
+    if signature is None:
+        if require_signature:
+            raise SignatureError(
+                f"snapshot {ident} is unsigned, but SPOTWARP_KEY is set here: refusing to load it "
+                "(it was written by a host without the key, or by someone else)"
+            )
+        return
+    if isinstance(signature, str) and hmac.compare_digest(signature, hmac.new(key, payload, hashlib.sha256).hexdigest()):
+        return
+    if signer is not None and signer != key_id(key):
+        raise SignatureError(
+            f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
+            "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
+        )
+    raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")

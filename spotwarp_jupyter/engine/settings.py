@@ -1,8 +1,7 @@
-"""Where settings come from: explicit values, then `SPOTWARP_*` environment variables, then defaults."""
+"""The project, storage and workspace an engine works on, resolved through `resolver`, and the checks on them."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass, field
@@ -10,23 +9,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import ConfigError
-
-DEFAULT_PROJECT = "default"
-_PROJECT_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-
-
-def default_storage() -> str:
-    """The local store used when nothing is configured: `~/.spotwarp/store`."""
-    return str(Path("~/.spotwarp/store").expanduser())
-
-
-def validate_project_id(project: str) -> str:
-    """Return `project` if it is a safe name (letters, digits, `.`, `_`, `-`), else raise."""
-    if not isinstance(project, str) or not _PROJECT_ID.match(project) or ".." in project:
-        raise ConfigError(
-            f"bad project id {project!r}: use letters, digits, '.', '_' or '-' (at most 128, no '..')"
-        )
-    return project
+from .resolver import DEFAULT_PROJECT, LOCATION, default_storage, resolve_setting, resolve_settings  # noqa: F401
+from .resolver import validate_project_id  # noqa: F401 - its home was here
 
 
 def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
@@ -95,15 +79,7 @@ def confine_to_user_prefix(url: str, env: Mapping[str, str] | None = None) -> st
 
 def parse_storage_options(text: str | None) -> dict[str, Any]:
     """The JSON object of `SPOTWARP_STORAGE_OPTIONS`, passed to fsspec."""
-    if not text:
-        return {}
-    try:
-        value = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ConfigError(f"SPOTWARP_STORAGE_OPTIONS is not valid JSON: {exc.msg} at position {exc.pos}") from None
-    if not isinstance(value, dict):
-        raise ConfigError("SPOTWARP_STORAGE_OPTIONS must be a JSON object, e.g. {\"anon\": false}")
-    return value
+    return resolve_setting("storage_options", env={"SPOTWARP_STORAGE_OPTIONS": text or ""})
 
 
 @dataclass
@@ -124,34 +100,19 @@ class Settings:
         workspace: str | None = None,
         config: Mapping[str, Any] | None = None,
         env: Mapping[str, str] | None = None,
+        defaults: Mapping[str, Any] | None = None,
     ) -> "Settings":
-        """Strongest first: explicit arguments, environment, `config` (traitlets values), defaults."""
+        """Strongest first: explicit arguments (flags), environment, `config` (config files), `defaults`, built-ins."""
         env = os.environ if env is None else env
-        config = config or {}
-
-        def pick(explicit: Any, env_name: str, config_name: str) -> Any:
-            if explicit not in (None, ""):
-                return explicit
-            if env.get(env_name):
-                return env[env_name]
-            if config.get(config_name) not in (None, ""):
-                return config[config_name]
-            return None
-
-        project_value = pick(project, "SPOTWARP_PROJECT", "project") or DEFAULT_PROJECT
-        storage_value = pick(storage, "SPOTWARP_STORAGE", "storage") or default_storage()
-        if storage_options is None:
-            if env.get("SPOTWARP_STORAGE_OPTIONS"):
-                storage_options = parse_storage_options(env["SPOTWARP_STORAGE_OPTIONS"])
-            else:
-                storage_options = dict(config.get("storage_options") or {})
-        workspace_value = pick(workspace, "SPOTWARP_WORKSPACE", "workspace")
-        storage_url = expand_storage_url(storage_value, env)
+        flags = {"project": project, "storage": storage, "storage_options": storage_options, "workspace": workspace}
+        values = resolve_settings(LOCATION, flags=flags, env=env, config=config, defaults=defaults)
+        storage_url = expand_storage_url(values["storage"], env)
         if storage not in (None, ""):  # a flag or the magic: under JupyterHub it may not leave the user's prefix
             storage_url = confine_to_user_prefix(storage_url, env)
+        workspace_value = values["workspace"]
         return cls(
-            project=validate_project_id(project_value),
+            project=values["project"],
             storage=storage_url,
-            storage_options=storage_options,
+            storage_options=values["storage_options"],
             workspace=str(Path(workspace_value).expanduser().resolve()) if workspace_value else None,
         )

@@ -16,22 +16,35 @@ import errno
 import os
 import stat
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from .hashing import fingerprint
+from .errors import SpotWarpError
 from .ignore import IgnoreRules
 from .persist import CHUNK_SIZE
-from .restore_temporaries import is_temporary
 from .store import Store
-from .workspace_restore import is_valid_entry
+from .workspace_checks import is_valid_entry
+from .workspace_chunks import BATCH_BYTES, Uploads, known_chunks, present_objects
+from .workspace_read import READ_ATTEMPTS, NotRegularFile, read_file
+from .workspace_scan import Seen, link_target, scan
 
-READ_ATTEMPTS = 3
 RACY_WINDOW_NS = 2_000_000_000  # mtimes this close to a scan may hide a later write with the same mtime
-BATCH_BYTES = 256 * 1024 * 1024
 
 Progress = Callable[[int, int, str], None]
+
+__all__ = [
+    "BATCH_BYTES",
+    "RACY_WINDOW_NS",
+    "READ_ATTEMPTS",
+    "FileBackupStats",
+    "NotRegularFile",
+    "Progress",
+    "Seen",
+    "backup_workspace",
+    "files_changed",
+    "link_target",
+    "scan",
+]
 
 
 @dataclass
@@ -58,170 +71,6 @@ class FileBackupStats:
         }
 
 
-@dataclass
-class _Seen:
-    relpath: str
-    abspath: str
-    st: os.stat_result
-
-
-def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[_Seen]:
-    """Every file and symlink under `root` that the rules keep, sorted, without following links."""
-    stack = [""]
-    while stack:
-        reldir = stack.pop()
-        absdir = os.path.join(root, reldir) if reldir else root
-        try:
-            with os.scandir(absdir) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
-            continue
-        subdirs = []
-        for entry in entries:
-            rel = f"{reldir}/{entry.name}" if reldir else entry.name
-            if is_temporary(entry.name):
-                continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # vanished since listing
-            if stat.S_ISDIR(st.st_mode):
-                if not rules.ignored(rel, True, entry.path):
-                    subdirs.append(rel)
-            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                if not rules.ignored(rel, False, entry.path):
-                    yield _Seen(rel, entry.path, st)
-            elif not rules.ignored(rel, False, entry.path):
-                skipped[rel] = "not a regular file (device, socket or pipe)"
-        stack.extend(reversed(subdirs))
-
-
-def link_target(root: str, seen: _Seen) -> str | None:
-    """The link's target relative to its folder, or None when it resolves outside the workspace."""
-    real_root = os.path.realpath(root)
-    resolved = os.path.realpath(seen.abspath)
-    if resolved != real_root and not resolved.startswith(real_root + os.sep):
-        return None
-    return os.path.relpath(resolved, os.path.realpath(os.path.dirname(seen.abspath)))
-
-
-class _Uploads:
-    """New chunks queued for writing in batches; content already known is named, not written."""
-
-    def __init__(self, store: Store, known: dict[str, tuple[str, int]], stats: FileBackupStats, present: set[str]):
-        self.store = store
-        self.known = known
-        self.stats = stats
-        self.present = present
-        self.pending: dict[str, bytes] = {}
-        self.pending_bytes = 0
-        self.waiting: list[tuple[dict[str, Any], str]] = []
-
-    def add(self, data: bytes) -> dict[str, Any]:
-        fp = fingerprint(data)
-        ref: dict[str, Any] = {"size": len(data), "fp": fp}
-        hit = self.known.get(fp)
-        if hit is not None and hit[1] == len(data) and self._still_there(hit[0]):
-            ref["id"] = hit[0]
-            self.stats.objects_reused += 1
-        elif fp in self.pending:
-            self.waiting.append((ref, fp))
-        else:
-            self.pending[fp] = data
-            self.pending_bytes += len(data)
-            self.waiting.append((ref, fp))
-            if self.pending_bytes >= BATCH_BYTES:
-                self.flush()
-        return ref
-
-    def _still_there(self, oid: str) -> bool:
-        # a concurrent or earlier gc may have dropped what only old snapshots named
-        if oid not in self.present:
-            if not self.store.has_object(oid):
-                return False
-            self.present.add(oid)
-        return True
-
-    def flush(self) -> None:
-        if not self.pending:
-            return
-        fps = list(self.pending)
-        results = self.store.put_objects([self.pending[fp] for fp in fps])
-        for fp, (oid, size) in zip(fps, results):
-            self.known[fp] = (oid, size)
-            self.present.add(oid)
-            self.stats.bytes_written += size
-            self.stats.objects_written += 1
-        for ref, fp in self.waiting:
-            ref["id"] = self.known[fp][0]
-        self.pending.clear()
-        self.waiting.clear()
-        self.pending_bytes = 0
-
-
-class NotRegularFile(OSError):
-    """The path names a pipe, socket or device now, not the regular file the scan saw."""
-
-
-def _read_exactly(f, n: int) -> bytes:
-    """Up to `n` bytes, fewer only at end of file (a short read is not EOF on every filesystem)."""
-    parts = []
-    while n > 0:
-        data = f.read(n)
-        if not data:
-            break
-        parts.append(data)
-        n -= len(data)
-    return parts[0] if len(parts) == 1 else b"".join(parts)
-
-
-def _same_stat(a: os.stat_result, b: os.stat_result) -> bool:
-    return (a.st_size, a.st_mtime_ns, a.st_ino) == (b.st_size, b.st_mtime_ns, b.st_ino)
-
-
-def _read_file(seen: _Seen, uploads: _Uploads, chunk_size: int,
-               on_chunk: Callable[[int], None]) -> tuple[list[dict[str, Any]], os.stat_result, bool]:
-    """Chunk refs of the file's content, its stat, and whether it held still while read."""
-    st = seen.st
-    chunks: list[dict[str, Any]] = []
-    for _attempt in range(READ_ATTEMPTS):
-        chunks = []
-        # O_NONBLOCK: a pipe put in the file's place since the scan must not hold the backup (and its lock) forever
-        fd = os.open(seen.abspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-        try:
-            before = os.fstat(fd)
-            if not stat.S_ISREG(before.st_mode):
-                raise NotRegularFile(seen.relpath)
-            os.set_blocking(fd, True)
-            with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
-                offset = 0
-                while True:
-                    # one byte past the expected end, so growth since the stat shows up
-                    want = min(chunk_size, max(before.st_size - offset, 0) + 1)
-                    data = _read_exactly(f, want)
-                    if not data:
-                        break
-                    offset += len(data)
-                    uploads.stats.bytes_read += len(data)
-                    chunks.append(uploads.add(data))
-                    on_chunk(len(data))
-                    if len(data) < chunk_size:
-                        break
-            after = os.fstat(fd)
-        finally:
-            os.close(fd)
-        try:
-            on_disk = os.stat(seen.abspath, follow_symlinks=False)
-        except FileNotFoundError:
-            on_disk = after
-        total = sum(c["size"] for c in chunks)
-        if _same_stat(before, after) and _same_stat(after, on_disk) and total == after.st_size:
-            return chunks, after, True
-        st = after
-    return chunks, st, False
-
-
 def _well_formed(previous: Any) -> dict[str, Any] | None:
     """The previous files record without what a damaged or crafted manifest could break this backup with."""
     if not isinstance(previous, dict):
@@ -235,24 +84,79 @@ def _well_formed(previous: Any) -> dict[str, Any] | None:
     }
 
 
-def _known_chunks(previous: dict[str, Any] | None) -> dict[str, tuple[str, int]]:
-    known: dict[str, tuple[str, int]] = {}
-    for entry in ((previous or {}).get("entries") or {}).values():
-        for chunk in entry.get("chunks", []):
-            if chunk.get("fp") and chunk.get("id"):
-                known[chunk["fp"]] = (chunk["id"], int(chunk["size"]))
-    return known
+def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
+    prev_entries = (previous or {}).get("entries") or {}
+    prev_scanned = int((previous or {}).get("scanned_at_ns") or 0)
+    reuse: dict[str, dict[str, Any]] = {}
+    for seen in seen_all:
+        old = prev_entries.get(seen.relpath)
+        if (old and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
+                and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
+                and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
+            reuse[seen.relpath] = old
+    return reuse
 
 
-def _present(store: Store, oids: set[str]) -> set[str]:
-    """Which of `oids` are still stored (a gc may have dropped what only old snapshots named)."""
-    if not oids:
-        return set()
-    ordered = sorted(oids)
-    if store.local:
-        return {o for o in ordered if store.has_object(o)}
-    with ThreadPoolExecutor(max_workers=16, thread_name_prefix="spotwarp-check") as pool:
-        return {o for o, ok in zip(ordered, pool.map(store.has_object, ordered)) if ok}
+class _Backup:
+    """One backup in progress: the entry of each file seen, reused, read or skipped, and how far it has got."""
+
+    def __init__(self, root: str, uploads: Uploads, reuse: dict[str, dict[str, Any]], chunk_size: int,
+                 total: int, progress: Progress | None):
+        self.root, self.uploads, self.reuse, self.chunk_size = root, uploads, reuse, chunk_size
+        self.stats = uploads.stats
+        self.total, self.done, self.progress = total, 0, progress
+
+    def advance(self, n: int, relpath: str) -> None:
+        self.done = min(self.done + n, self.total)
+        if self.progress is not None:
+            self.progress(self.done, self.total, relpath)
+
+    def entry(self, seen: Seen) -> dict[str, Any] | None:
+        """The `files` entry of one file or link; None when it is left out (and why is in the stats)."""
+        if stat.S_ISLNK(seen.st.st_mode):
+            return self._link(seen)
+        old = self.reuse.get(seen.relpath)
+        if old is not None and all(c["id"] in self.uploads.present for c in old["chunks"]):
+            entry = {k: old[k] for k in ("size", "mode", "mtime_ns", "ino", "chunks")}
+            self.stats.files_reused += 1
+            self.stats.objects_reused += len(old["chunks"])
+            self.advance(entry["size"], seen.relpath)
+        else:
+            entry = self._read(seen)
+            if entry is None:
+                return None
+        self.stats.files += 1
+        self.stats.bytes_total += entry["size"]
+        return entry
+
+    def _link(self, seen: Seen) -> dict[str, Any] | None:
+        target = link_target(self.root, seen)
+        if target is None:
+            self.stats.skipped[seen.relpath] = "symbolic link to a path outside the workspace (not followed)"
+            return None
+        return {"link": target, "size": 0}
+
+    def _read(self, seen: Seen) -> dict[str, Any] | None:
+        try:
+            chunks, st, stable = read_file(seen, self.uploads, self.chunk_size,
+                                           lambda n, rel=seen.relpath: self.advance(n, rel))
+        except FileNotFoundError:
+            return None  # deleted since the scan: not part of this snapshot
+        except NotRegularFile:
+            self.stats.skipped[seen.relpath] = "not a regular file (device, socket or pipe)"
+            return None
+        except OSError as exc:
+            if exc.errno != errno.ELOOP:  # ELOOP: replaced by a symlink since the scan
+                self.stats.skipped[seen.relpath] = f"cannot read: {exc.strerror or exc}"
+            return None
+        entry = {"size": sum(c["size"] for c in chunks), "mode": stat.S_IMODE(st.st_mode),
+                 "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "chunks": chunks}
+        if not stable:
+            entry["unstable"] = True
+            self.stats.unstable.append(seen.relpath)
+        self.stats.files_read += 1
+        return entry
 
 
 def backup_workspace(
@@ -266,83 +170,23 @@ def backup_workspace(
     """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks."""
     root = os.path.realpath(root)
     if not os.path.isdir(root):
-        from .errors import SpotWarpError
-
         raise SpotWarpError(f"workspace {root} is not a folder")
     rules = rules or IgnoreRules.for_workspace(root)
     previous = _well_formed(previous)
     stats = FileBackupStats()
     scanned_at = time.time_ns()
-    prev_entries = (previous or {}).get("entries") or {}
-    prev_scanned = int((previous or {}).get("scanned_at_ns") or 0)
     seen_all = list(scan(root, rules, stats.skipped))
-
     # stat-clean files are named again without reading, if their chunks are still stored
-    reuse: dict[str, dict[str, Any]] = {}
-    for seen in seen_all:
-        old = prev_entries.get(seen.relpath)
-        if (old and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
-                and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
-                and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
-            reuse[seen.relpath] = old
-    present = _present(store, {c["id"] for e in reuse.values() for c in e["chunks"]})
-    uploads = _Uploads(store, _known_chunks(previous), stats, present)
-    entries: dict[str, dict[str, Any]] = {}
+    reuse = _reusable(seen_all, previous)
+    present = present_objects(store, {c["id"] for e in reuse.values() for c in e["chunks"]})
+    uploads = Uploads(store, known_chunks(previous), stats, present)
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    done = 0
-
-    def advance(n: int, relpath: str) -> None:
-        nonlocal done
-        done = min(done + n, total)
-        if progress is not None:
-            progress(done, total, relpath)
-
-    for seen in seen_all:
-        st = seen.st
-        if stat.S_ISLNK(st.st_mode):
-            target = link_target(root, seen)
-            if target is None:
-                stats.skipped[seen.relpath] = "symbolic link to a path outside the workspace (not followed)"
-            else:
-                entries[seen.relpath] = {"link": target, "size": 0}
-            continue
-        old = reuse.get(seen.relpath)
-        if old is not None and all(c["id"] in present for c in old["chunks"]):
-            entry = {k: old[k] for k in ("size", "mode", "mtime_ns", "ino", "chunks")}
-            stats.files_reused += 1
-            stats.objects_reused += len(old["chunks"])
-            advance(entry["size"], seen.relpath)
-        else:
-            try:
-                chunks, st, stable = _read_file(seen, uploads, chunk_size, lambda n, rel=seen.relpath: advance(n, rel))
-            except FileNotFoundError:
-                continue  # deleted since the scan: not part of this snapshot
-            except NotRegularFile:
-                stats.skipped[seen.relpath] = "not a regular file (device, socket or pipe)"
-                continue
-            except OSError as exc:
-                if exc.errno == errno.ELOOP:  # replaced by a symlink since the scan
-                    continue
-                stats.skipped[seen.relpath] = f"cannot read: {exc.strerror or exc}"
-                continue
-            entry = {"size": sum(c["size"] for c in chunks), "mode": stat.S_IMODE(st.st_mode),
-                     "mtime_ns": st.st_mtime_ns, "ino": st.st_ino, "chunks": chunks}
-            if not stable:
-                entry["unstable"] = True
-                stats.unstable.append(seen.relpath)
-            stats.files_read += 1
-        entries[seen.relpath] = entry
-        stats.files += 1
-        stats.bytes_total += entry["size"]
+    backup = _Backup(root, uploads, reuse, chunk_size, total, progress)
+    entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
     uploads.flush()
     objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
-    files = {
-        "scanned_at_ns": scanned_at,
-        "chunk_size": chunk_size,
-        "entries": entries,
-        "skipped": stats.skipped,
-        "unstable": stats.unstable,
-    }
+    files = {"scanned_at_ns": scanned_at, "chunk_size": chunk_size, "entries": entries,
+             "skipped": stats.skipped, "unstable": stats.unstable}
     return files, objects, stats
 
 

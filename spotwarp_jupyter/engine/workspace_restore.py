@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import os
 import posixpath
-import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -22,18 +21,31 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from . import restore_temporaries
-from .errors import ManifestError, SpotWarpError
-from .hashing import fingerprint, is_object_id
 from .link_safety import Links
 from .store import Store
+from .workspace_checks import (
+    UnsafePathError,
+    check_files,
+    check_relpath,
+    is_valid_entry,
+)
+from .workspace_write import folder_for, holds, write_file, write_link
 
 Progress = Callable[[int, int, str], None]
 TMP_MARK = restore_temporaries.MARK
-_NS_LIMIT = 2**63  # file times are signed 64-bit nanoseconds
 
-
-class UnsafePathError(ManifestError):
-    """A snapshot names a file outside the workspace (absolute, `..`, or through a link)."""
+__all__ = [
+    "TMP_MARK",
+    "FileRestoreReport",
+    "Progress",
+    "UnsafePathError",
+    "check_files",
+    "check_links",
+    "check_relpath",
+    "is_valid_entry",
+    "restore_files",
+    "survey",
+]
 
 
 @dataclass
@@ -56,83 +68,6 @@ class FileRestoreReport:
             "bytes_total": self.bytes_total, "duration_s": round(self.duration_s, 3), "unstable": self.unstable,
             "temporaries_removed": self.temporaries_removed,
         }
-
-
-def check_relpath(relpath: Any) -> str:
-    """`relpath` if it names a place inside the workspace, else raise UnsafePathError."""
-    if not isinstance(relpath, str) or not relpath or "\x00" in relpath:
-        raise UnsafePathError(f"snapshot names an invalid file path {relpath!r}: refusing to restore")
-    parts = relpath.split("/")
-    if (relpath.startswith("/") or "\\" in relpath or (len(relpath) > 1 and relpath[1] == ":")
-            or any(p in ("", ".", "..") for p in parts)):
-        raise UnsafePathError(
-            f"snapshot names a file outside the workspace ({relpath!r}): refusing to restore anything from it")
-    return relpath
-
-
-def _check_entry(relpath: str, entry: Any) -> None:
-    if not isinstance(entry, dict):
-        raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
-    if "link" in entry:
-        target = entry["link"]
-        if not isinstance(target, str) or not target or target.startswith("/") or "\x00" in target:
-            raise UnsafePathError(f"snapshot link {relpath!r} -> {target!r} leaves the workspace: refusing to restore")
-        joined = posixpath.normpath(posixpath.join(posixpath.dirname(relpath), target))
-        if joined == ".." or joined.startswith("../") or joined.startswith("/"):
-            raise UnsafePathError(f"snapshot link {relpath!r} -> {target!r} leaves the workspace: refusing to restore")
-        return
-    chunks = entry.get("chunks")
-    size = entry.get("size")
-    if not isinstance(chunks, list) or not isinstance(size, int) or size < 0:
-        raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
-    mode, mtime = entry.get("mode", 0o644), entry.get("mtime_ns")
-    if not _is_int(mode) or not 0 <= mode <= 0o7777:
-        raise ManifestError(f"snapshot entry for {relpath!r} has a malformed mode {_short(mode)}: refusing to restore")
-    if mtime is not None and (not _is_int(mtime) or not -_NS_LIMIT < mtime < _NS_LIMIT):
-        raise ManifestError(f"snapshot entry for {relpath!r} has a malformed mtime_ns {_short(mtime)}: "
-                            "refusing to restore")
-    total = 0
-    for c in chunks:
-        if (not isinstance(c, dict) or not is_object_id(str(c.get("id", ""))) or not isinstance(c.get("size"), int)
-                or c["size"] < 0):
-            raise ManifestError(f"snapshot entry for {relpath!r} has a malformed chunk")
-        total += c["size"]
-    if total != size:
-        raise ManifestError(f"snapshot entry for {relpath!r}: chunks hold {total} bytes, not {size}")
-
-
-def is_valid_entry(relpath: Any, entry: Any) -> bool:
-    """True when a restore would accept this entry (a safe path, well-formed chunks, mode and time)."""
-    try:
-        check_relpath(relpath)
-        _check_entry(relpath, entry)
-    except ManifestError:
-        return False
-    return all(isinstance(c.get("fp", ""), str) for c in entry.get("chunks", []))
-
-
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _short(value: Any) -> str:
-    text = repr(value)
-    return text if len(text) <= 40 else text[:37] + "..."
-
-
-def check_files(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The entries of a `files` record, every one checked; raises before anything is written."""
-    entries = (files or {}).get("entries") or {}
-    if not isinstance(entries, dict):
-        raise ManifestError("snapshot files record is malformed")
-    for relpath, entry in entries.items():
-        check_relpath(relpath)
-        _check_entry(relpath, entry)
-    folders = {posixpath.dirname(p) for p in entries}
-    for relpath in entries:
-        if any(f == relpath or f.startswith(relpath + "/") for f in folders if f):
-            raise ManifestError(f"snapshot names {relpath!r} both as a file and as a folder")
-    return entries
 
 
 def survey(root: str) -> tuple[dict[str, str], list[str]]:
@@ -185,94 +120,39 @@ def _ancestors(relpath: str) -> list[str]:
     return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
 
 
-def _folder(root: str, reldir: str) -> str:
-    """The absolute folder for `reldir`, created one level at a time, never through a symbolic link."""
-    path = root
-    for part in reldir.split("/") if reldir else []:
-        path = os.path.join(path, part)
-        try:
-            st = os.lstat(path)
-        except FileNotFoundError:
-            try:
-                os.mkdir(path, 0o755)
-            except FileExistsError:
-                pass
-            st = os.lstat(path)
-        if stat.S_ISLNK(st.st_mode):
-            raise UnsafePathError(f"{path} is a symbolic link: refusing to restore files through it")
-        if not stat.S_ISDIR(st.st_mode):
-            raise SpotWarpError(f"cannot restore into {reldir!r}: {path} exists and is not a folder")
-    return path
+class _Restore:
+    """One restore in progress: writes entries (from several threads) and counts what it did."""
 
+    def __init__(self, store: Store, root: str, report: FileRestoreReport, progress: Progress | None):
+        self.store, self.root, self.report, self.progress = store, root, report, progress
+        self.lock = threading.Lock()
+        self.done = 0
 
-def _holds(path: str, entry: dict[str, Any]) -> bool:
-    """True when the regular file at `path` already has exactly the entry's content."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return False
-    if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
-        return False
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return False  # replaced since the stat (by a link, a pipe...): write it again
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return False
-        for chunk in entry["chunks"]:
-            data = f.read(chunk["size"])
-            if not chunk.get("fp") or fingerprint(data) != chunk["fp"]:
-                return False
-    return True
+    def advance(self, n: int, relpath: str) -> None:
+        with self.lock:
+            self.done += n
+            if self.progress is not None:
+                self.progress(self.done, self.report.bytes_total, relpath)
 
+    def count(self, **added: int) -> None:
+        with self.lock:
+            for name, n in added.items():
+                setattr(self.report, name, getattr(self.report, name) + n)
 
-def _write_file(store: Store, folder: str, name: str, entry: dict[str, Any], on_bytes: Callable[[int], None]) -> None:
-    target = os.path.join(folder, name)
-    tmp, fd = restore_temporaries.create_locked(folder)  # short name: any name the filesystem allows fits
-    try:
-        with os.fdopen(fd, "wb") as f:  # closing it releases the lock: only after the rename below
-            for chunk in entry["chunks"]:
-                data = store.read_object(chunk["id"], chunk["size"])  # checked against its hash
-                f.write(data)
-                on_bytes(len(data))
-            f.flush()
-            # through the descriptor: never through whatever the name may have been replaced with
-            os.chmod(fd, entry.get("mode", 0o644) & 0o777)
-            if entry.get("mtime_ns"):
-                os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
-            os.fsync(fd)
-            _rename(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
-
-
-def _rename(tmp: str, target: str) -> None:
-    if os.path.isdir(target) and not os.path.islink(target):
-        raise SpotWarpError(f"cannot restore file {target}: a folder is in the way")
-    os.replace(tmp, target)  # replaces a symlink itself, never what it points to
-
-
-def _write_link(folder: str, name: str, target: str) -> None:
-    path = os.path.join(folder, name)
-    try:
-        os.symlink(target, path)
-        return
-    except FileExistsError:
-        pass  # replaced through a temporary, in one rename
-    tmp = os.path.join(folder, restore_temporaries.new_name())
-    os.symlink(target, tmp)
-    try:
-        if os.path.isdir(path) and not os.path.islink(path):
-            raise SpotWarpError(f"cannot restore link {path}: a folder is in the way")
-        os.replace(tmp, path)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    def one(self, item: tuple[str, dict[str, Any]]) -> None:
+        """Put one entry in place: a link, a file already there, or a file written anew."""
+        relpath, entry = item
+        folder = folder_for(self.root, posixpath.dirname(relpath))
+        name = posixpath.basename(relpath)
+        if "link" in entry:
+            write_link(folder, name, entry["link"])
+            self.count(links_restored=1)
+        elif holds(os.path.join(folder, name), entry):
+            self.advance(entry["size"], relpath)
+            self.count(files_unchanged=1)
+        else:
+            write_file(self.store, folder, name, entry, lambda n: self.advance(n, relpath))
+            self.count(files_restored=1, bytes_restored=entry["size"])
 
 
 def restore_files(store: Store, files: dict[str, Any], root: str, progress: Progress | None = None,
@@ -287,42 +167,13 @@ def restore_files(store: Store, files: dict[str, Any], root: str, progress: Prog
     report = FileRestoreReport(unstable=sorted(p for p, e in entries.items() if e.get("unstable")))
     report.temporaries_removed = restore_temporaries.sweep(temporaries)[0]
     report.bytes_total = sum(e.get("size", 0) for e in entries.values())
-    lock = threading.Lock()
-    done = [0]
-
-    def advance(n: int, relpath: str) -> None:
-        with lock:
-            done[0] += n
-            if progress is not None:
-                progress(done[0], report.bytes_total, relpath)
-
-    def one(item: tuple[str, dict[str, Any]]) -> None:
-        relpath, entry = item
-        folder = _folder(root, posixpath.dirname(relpath))
-        name = posixpath.basename(relpath)
-        if "link" in entry:
-            _write_link(folder, name, entry["link"])
-            with lock:
-                report.links_restored += 1
-            return
-        if _holds(os.path.join(folder, name), entry):
-            advance(entry["size"], relpath)
-            with lock:
-                report.files_unchanged += 1
-            return
-        _write_file(store, folder, name, entry, lambda n: advance(n, relpath))
-        with lock:
-            report.files_restored += 1
-            report.bytes_restored += entry["size"]
-
+    restore = _Restore(store, root, report, progress)
     items = sorted(entries.items())
-    regular = [i for i in items if "link" not in i[1]]
-    links = [i for i in items if "link" in i[1]]
-    workers = workers or (4 if store.local else 16)
-    with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spotwarp-files") as pool:
-        for _ in pool.map(one, regular):
+    with ThreadPoolExecutor(max_workers=workers or (4 if store.local else 16), thread_name_prefix="spotwarp-files") as pool:
+        for _ in pool.map(restore.one, [i for i in items if "link" not in i[1]]):
             pass
-    for item in links:  # after the files, so a link never redirects a file write
-        one(item)
+    for item in items:  # links after the files, so a link never redirects a file write
+        if "link" in item[1]:
+            restore.one(item)
     report.duration_s = time.perf_counter() - started
     return report

@@ -11,6 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Dict, Int, Unicode
 
 from ..engine import Settings, SpotWarpError
+from ..engine.resolver import LOCATION, POLICY, configured, resolve_settings
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
 from . import session as session_module
 from .policy import Policy
@@ -44,31 +45,32 @@ def cell_id(ipython) -> str | None:
 
 @magics_class
 class SpotWarpMagics(Magics):
-    """`%spotwarp`: keep this kernel's state in durable storage. Configurable as `c.SpotWarpMagics.*`."""
+    """`%spotwarp`: keep this kernel's state in durable storage. Configurable as `c.SpotWarpMagics.*` (IPython config)."""
 
-    project = Unicode("", help="Project id (overridden by SPOTWARP_PROJECT and by %spotwarp policy --project).").tag(config=True)
-    storage = Unicode("", help="Storage URL, any fsspec URL (overridden by SPOTWARP_STORAGE).").tag(config=True)
-    storage_options = Dict(help="fsspec storage options (overridden by SPOTWARP_STORAGE_OPTIONS).").tag(config=True)
-    every = Unicode("5m", help="Default interval between automatic snapshots, e.g. 30s, 5m, 1h.").tag(config=True)
-    after_cell = Bool(True, help="Take automatic snapshots after cells once the interval has passed.").tag(config=True)
-    autosnapshot = Bool(True, help="Automatic snapshots on when the extension loads.").tag(config=True)
-    max_var_size = Unicode("8GB", help="Variables larger than this are skipped.").tag(config=True)
-    keep = Int(0, help="Keep only the newest N snapshots of the project (0 keeps all).").tag(config=True)
+    # None means "not in a config file": SPOTWARP_* variables beat these, %spotwarp policy flags beat both
+    project = Unicode(None, allow_none=True, help="Project id ($SPOTWARP_PROJECT overrides it).").tag(config=True)
+    storage = Unicode(None, allow_none=True,
+                      help="Storage URL, any fsspec URL ($SPOTWARP_STORAGE overrides it).").tag(config=True)
+    storage_options = Dict(default_value=None, allow_none=True,
+                           help="fsspec storage options ($SPOTWARP_STORAGE_OPTIONS overrides it).").tag(config=True)
+    every = Unicode(None, allow_none=True, help="Interval between automatic snapshots, e.g. 30s, 5m, 1h "
+                                                "(default 5m; $SPOTWARP_EVERY overrides it).").tag(config=True)
+    after_cell = Bool(None, allow_none=True, help="Take automatic snapshots after cells once the interval has passed "
+                                                  "(default on; $SPOTWARP_AFTER_CELL overrides it).").tag(config=True)
+    autosnapshot = Bool(None, allow_none=True, help="Automatic snapshots on when the extension loads "
+                                                    "(default on; $SPOTWARP_AUTOSNAPSHOT overrides it).").tag(config=True)
+    max_var_size = Unicode(None, allow_none=True, help="Variables larger than this are skipped "
+                                                       "(default 8GB; $SPOTWARP_MAX_VAR_SIZE overrides it).").tag(config=True)
+    keep = Int(None, allow_none=True, help="Keep only the newest N snapshots of the project, 0 keeps all "
+                                           "(default 0; $SPOTWARP_KEEP overrides it).").tag(config=True)
     show_widget = Bool(True, help="Show the status widget when the extension is first loaded in a notebook.").tag(config=True)
 
     def __init__(self, shell=None, **kwargs):
         super().__init__(shell=shell, **kwargs)
         try:
-            settings = Settings.resolve(
-                config={"project": self.project, "storage": self.storage, "storage_options": self.storage_options}
-            )
-            policy = Policy(
-                enabled=self.autosnapshot,
-                every_s=parse_duration(self.every),
-                after_cell=self.after_cell,
-                max_var_size=parse_size(self.max_var_size),
-                keep=self.keep or None,
-            )
+            layer = configured(self, LOCATION + POLICY)
+            settings = Settings.resolve(config=layer)
+            policy = Policy.from_settings(resolve_settings(POLICY, config=layer))
         except SpotWarpError as exc:
             raise UsageError(str(exc)) from None
         self.session = KernelSession(shell.user_ns, shell.user_ns_hidden, settings, policy)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any, Mapping
 
 from ..engine.units import format_duration, format_size
 
@@ -18,6 +19,12 @@ class Policy:
     exclude: frozenset[str] = field(default_factory=frozenset)
     max_var_size: int | None = 8 * 10**9
     keep: int | None = None
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any]) -> "Policy":
+        """The policy of resolved settings (`engine.resolver.POLICY`: every, after_cell, autosnapshot, ...)."""
+        return cls(enabled=values["autosnapshot"], every_s=values["every"], after_cell=values["after_cell"],
+                   max_var_size=values["max_var_size"], keep=values["keep"] or None)
 
     def describe(self) -> str:
         parts = [

@@ -5,14 +5,15 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+from typing import Any, Mapping
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, List, TraitError, Unicode, default, validate
+from traitlets import Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
-from ..engine import Settings, SnapshotEngine, SpotWarpError
-from ..engine.units import parse_duration
+from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
+from ..engine.resolver import LOCATION, SERVER, SETTINGS, configured, resolve_settings
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
@@ -20,143 +21,74 @@ from .service import ProjectService
 from .watchers import PreemptionResponder, start_watchers
 
 
-def _env_seconds(name: str, fallback: float) -> float:
-    text = os.environ.get(name)
-    if not text:
-        return fallback
-    if text.strip() == "0":
-        return 0.0
-    return parse_duration(text)
+def _setting(kind: type, env: str, help: str, **kwargs: Any) -> Any:
+    """A `c.SpotWarp.*` trait of the config layer: None (its default) means no config file set it."""
+    return kind(default_value=None, allow_none=True, **kwargs,
+                help=f"{help} ${env} overrides it; a --SpotWarp.* flag overrides both.").tag(config=True)
 
 
 class SpotWarp(Configurable):
-    """SpotWarp's server settings: `c.SpotWarp.*` in jupyter_server_config.py, or `SPOTWARP_*` variables."""
+    """SpotWarp's server settings: flags, then `SPOTWARP_*` variables, then `c.SpotWarp.*` config, then defaults."""
 
-    project = Unicode(
-        help="Project id: the name of this workspace's snapshots (default: $SPOTWARP_PROJECT or 'default')."
-    ).tag(config=True)
-    storage = Unicode(
-        help="Storage URL, any fsspec URL (default: $SPOTWARP_STORAGE or ~/.spotwarp/store)."
-    ).tag(config=True)
-    storage_options = Dict(
-        help="fsspec storage options, e.g. an endpoint (default: the JSON object in $SPOTWARP_STORAGE_OPTIONS)."
-    ).tag(config=True)
-    workspace = Unicode(
-        help="The folder whose files are backed up (default: $SPOTWARP_WORKSPACE, else the server's root_dir)."
-    ).tag(config=True)
-    backup_interval = Float(help="Seconds between automatic file backups when something changed; 0 turns them off "
-                                 "(default: $SPOTWARP_BACKUP_INTERVAL, e.g. 5m, else 300).").tag(config=True)
-    kernel_timeout = Float(help="Seconds to wait for a busy kernel to answer a snapshot request before using its "
-                                "newest committed state (default: $SPOTWARP_KERNEL_TIMEOUT, else 60).").tag(config=True)
-
-    restore_on_start = Unicode(help="Restore the newest snapshot holding files into a fresh workspace at start: "
-                                    "auto (only under JupyterHub), if-empty, never "
-                                    "(default: $SPOTWARP_RESTORE_ON_START, else auto).").tag(config=True)
+    project = _setting(Unicode, "SPOTWARP_PROJECT", "Project id: the name of this workspace's snapshots (default: 'default').")
+    storage = _setting(Unicode, "SPOTWARP_STORAGE", "Storage URL, any fsspec URL (default: ~/.spotwarp/store).")
+    storage_options = _setting(Dict, "SPOTWARP_STORAGE_OPTIONS",
+                               "fsspec storage options, e.g. an endpoint (the variable holds a JSON object).")
+    workspace = _setting(Unicode, "SPOTWARP_WORKSPACE",
+                         "The folder whose files are backed up (default: the server's root_dir).")
+    backup_interval = _setting(Float, "SPOTWARP_BACKUP_INTERVAL", "Seconds between automatic file backups when "
+                               "something changed; 0 turns them off (default: 300; the variable may say 5m).")
+    kernel_timeout = _setting(Float, "SPOTWARP_KERNEL_TIMEOUT", "Seconds to wait for a busy kernel to answer a "
+                              "snapshot request before using its newest committed state (default: 60).")
+    restore_on_start = _setting(Unicode, "SPOTWARP_RESTORE_ON_START", "Restore the newest snapshot holding files "
+                                "into a fresh workspace at start: auto (only under JupyterHub), if-empty, never "
+                                "(default: auto).")
     fresh_workspace_names = List(Unicode(), default_value=list(FRESH_WORKSPACE_NAMES),
                                  help="Top-level names a fresh home or volume holds before its user writes anything; "
                                       "a workspace holding only these counts as empty.").tag(config=True)
-
-    @default("restore_on_start")
-    def _default_restore_on_start(self) -> str:
-        return os.environ.get("SPOTWARP_RESTORE_ON_START", "auto")
-
-    @default("project")
-    def _default_project(self) -> str:
-        return os.environ.get("SPOTWARP_PROJECT", "")
-
-    @default("storage")
-    def _default_storage(self) -> str:
-        return os.environ.get("SPOTWARP_STORAGE", "")
-
-    @default("storage_options")
-    def _default_storage_options(self) -> dict:
-        from ..engine.settings import parse_storage_options
-
-        return parse_storage_options(os.environ.get("SPOTWARP_STORAGE_OPTIONS"))
-
-    @default("workspace")
-    def _default_workspace(self) -> str:
-        return os.environ.get("SPOTWARP_WORKSPACE", "")
-
-    @default("backup_interval")
-    def _default_backup_interval(self) -> float:
-        return _env_seconds("SPOTWARP_BACKUP_INTERVAL", 300.0)
-
-    @default("kernel_timeout")
-    def _default_kernel_timeout(self) -> float:
-        return _env_seconds("SPOTWARP_KERNEL_TIMEOUT", 60.0)
-
-    heartbeat_interval = Float(help="Seconds between two heartbeats this server writes into the store "
-                                    "(`hosts/<id>.json`, read by `spotwarp launch --watch` and `spotwarp hosts`); "
-                                    "0 turns them off (default: $SPOTWARP_HEARTBEAT_INTERVAL, else 5).").tag(config=True)
-
-    @default("heartbeat_interval")
-    def _default_heartbeat_interval(self) -> float:
-        return _env_seconds("SPOTWARP_HEARTBEAT_INTERVAL", 5.0)
+    heartbeat_interval = _setting(Float, "SPOTWARP_HEARTBEAT_INTERVAL", "Seconds between two heartbeats this "
+                                  "server writes into the store (`hosts/<id>.json`, read by `spotwarp launch --watch` "
+                                  "and `spotwarp hosts`); 0 turns them off (default: 5).")
 
     # -- preemption watchers (docs/preemption.md) ------------------------------------------------------
-    watchers = List(Unicode(), help="Preemption watchers to run, among signals, aws, gcp, azure (default: "
-                                    "$SPOTWARP_WATCHERS, comma-separated, else all; each cloud's watcher backs off "
-                                    "quietly where its endpoint does not answer).").tag(config=True)
-    aws_metadata_url = Unicode(help="AWS instance metadata (IMDSv2) endpoint; 'off' disables the AWS watcher "
-                                    "(default: $SPOTWARP_AWS_METADATA_URL, else http://169.254.169.254).").tag(config=True)
-    gcp_metadata_url = Unicode(help="GCP metadata server; 'off' disables the GCP watcher "
-                                    "(default: $SPOTWARP_GCP_METADATA_URL, else http://169.254.169.254).").tag(config=True)
-    azure_metadata_url = Unicode(help="Azure instance metadata (Scheduled Events) endpoint; 'off' disables the Azure "
-                                      "watcher (default: $SPOTWARP_AZURE_METADATA_URL, else http://169.254.169.254)."
-                                 ).tag(config=True)
-    metadata_poll_interval = Float(help="Seconds between two questions to a metadata endpoint (GCP long-polls "
-                                        "instead) (default: $SPOTWARP_METADATA_POLL_INTERVAL, else 1).").tag(config=True)
-    watcher_max_backoff = Float(help="Longest pause, in seconds, of a watcher whose endpoint does not answer "
-                                     "(default: $SPOTWARP_WATCHER_MAX_BACKOFF, else 300).").tag(config=True)
-    shutdown_grace = Float(help="Seconds the server may take after SIGTERM or SIGINT for the final snapshot and its "
-                                "exit (Kubernetes gives 30 by default, RunPod about 5) "
-                                "(default: $SPOTWARP_SHUTDOWN_GRACE, else 20).").tag(config=True)
-    notice_window = Float(help="Seconds a notice that states no deadline leaves for the final snapshot (GCP gives "
-                               "30) (default: $SPOTWARP_NOTICE_WINDOW, else 25).").tag(config=True)
-
-    @default("watchers")
-    def _default_watchers(self) -> list[str]:
-        text = os.environ.get("SPOTWARP_WATCHERS")
-        return ["signals", "aws", "gcp", "azure"] if text is None else [w for w in text.replace(" ", "").split(",") if w]
+    watchers = _setting(List, "SPOTWARP_WATCHERS", "Preemption watchers to run, among signals, aws, gcp, "
+                        "azure (default: all; each cloud's watcher backs off quietly where its endpoint does not "
+                        "answer; the variable is comma-separated).", trait=Unicode())
+    aws_metadata_url = _setting(Unicode, "SPOTWARP_AWS_METADATA_URL", "AWS instance metadata (IMDSv2) endpoint; "
+                                "'off' disables the AWS watcher (default: http://169.254.169.254).")
+    gcp_metadata_url = _setting(Unicode, "SPOTWARP_GCP_METADATA_URL", "GCP metadata server; 'off' disables the "
+                                "GCP watcher (default: http://169.254.169.254).")
+    azure_metadata_url = _setting(Unicode, "SPOTWARP_AZURE_METADATA_URL", "Azure instance metadata (Scheduled "
+                                  "Events) endpoint; 'off' disables the Azure watcher (default: http://169.254.169.254).")
+    metadata_poll_interval = _setting(Float, "SPOTWARP_METADATA_POLL_INTERVAL", "Seconds between two questions to "
+                                      "a metadata endpoint (GCP long-polls instead) (default: 1).")
+    watcher_max_backoff = _setting(Float, "SPOTWARP_WATCHER_MAX_BACKOFF", "Longest pause, in seconds, of a "
+                                   "watcher whose endpoint does not answer (default: 300).")
+    shutdown_grace = _setting(Float, "SPOTWARP_SHUTDOWN_GRACE", "Seconds the server may take after SIGTERM or "
+                              "SIGINT for the final snapshot and its exit (Kubernetes gives 30 by default, RunPod "
+                              "about 5) (default: 20).")
+    notice_window = _setting(Float, "SPOTWARP_NOTICE_WINDOW", "Seconds a notice that states no deadline leaves "
+                             "for the final snapshot (GCP gives 30) (default: 25).")
 
     @validate("watchers")
-    def _check_watchers(self, proposal) -> list[str]:
-        from .watchers import KINDS
+    def _check_watchers(self, proposal) -> list[str] | None:
+        try:
+            return None if proposal["value"] is None else SETTINGS["watchers"].parse(proposal["value"])
+        except ConfigError as exc:
+            raise TraitError(str(exc)) from None
 
-        chosen = [w.strip().lower() for w in proposal["value"]]
-        unknown = sorted(set(chosen) - set(KINDS))
-        if unknown:
-            raise TraitError(f"unknown watcher(s) {', '.join(unknown)}: choose among {', '.join(KINDS)}")
-        return chosen
+    def resolve(self, flags: Mapping[str, Any] | None = None, root_dir: str | None = None) -> Settings:
+        """Replace every setting by its resolved value (flags > environment > config > defaults); the location.
 
-    @default("aws_metadata_url")
-    def _default_aws_metadata_url(self) -> str:
-        return os.environ.get("SPOTWARP_AWS_METADATA_URL", "http://169.254.169.254")
-
-    @default("gcp_metadata_url")
-    def _default_gcp_metadata_url(self) -> str:
-        return os.environ.get("SPOTWARP_GCP_METADATA_URL", "http://169.254.169.254")
-
-    @default("azure_metadata_url")
-    def _default_azure_metadata_url(self) -> str:
-        return os.environ.get("SPOTWARP_AZURE_METADATA_URL", "http://169.254.169.254")
-
-    @default("metadata_poll_interval")
-    def _default_metadata_poll_interval(self) -> float:
-        return _env_seconds("SPOTWARP_METADATA_POLL_INTERVAL", 1.0)
-
-    @default("watcher_max_backoff")
-    def _default_watcher_max_backoff(self) -> float:
-        return _env_seconds("SPOTWARP_WATCHER_MAX_BACKOFF", 300.0)
-
-    @default("shutdown_grace")
-    def _default_shutdown_grace(self) -> float:
-        return _env_seconds("SPOTWARP_SHUTDOWN_GRACE", 20.0)
-
-    @default("notice_window")
-    def _default_notice_window(self) -> float:
-        return _env_seconds("SPOTWARP_NOTICE_WINDOW", 25.0)
+        Before this, the traits hold only what config files set (None where they set nothing).
+        """
+        flags = flags or {}
+        layer = configured(self, LOCATION + SERVER)
+        values = resolve_settings(SERVER, flags=flags, config=layer)
+        for name in SERVER:
+            setattr(self, name, values[name])
+        return Settings.resolve(**{name: flags.get(name) for name in LOCATION}, config=layer,
+                                defaults={"workspace": root_dir})
 
 
 class SpotWarpApp(ExtensionApp):
@@ -169,10 +101,13 @@ class SpotWarpApp(ExtensionApp):
     def initialize_settings(self) -> None:
         config = SpotWarp(parent=self)
         serverapp = self.serverapp
-        workspace = config.workspace or serverapp.root_dir
+        # `jupyter lab --SpotWarp.project=x` is a flag: stronger than SPOTWARP_PROJECT, unlike a config file;
+        # traitlets has already typed its value into the trait
+        given = getattr(serverapp, "cli_config", {}).get("SpotWarp", {})
+        flags = {name: getattr(config, name) for name in given if name in SETTINGS}
         try:
-            settings = Settings.resolve(config={"project": config.project, "storage": config.storage,
-                                                "storage_options": config.storage_options, "workspace": workspace})
+            settings = config.resolve(flags, serverapp.root_dir)
+            workspace = settings.workspace
             engine = SnapshotEngine(settings)
             mode = restore_mode(config.restore_on_start)
         except SpotWarpError as exc:
@@ -184,9 +119,9 @@ class SpotWarpApp(ExtensionApp):
         if warning:
             self.log.warning("SpotWarp: %s", warning)
         # a new pod after a preemption: the user's files are back before anything is served
-        start_restore = restore_on_start(engine, settings.workspace or workspace, mode, identity,
+        start_restore = restore_on_start(engine, workspace, mode, identity,
                                          config.fresh_workspace_names)
-        self.service = ProjectService(engine, settings.workspace or workspace, serverapp.root_dir,
+        self.service = ProjectService(engine, workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace

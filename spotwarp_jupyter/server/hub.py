@@ -19,13 +19,13 @@ from typing import Any, Iterable, Mapping
 from jupyter_server.auth.authorizer import Authorizer
 
 from ..engine import ConfigError, SnapshotEngine
+from ..engine.resolver import RESTORE_MODES
 from ..engine.settings import is_remote
 from ..project import VIA_HUB, Project
 from ..project.wire import hub_restore_json
 
 log = logging.getLogger("spotwarp")
 
-RESTORE_MODES = ("auto", "if-empty", "never")
 # What a fresh home or volume holds before its user writes anything: shell skeleton files, the folders
 # Jupyter and IPython create at start, a new volume's lost+found, the default local store.
 FRESH_WORKSPACE_NAMES = (
