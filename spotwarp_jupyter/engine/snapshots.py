@@ -189,26 +189,31 @@ class SnapshotEngine:
         hidden: Mapping[str, Any] | None = None,
         options: CaptureOptions | None = None,
         extras: Mapping[str, Any] | None = None,
+        requests: list[str] | None = None,
     ) -> Manifest:
-        """Capture and commit the variables of `namespace` as one snapshot, synchronously."""
+        """Capture and commit the variables of `namespace` as one snapshot, synchronously.
+
+        `requests`: ids of the requests (protocol.py) this snapshot answers, recorded in its manifest.
+        """
         started = time.perf_counter()
         from .pickling import main_namespace
 
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
             image = capture_namespace(namespace, hidden, options, extras, lazy=True)
-            return self.commit_image(image, notebook, message, started=started)
+            return self.commit_image(image, notebook, message, started=started, requests=requests)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
-                     on_written: Callable[[memoryview], None] | None = None) -> Manifest:
-        """Persist a captured image (only what changed) and commit its manifest."""
+                     on_written: Callable[[memoryview], None] | None = None,
+                     requests: list[str] | None = None) -> Manifest:
+        """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers)."""
         started = time.perf_counter() if started is None else started
         with self._lock, self.writing() as lease:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
-                                         kernels={notebook: kernel}, objects=objects)
+                                         kernels={notebook: kernel}, objects=objects, requests=list(requests or []))
             self.check_lease(lease, manifest)
             manifest.stats = {
                 "bytes_total": pstats.bytes_total,

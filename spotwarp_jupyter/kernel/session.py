@@ -76,6 +76,7 @@ class KernelSession:
         self._flight_done = threading.Event()
         self._flight_done.set()
         self._deferred: list[str] = []
+        self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
@@ -111,15 +112,15 @@ class KernelSession:
             out[name] = capture()
         return out
 
-    def snapshot(self, message: str | None = None) -> Manifest:
+    def snapshot(self, message: str | None = None, requests: list[str] | None = None) -> Manifest:
         """A synchronous snapshot of this kernel's variables (waits for one in flight first)."""
         self.wait_in_flight()
         with self._lock:
             started = time.perf_counter()
             try:
                 manifest = self.engine.snapshot_kernel(
-                    self.namespace, self.notebook, message, self.hidden, self.capture_options(), self.extras()
-                )
+                    self.namespace, self.notebook, message, self.hidden, self.capture_options(), self.extras(),
+                    requests=requests)
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise
@@ -128,13 +129,14 @@ class KernelSession:
             self._committed(manifest)
             return manifest
 
-    def snapshot_in_background(self, message: str | None = None) -> BackgroundSnapshot | Manifest | None:
+    def snapshot_in_background(self, message: str | None = None,
+                               requests: list[str] | None = None) -> BackgroundSnapshot | Manifest | None:
         """Start a snapshot the kernel does not wait for; None if one is already in flight.
 
         Falls back to a synchronous snapshot where fork is unavailable.
         """
         if fork_unavailable_reason():
-            return self.snapshot(message)
+            return self.snapshot(message, requests)
         with self._lock:
             if self.in_flight is not None:
                 return None
@@ -145,7 +147,7 @@ class KernelSession:
 
             def commit(image):
                 return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"},
-                                           on_written=release_pages)
+                                           on_written=release_pages, requests=requests)
 
             try:
                 self.in_flight = start_background(commit, self.namespace, self.hidden, self.capture_options(),
@@ -213,10 +215,16 @@ class KernelSession:
             self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
             return
         message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
+        requests, self._requests = self._requests, []
         try:
-            self.snapshot_in_background(message)
+            self.snapshot_in_background(message, requests)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self._requests[:0] = requests  # the next one answers them
+
+    def answer_with_next_snapshot(self, request_id: str) -> None:
+        """Name `request_id` in the next snapshot started at a safe point (how a notice finds its snapshot)."""
+        self._requests.append(request_id)
 
     def _committed(self, manifest: Manifest) -> None:
         self.last = manifest
