@@ -29,7 +29,7 @@ def validate_project_id(project: str) -> str:
     return project
 
 
-def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+def hub_environment(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """Where the JupyterHub identity comes from: `env` when it names a hub user, else this process's environment.
 
     The spawner sets `JUPYTERHUB_USER` for the server and so for its kernels and terminals; a caller
@@ -46,7 +46,7 @@ def is_remote(url: str) -> bool:
 def expand_storage_url(url: str, env: Mapping[str, str] | None = None) -> str:
     """Fill `{username}` and `{server_name}` from the JupyterHub environment; expand `~`; refuse `..`."""
     env = os.environ if env is None else env
-    identity = hub_identity(env)
+    identity = hub_environment(env)
     if not url or not str(url).strip():
         raise ConfigError("storage URL is empty: pass --storage URL or set SPOTWARP_STORAGE")
     url = str(url).strip()
@@ -80,7 +80,7 @@ def confine_to_user_prefix(url: str, env: Mapping[str, str] | None = None) -> st
     The assigned prefix is `SPOTWARP_STORAGE` (expanded) of the hub-spawned server, which its kernels
     and terminals inherit. Local paths are left to file permissions.
     """
-    identity = hub_identity(env)
+    identity = hub_environment(env)
     if not identity.get("JUPYTERHUB_USER") or not is_remote(url):
         return url
     assigned = identity.get("SPOTWARP_STORAGE") or default_storage()
