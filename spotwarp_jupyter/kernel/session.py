@@ -16,6 +16,7 @@ from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, rel
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from .policy import Policy
+from .retention import Pruner
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
 StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
@@ -80,6 +81,7 @@ class KernelSession:
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
+        self.pruner = Pruner()  # --keep, off the user's cell
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
@@ -231,7 +233,10 @@ class KernelSession:
         self.last_error = None
         self.last_snapshot_at = time.time()
         if self.policy.keep:
-            self.engine.gc(self.policy.keep)
+            engine = self.engine
+            # its own engine: a gc pass never holds the lock the next snapshot needs
+            self.pruner.after_commit(lambda: SnapshotEngine(engine.settings, key=engine.key, fence=engine.fence),
+                                     self.policy.keep)
 
     def restore(self, ref: str = "latest", variables: list[str] | None = None) -> tuple[Manifest, RestoreResult]:
         """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore."""
