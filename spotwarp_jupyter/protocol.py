@@ -7,7 +7,8 @@ Three conversations, each built and read only here (no Jupyter imports, so both 
 - preemption notices (control channel, `spotwarp_notice_request` / `_reply`): served even while a cell runs.
   The kernel answers at once with the notice's `request_id`; the snapshot it then takes at its next safe
   point names that id in its manifest (`Manifest.requests`), which is how the server finds it in the store.
-- widget actions: the browser sends `{"action": ...}`; the kernel answers by updating the widget's traits.
+- widget actions: the browser sends `{"action": ..., "request_id": ...}`; the kernel answers by updating the
+  widget's traits, `answered` last (the request id).
 
 Every parser raises ProtocolError with one line saying what is wrong; nothing is acted on before that.
 """
@@ -214,21 +215,25 @@ def answers_request(requests: Any, request_id: str) -> bool:
 # -- widget actions: browser -> kernel --------------------------------------------------------------------
 @dataclass(frozen=True)
 class WidgetAction:
-    """A button pressed in the status widget."""
+    """A button pressed in the status widget (or its periodic refresh); the kernel echoes `request_id` in the
+    widget's `answered` trait once the outcome (`notice`, `status`) is set."""
 
     action: str  # snapshot | restore | refresh
+    request_id: str
     snapshot: str = "latest"  # restore: which snapshot
 
     @classmethod
     def from_message(cls, content: Any) -> "WidgetAction":
         """Parse a widget's custom message; ProtocolError when it is malformed."""
-        action = content.get("action") if isinstance(content, dict) else None
+        content = _object(content, "a widget action")
+        action = content.get("action")
         if action not in WIDGET_ACTIONS:
             raise ProtocolError(f"unknown widget action {action!r}: use one of {', '.join(WIDGET_ACTIONS)}")
+        request_id = _request_id(content)
         snapshot = content.get("id") or "latest"
         if not isinstance(snapshot, str):
             raise ProtocolError("a widget restore's id must be a snapshot id")
-        return cls(action, snapshot)
+        return cls(action, request_id, snapshot)
 
 
 def one_line(text: str) -> str:

@@ -1,8 +1,8 @@
 """StatusWidget: a live view of one kernel's SpotWarp session, with snapshot-now and restore buttons.
 
 The browser side is `widget.js` + `widget.css` next to this file. Buttons send custom messages
-(`protocol.WidgetAction`: `{"action": "snapshot" | "restore" | "refresh"}`); the kernel answers by updating
-the synced traits. The widget knows the kernel's session only through `SessionView` (no kernel imports).
+(`protocol.WidgetAction`: `{"action": "snapshot" | "restore" | "refresh", "request_id": ...}`); the kernel
+answers by updating the synced traits, then `answered` to the request's id. The widget knows the kernel's session only through `SessionView` (no kernel imports).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import traitlets
 
 from ..engine import SpotWarpError
 from ..engine.units import format_duration, format_size
-from ..protocol import ProtocolError, WidgetAction
+from ..protocol import ProtocolError, WidgetAction, echoed_id
 
 HERE = Path(__file__).parent
 WATCH_INTERVAL_S = 1.0
@@ -77,6 +77,8 @@ class StatusWidget(anywidget.AnyWidget):
     busy = traitlets.Unicode("", help="The action in progress: '', 'snapshot' or 'restore'.").tag(sync=True)
     notice = traitlets.Unicode("", help="The outcome of the last action, one line.").tag(sync=True)
     notice_kind = traitlets.Unicode("", help="'ok' or 'error'.").tag(sync=True)
+    answered = traitlets.Unicode("", help="The request id of the last action answered (set after its outcome).").tag(
+        sync=True)
 
     def __init__(self, session: SessionView, **kwargs: Any):
         self._session = session
@@ -115,6 +117,7 @@ class StatusWidget(anywidget.AnyWidget):
             action = WidgetAction.from_message(content)
         except ProtocolError as exc:
             self._say("error", str(exc))
+            self.answered = echoed_id(content) or ""
             return
         if action.action == "refresh":
             self.refresh(check_newer=True)
@@ -122,6 +125,7 @@ class StatusWidget(anywidget.AnyWidget):
             self._run("snapshot", self._snapshot)
         else:
             self._run("restore", lambda: self._restore(action.snapshot))
+        self.answered = action.request_id
 
     def _run(self, name: str, work) -> None:
         if self.busy:
