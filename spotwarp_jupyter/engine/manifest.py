@@ -70,6 +70,26 @@ def _document(doc: dict[str, Any]) -> bytes:
         return json.dumps(doc, sort_keys=True, indent=1).encode()
 
 
+def _check_signature(ident: str, payload: bytes, signature: Any, signer: Any, key: bytes,
+                     require_signature: bool) -> None:
+    """SignatureError when a manifest is unsigned where one is required, or signed by another key, or altered."""
+    if signature is None:
+        if require_signature:
+            raise SignatureError(
+                f"snapshot {ident} is unsigned, but SPOTWARP_KEY is set here: refusing to load it "
+                "(it was written by a host without the key, or by someone else)"
+            )
+        return
+    if isinstance(signature, str) and hmac.compare_digest(signature, hmac.new(key, payload, hashlib.sha256).hexdigest()):
+        return
+    if signer is not None and signer != key_id(key):
+        raise SignatureError(
+            f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
+            "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
+        )
+    raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
+
+
 @dataclass
 class Manifest:
     """One committed snapshot: who, when, what it holds, and the objects it names."""
@@ -169,22 +189,8 @@ class Manifest:
         ident = doc.get("id", name)
         if key:
             # the signature is checked before the checksum: a forger can recompute a checksum, not an HMAC
-            if signature is None:
-                if require_signature:
-                    raise SignatureError(
-                        f"snapshot {ident} is unsigned, but SPOTWARP_KEY is set here: refusing to load it "
-                        "(it was written by a host without the key, or by someone else)"
-                    )
-            elif not isinstance(signature, str) or not hmac.compare_digest(
-                signature, hmac.new(key, payload, hashlib.sha256).hexdigest()
-            ):
-                if signer is not None and signer != key_id(key):
-                    raise SignatureError(
-                        f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
-                        "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
-                    )
-                raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
-            elif scope is not None:
+            _check_signature(ident, payload, signature, signer, key, require_signature)
+            if signature is not None and scope is not None:
                 check_scope(ident, doc.get("scope"), scope)
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
