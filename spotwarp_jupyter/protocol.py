@@ -202,8 +202,11 @@ class NoticeAnswer:
         notebook = content.get("notebook")
         if ok and (not isinstance(notebook, str) or not notebook):
             raise ProtocolError("a notice's answer must name the kernel's notebook")
+        requested_at = content.get("requested_at") or 0.0
+        if isinstance(requested_at, bool) or not isinstance(requested_at, (int, float)):
+            raise ProtocolError("a notice's answer must say when it was requested (requested_at, in seconds)")
         error = content.get("error")
-        return cls(request.request_id, ok, float(content.get("requested_at") or 0.0), notebook if ok else None,
+        return cls(request.request_id, ok, float(requested_at), notebook if ok else None,
                    bool(content.get("in_flight")), None if ok else str(error or "refused"))
 
 

@@ -165,3 +165,25 @@ def test_a_malformed_notice_gets_one_line_and_queues_no_snapshot(start_kernel, s
     k.run("weights = [3]")
     k.run("from spotwarp_jupyter.kernel import session; session.current().wait_in_flight(60)")
     assert k.value("session.current().in_flight is None") and [m.id for m in engine.manifests()] == before
+
+
+def test_every_message_reads_back_as_built_and_an_answer_to_another_request_is_refused():
+    for request in (KernelRequest.snapshot_now("m"), KernelRequest.status_now(),
+                    KernelRequest.restore_now("abc", ["a", "b"]), KernelRequest.restore_now()):
+        assert KernelRequest.from_message(request.to_message()) == request
+    notice = NoticeRequest.new(fatal=True, deadline=1e9)
+    assert NoticeRequest.from_message(notice.to_message()) == notice
+    answer = NoticeAnswer(notice.request_id, True, 5.0, "nb.ipynb", in_flight=True)
+    assert NoticeAnswer.from_message(answer.to_message(), notice) == answer
+    for bad, error in [(None, "must be a JSON object"),
+                       ({**answer.to_message(), "request_id": "other"}, "answered notice 'other'"),
+                       ({**answer.to_message(), "ok": "yes"}, "ok: true or false"),
+                       ({**answer.to_message(), "notebook": None}, "name the kernel's notebook"),
+                       ({**answer.to_message(), "requested_at": "now"}, "requested_at")]:
+        with pytest.raises(ProtocolError, match=error):
+            NoticeAnswer.from_message(bad, notice)
+    status = KernelRequest.status_now()
+    for bad, error in [([], "must be a JSON object"), ({"request_id": status.request_id}, "ok: true or false"),
+                       ({"ok": False, "request_id": status.request_id}, "must say why")]:
+        with pytest.raises(ProtocolError, match=error):
+            read_kernel_answer(bad, status)
