@@ -52,13 +52,13 @@ async def test_the_final_snapshot_is_the_one_taken_for_the_notice_even_when_a_us
     try:
         # every id the server makes from here on is the same: a user who wrote the id the server will use
         # into a snapshot message (what the final-snapshot sequence once looked for) must not fool it
-        monkeypatch.setattr(secrets, "token_hex", lambda n=16: "c0ffee12"[: 2 * n])
         await execute(ws, "%load_ext spotwarp\n%spotwarp policy --every 1h --no-after-cell\nstep = 1\n"
                           "%spotwarp snapshot -m 'preemption c0ffee12'")
         (users,) = engine.manifests("train.ipynb")
         await execute(ws, "step = 2")  # after the user's snapshot: only the notice's snapshot has it
-        final = await service.responder(Notice(source="test", kind="test-notice", deadline=time.time() + 30))
-        monkeypatch.undo()
+        with monkeypatch.context() as patch:
+            patch.setattr(secrets, "token_hex", lambda n=16: "c0ffee12"[: 2 * n])
+            final = await service.responder(Notice(source="test", kind="test-notice", deadline=time.time() + 30))
         assert final is not None and final.kind == "project"
         assert final.stats["kernels_fresh"] == ["train.ipynb"]
         namespace: dict = {}
