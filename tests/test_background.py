@@ -113,9 +113,65 @@ def test_keep_retention_prunes_old_snapshots(start_kernel, store_url):
     k.run("%load_ext spotwarp\n%spotwarp off\n%spotwarp policy --keep 2")
     for i in range(4):
         k.run(f"v = {i}\n%spotwarp snapshot")
+    k.run(SESSION + "assert s.pruner.wait(60)")  # pruning runs after the commit, in a thread of its own
     engine = _engine(store_url)
     assert len(engine.manifests()) == 2
     ns: dict = {}
     engine.restore_kernel("latest", ns)
     assert ns["v"] == 3
     assert engine.verify().ok
+
+
+# a spy around the real gc (it still runs): which thread runs it
+GC_SPY = """
+import threading
+from spotwarp_jupyter.engine import SnapshotEngine
+_real_gc, _gc_threads = SnapshotEngine.gc, []
+def _spy_gc(self, *args, **kwargs):
+    _gc_threads.append(threading.current_thread().name)
+    return _real_gc(self, *args, **kwargs)
+SnapshotEngine.gc = _spy_gc
+"""
+
+
+@pytest.mark.parametrize("how", ["magic", "background"])
+def test_keep_prunes_outside_the_users_cell(start_kernel, store_url, how):
+    """`--keep` used to run a full gc inside the cell of a `%spotwarp snapshot` (or in the reaper of a background one)."""
+    k = start_kernel("host")
+    k.run("%load_ext spotwarp\n%spotwarp off\n%spotwarp policy --keep 1\n" + SESSION + GC_SPY)
+    for i in range(3):
+        if how == "magic":
+            k.run(f"v = {i}\n%spotwarp snapshot")
+        else:
+            k.run(f"v = {i}\ns.snapshot_in_background()\ns.wait_in_flight(60)")
+    k.run("assert s.pruner.wait(60)")
+    threads = k.value("_gc_threads")
+    assert threads and set(threads) == {"spotwarp-keep"}, threads
+    engine = _engine(store_url)
+    (newest,) = engine.manifests()
+    ns: dict = {}
+    engine.restore_kernel(newest.id, ns)
+    assert ns["v"] == 2 and engine.verify().ok and k.value("s.pruner.last_error") is None
+
+
+def test_a_failing_prune_is_reported_once_and_clears_when_it_works_again(tmp_path, caplog):
+    from spotwarp_jupyter.kernel.retention import Pruner
+
+    engine = _engine(str(tmp_path / "store"))
+    for i in range(3):
+        engine.snapshot_kernel({"v": i})
+    locks = tmp_path / "store" / "proj" / "locks"
+    locks.rmdir()
+    locks.write_text("not a folder")  # gc cannot take its lease here
+    pruner = Pruner()
+    with caplog.at_level("WARNING", logger="spotwarp"):
+        for _ in range(3):
+            pruner.after_commit(lambda: _engine(str(tmp_path / "store")), 1)
+            assert pruner.wait(60)
+    failures = [r for r in caplog.records if "--keep" in r.getMessage()]
+    assert len(failures) == 1 and "\n" not in failures[0].getMessage() and pruner.last_error
+    assert len(engine.manifests()) == 3  # nothing dropped by a failed pass
+    locks.unlink()
+    locks.mkdir()
+    pruner.after_commit(lambda: _engine(str(tmp_path / "store")), 1)
+    assert pruner.wait(60) and pruner.last_error is None and len(_engine(str(tmp_path / "store")).manifests()) == 1

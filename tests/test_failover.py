@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
 from lab_server import TOKEN, LabServer, host_env, tree
 from waiting import wait_for
 
@@ -33,6 +34,8 @@ from spotwarp_jupyter.engine.journal import (
     Journal,
 )
 from spotwarp_jupyter.engine.project import snapshot_project
+
+pytestmark = pytest.mark.slow  # real `spotwarp start` servers raced, killed and partitioned: minutes in all
 
 PROJECT = "fo"
 NOTEBOOK = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}

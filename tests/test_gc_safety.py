@@ -173,6 +173,8 @@ def test_keep_policy_of_one_kernel_keeps_the_other_notebooks_newest_snapshot(sta
     b.run("mine = 'b-state'\n%spotwarp snapshot")
     for i in range(3):
         a.run(f"mine = 'a-{i}'\n%spotwarp snapshot")
+    for k in (a, b):  # pruning runs after each commit, in a thread of its own
+        k.run("assert __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().pruner.wait(60)")
     engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"")
     notebooks = {nb for m in engine.manifests() for nb in m.kernels}
     assert len(notebooks) == 2, notebooks  # each kernel's newest state survives the other's gc

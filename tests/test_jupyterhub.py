@@ -37,7 +37,7 @@ PASSWORD = "spot-warp-test-pw"
 USERS = ("alice", "bob")
 HUB_KEY_SECRET = uuid.uuid4().hex
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # a real hub, its proxy and spawned servers
 
 
 def poll(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.2, log: Path | None = None) -> Any:

@@ -92,6 +92,7 @@ def big_namespace() -> dict:
 
 
 @pytest.mark.parametrize("kind", ["gcs", "s3"])
+@pytest.mark.slow  # a storage emulator stopped and restarted mid-write: 50 to 100 s
 def test_storage_stops_mid_snapshot(kind, request, link_to, monkeypatch):
     server: StorageServer = request.getfixturevalue(f"{kind}_server")
     link = link_to(server)

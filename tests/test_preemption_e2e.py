@@ -17,6 +17,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 from lab_server import Execution, LabServer, host_env
 from metadata_servers import WATCHER_ENV_OFF
 from waiting import wait_for
@@ -30,6 +31,8 @@ from spotwarp_jupyter.engine.journal import (
     TRAINING_RESUMED,
     Journal,
 )
+
+pytestmark = pytest.mark.slow  # real `spotwarp start` processes, SIGTERM mid-training, a second host
 
 GRACE_S = 15
 SETUP = "%load_ext spotwarp\n%spotwarp policy --every 1h --no-after-cell\nimport pathlib\n" \

@@ -9,7 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from lab_server import LabServer, host_env, tree
+
+pytestmark = pytest.mark.slow  # real `spotwarp start` processes on two hosts
 
 
 def make_workspace(root: Path) -> None:

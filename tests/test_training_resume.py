@@ -17,6 +17,8 @@ from pathlib import Path
 import pytest
 from kernels import Kernel
 
+pytestmark = pytest.mark.slow  # real kernels SIGKILLed at random moments and resumed
+
 EPOCHS, STEPS_PER_EPOCH = 3, 32
 TOTAL_STEPS = EPOCHS * STEPS_PER_EPOCH
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -35,8 +36,14 @@ def widget_open(msgs: list[dict]) -> tuple[str, dict]:
     return content["comm_id"], dict(content["data"]["state"])
 
 
-def send_action(kernel, comm_id: str, state: dict, content: dict[str, Any], deadline_s: float = 120) -> dict:
-    """Send a button's custom message; apply the kernel's state updates until it is idle again."""
+def send_action(kernel, comm_id: str, state: dict, content: dict[str, Any], deadline_s: float = 120,
+                request_id: str | None = "auto") -> dict:
+    """Send a button's custom message (with a fresh request id); apply the kernel's state updates until it is
+    idle again; the widget's `answered` must then echo the request id."""
+    if request_id == "auto":
+        request_id = uuid.uuid4().hex[:12]
+    if request_id is not None:
+        content = {**content, "request_id": request_id}
     msg = kernel.kc.session.msg("comm_msg", {"comm_id": comm_id, "data": {"method": "custom", "content": content}})
     kernel.kc.shell_channel.send(msg)
     deadline = time.monotonic() + deadline_s
@@ -48,6 +55,7 @@ def send_action(kernel, comm_id: str, state: dict, content: dict[str, Any], dead
                 state.update(data["state"])
         if (m["msg_type"] == "status" and m["content"]["execution_state"] == "idle"
                 and m["parent_header"].get("msg_id") == msg["header"]["msg_id"]):
+            assert state.get("answered") == (request_id or ""), (state.get("answered"), request_id)
             return state
     raise AssertionError(f"no answer to {content} within {deadline_s}s")
 
@@ -129,6 +137,11 @@ def test_unknown_action_and_live_update_while_a_cell_runs(start_kernel, nb_env):
     comm_id, state = widget_open(execute(k, "%load_ext spotwarp"))
     state = send_action(k, comm_id, state, {"action": "format-disk"})
     assert state["notice_kind"] == "error" and "unknown widget action" in state["notice"]
+    last = "getattr(__import__('spotwarp_jupyter').kernel.session.current().last, 'id', None)"
+    before = k.value(last)
+    state = send_action(k, comm_id, state, {"action": "snapshot"}, request_id=None)
+    assert state["notice_kind"] == "error" and "request_id must be" in state["notice"] and "\n" not in state["notice"]
+    assert k.value(last) == before  # nothing was taken
 
     # A snapshot taken by the magic inside a running cell reaches the widget before the cell ends.
     msgs = execute(k, """

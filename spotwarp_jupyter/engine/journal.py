@@ -194,7 +194,7 @@ def capture_time(manifests: Sequence[Manifest], snapshot_id: str | None, noteboo
     return min(times) if times else target.created
 
 
-def _runs_last_notice(events: Sequence[Event]) -> list[tuple[Event, Event | None]]:
+def _first_fatal_notice_per_run(events: Sequence[Event]) -> list[tuple[Event, Event | None]]:
     """The first fatal notice of each server run, with that run's final snapshot (if one was committed)."""
     notices: dict[Any, Event] = {}
     finals: dict[Any, Event] = {}
@@ -245,7 +245,7 @@ def _totals(rows: list[dict[str, Any]], events: Sequence[Event]) -> dict[str, An
 def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, Any]:
     """Per project: preemptions survived, work lost per event, time to resume, compute saved (see docs/preemption.md)."""
     events = sorted(events, key=lambda e: e.time)
-    preemptions = _runs_last_notice(events)
+    preemptions = _first_fatal_notice_per_run(events)
     restores = [e for e in events if e.event == RESTORE_STARTED]
     rows: list[dict[str, Any]] = []
     embodied = 0.0  # compute held by the restored state: what restarting from scratch would have to redo

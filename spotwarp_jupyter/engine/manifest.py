@@ -91,6 +91,7 @@ class Manifest:
     scope: dict[str, Any] | None = None
     generation: int = 0  # the writer's lease generation (0: no failover); `latest` never goes to a lower one
     holder: str | None = None  # the writer's candidate id under failover
+    requests: list[str] = field(default_factory=list)  # ids of the requests this snapshot answers (protocol.py)
 
     @property
     def order(self) -> tuple[int, float, str]:
@@ -131,6 +132,7 @@ class Manifest:
             "objects": self.objects,
             **({"generation": self.generation} if self.generation else {}),
             **({"holder": self.holder} if self.holder else {}),
+            **({"requests": list(self.requests)} if self.requests else {}),
         }
         if self.scope is not None:
             body["scope"] = self.scope
@@ -169,13 +171,16 @@ class Manifest:
         for record in ("kernels", "files", "env", "stats", "objects"):
             if not isinstance(doc.get(record) or {}, dict):
                 raise ManifestError(f"snapshot manifest {name}: its {record!r} record is malformed")
+        requests = doc.get("requests") or []
+        if not isinstance(requests, list) or not all(isinstance(r, str) for r in requests):
+            raise ManifestError(f"snapshot manifest {name}: its 'requests' record is malformed")
         try:
-            return cls._from_document(doc, signed=signature is not None)
+            return cls._from_document(doc, signed=signature is not None, requests=list(requests))
         except (KeyError, TypeError, ValueError) as exc:
             raise ManifestError(f"snapshot manifest {name} is missing field {exc}") from None
 
     @classmethod
-    def _from_document(cls, doc: dict[str, Any], signed: bool) -> "Manifest":
+    def _from_document(cls, doc: dict[str, Any], signed: bool, requests: list[str]) -> "Manifest":
         return cls(
             id=doc["id"],
             project=doc["project"],
@@ -193,6 +198,7 @@ class Manifest:
             scope=doc.get("scope"),
             generation=int(doc.get("generation") or 0),
             holder=doc.get("holder"),
+            requests=requests,
         )
 
 

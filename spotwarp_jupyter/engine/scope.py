@@ -13,7 +13,7 @@ import os
 from typing import Any, Mapping
 
 from .errors import SignatureError
-from .settings import Settings, hub_identity, is_remote
+from .settings import Settings, hub_environment, is_remote
 
 _PROTOCOL_ALIASES = {"gcs": "gs", "s3a": "s3", "local": "file"}
 
@@ -37,7 +37,7 @@ def storage_location(url: str) -> str:
 
 def signing_scope(settings: Settings, env: Mapping[str, str] | None = None) -> dict[str, Any]:
     """What a signature made with these settings binds: project, storage location, hub user (or None)."""
-    user = hub_identity(env).get("JUPYTERHUB_USER") or None
+    user = hub_environment(env).get("JUPYTERHUB_USER") or None
     scope = {"project": settings.project, "location": storage_location(settings.storage), "user": user}
     if not is_remote(settings.storage):
         scope["path"] = os.path.realpath(os.path.expanduser(settings.storage.removeprefix("file://")))

@@ -13,7 +13,7 @@ from .resolver import DEFAULT_PROJECT, LOCATION, default_storage, resolve_settin
 from .resolver import validate_project_id  # noqa: F401 - its home was here
 
 
-def hub_identity(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
+def hub_environment(env: Mapping[str, str] | None = None) -> Mapping[str, str]:
     """Where the JupyterHub identity comes from: `env` when it names a hub user, else this process's environment.
 
     The spawner sets `JUPYTERHUB_USER` for the server and so for its kernels and terminals; a caller
@@ -30,7 +30,7 @@ def is_remote(url: str) -> bool:
 def expand_storage_url(url: str, env: Mapping[str, str] | None = None) -> str:
     """Fill `{username}` and `{server_name}` from the JupyterHub environment; expand `~`; refuse `..`."""
     env = os.environ if env is None else env
-    identity = hub_identity(env)
+    identity = hub_environment(env)
     if not url or not str(url).strip():
         raise ConfigError("storage URL is empty: pass --storage URL or set SPOTWARP_STORAGE")
     url = str(url).strip()
@@ -64,7 +64,7 @@ def confine_to_user_prefix(url: str, env: Mapping[str, str] | None = None) -> st
     The assigned prefix is `SPOTWARP_STORAGE` (expanded) of the hub-spawned server, which its kernels
     and terminals inherit. Local paths are left to file permissions.
     """
-    identity = hub_identity(env)
+    identity = hub_environment(env)
     if not identity.get("JUPYTERHUB_USER") or not is_remote(url):
         return url
     assigned = identity.get("SPOTWARP_STORAGE") or default_storage()

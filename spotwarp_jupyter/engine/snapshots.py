@@ -6,7 +6,6 @@ The kernel extension, the server, and the CLI are thin doors onto this class.
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import socket
 import threading
@@ -18,14 +17,14 @@ from .capture import CaptureOptions, KernelImage, capture_namespace
 from .environment import collect_facts, version_warnings
 from .errors import ManifestError, SnapshotNotFound, SpotWarpError, StorageError
 from .fence import Fence, Fenced
-from .hashing import is_object_id
-from .leases import GC, WRITE, Lease, WriteLease, live_locks, stale_locks
+from .gc import GcReport, collect_garbage
+from .leases import Lease, WriteLease
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
 from .scope import signing_scope
 from .settings import Settings
-from .store import TEMPORARY_GRACE_S, Store
+from .store import Store
 
 log = logging.getLogger("spotwarp")
 DEFAULT_NOTEBOOK = "default"
@@ -45,17 +44,6 @@ class VerifyReport:
         return not self.problems
 
 
-@dataclass
-class GcReport:
-    """What `gc` dropped and kept."""
-
-    kept: list[str] = field(default_factory=list)
-    dropped: list[str] = field(default_factory=list)
-    objects_deleted: int = 0
-    bytes_freed: int = 0
-    objects_left: str | None = None  # why no (or not every) unreferenced object was deleted, in one line
-
-
 _OLDER_HINT = "to restore an older snapshot, name it explicitly (its id from `spotwarp list`: --snapshot ID)"
 
 
@@ -64,22 +52,6 @@ def _refusal(exc: ManifestError) -> ManifestError:
     if _OLDER_HINT in str(exc):
         return exc
     return type(exc)(f"{exc}; {_OLDER_HINT}")
-
-
-def named_objects(doc: Any) -> set[str]:
-    """Every object id anywhere in a parsed manifest (keys and values): what gc must keep for it."""
-    found: set[str] = set()
-    stack = [doc]
-    while stack:
-        item = stack.pop()
-        if isinstance(item, dict):
-            found.update(k for k in item if isinstance(k, str) and is_object_id(k))
-            stack.extend(item.values())
-        elif isinstance(item, list):
-            stack.extend(item)
-        elif isinstance(item, str) and is_object_id(item):
-            found.add(item)
-    return found
 
 
 def _modules_used(record: dict[str, Any]) -> set[str]:
@@ -189,26 +161,31 @@ class SnapshotEngine:
         hidden: Mapping[str, Any] | None = None,
         options: CaptureOptions | None = None,
         extras: Mapping[str, Any] | None = None,
+        requests: list[str] | None = None,
     ) -> Manifest:
-        """Capture and commit the variables of `namespace` as one snapshot, synchronously."""
+        """Capture and commit the variables of `namespace` as one snapshot, synchronously.
+
+        `requests`: ids of the requests (protocol.py) this snapshot answers, recorded in its manifest.
+        """
         started = time.perf_counter()
         from .pickling import main_namespace
 
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
             image = capture_namespace(namespace, hidden, options, extras, lazy=True)
-            return self.commit_image(image, notebook, message, started=started)
+            return self.commit_image(image, notebook, message, started=started, requests=requests)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
-                     on_written: Callable[[memoryview], None] | None = None) -> Manifest:
-        """Persist a captured image (only what changed) and commit its manifest."""
+                     on_written: Callable[[memoryview], None] | None = None,
+                     requests: list[str] | None = None) -> Manifest:
+        """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers)."""
         started = time.perf_counter() if started is None else started
         with self._lock, self.writing() as lease:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
-                                         kernels={notebook: kernel}, objects=objects)
+                                         kernels={notebook: kernel}, objects=objects, requests=list(requests or []))
             self.check_lease(lease, manifest)
             manifest.stats = {
                 "bytes_total": pstats.bytes_total,
@@ -322,88 +299,6 @@ class SnapshotEngine:
     def gc(self, keep: int, grace_s: float = 3600.0) -> GcReport:
         """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names.
 
-        Objects are kept when any manifest present names them, accepted or not (unsigned, another key's,
-        damaged but readable); none is deleted while a manifest cannot be read at all, while a snapshot is
-        being written (leases.py), or when younger than `grace_s` (a writer may be about to commit them).
+        The rules (what is never deleted, and when objects are left) are in engine/gc.py.
         """
-        if keep < 1:
-            raise SpotWarpError("--keep must be at least 1: gc never deletes the newest snapshot")
-        with self._lock, Lease(self.store, GC) as lease:
-            report = GcReport()
-            writers = live_locks(self.store, WRITE)
-            listing = self.manifests()
-            kept, dropped = listing[:keep], listing[keep:]
-            # the newest snapshot holding workspace files is what a new host restores from: never drop it
-            files = next((m for m in listing if (m.files or {}).get("entries") is not None), None)
-            if files is not None and files in dropped:
-                dropped.remove(files)
-                kept.append(files)
-            # each notebook's newest state too: one kernel's --keep must not take another notebook's away
-            for notebook in {nb for m in listing for nb in m.kernels}:
-                newest = next(m for m in listing if notebook in m.kernels)
-                if newest in dropped:
-                    dropped.remove(newest)
-                    kept.append(newest)
-            for m in dropped:
-                self.store.delete_manifest(m.name)
-                self._cache.pop(m.name, None)
-                report.dropped.append(m.id)
-            report.kept = [m.id for m in kept]
-            if writers:
-                report.objects_left = (f"no object deleted: {len(writers)} snapshot(s) being written "
-                                       "(gc deletes objects when no snapshot is in progress)")
-            else:
-                live, unreadable = self._named_by_every_manifest()
-                if unreadable:
-                    report.objects_left = (f"no object deleted: snapshot manifest {unreadable[0]} cannot be read "
-                                           f"(not valid JSON){f' nor {len(unreadable) - 1} more' if len(unreadable) > 1 else ''}"
-                                           ": gc keeps every object while a manifest might name it")
-                else:
-                    self._delete_unnamed(live, grace_s, lease, report)
-            # a temporary is a write in progress for as long as a write can take, whatever the objects' grace
-            for path in self.store.stale_temporaries(max(grace_s, TEMPORARY_GRACE_S)):
-                try:
-                    self.store.fs.rm(path)
-                except FileNotFoundError:
-                    pass
-            self.store.clear_interrupted_uploads(grace_s)
-            for name in stale_locks(self.store):
-                if name != lease.name:
-                    self.store.delete_lock(name)
-            return report
-
-    def _named_by_every_manifest(self) -> tuple[set[str], list[str]]:
-        """Object ids any manifest present names (read afresh, trusted or not), and manifests that cannot be parsed."""
-        live: set[str] = set()
-        unreadable: list[str] = []
-        for name in self.store.manifest_names():
-            try:
-                data = self.store.read_manifest(name)
-            except FileNotFoundError:
-                continue  # dropped meanwhile by another gc
-            try:
-                doc = json.loads(data)
-            except (ValueError, UnicodeDecodeError):
-                unreadable.append(name)
-                continue
-            live |= named_objects(doc)
-        return live, unreadable
-
-    def _delete_unnamed(self, live: set[str], grace_s: float, lease: Lease, report: GcReport) -> None:
-        """Delete unnamed objects older than `grace_s`; stop as soon as a writer starts or our lease lapses."""
-        now = time.time()
-        checked = 0.0  # look for writers first: reading the manifests may have taken a while
-        for oid, (size, mtime) in self.store.list_objects_with_times().items():
-            if oid in live or (mtime is not None and now - mtime < grace_s):
-                continue
-            if time.monotonic() - checked > 1.0:
-                checked = time.monotonic()
-                if live_locks(self.store, WRITE):
-                    report.objects_left = "deleting stopped: a snapshot started being written (the rest is left for the next gc)"
-                    return
-            if lease.lapsed():
-                report.objects_left = "deleting stopped: this gc stood still past its lease (the rest is left for the next gc)"
-                return
-            self.store.delete_object(oid)
-            report.objects_deleted += 1
-            report.bytes_freed += size
+        return collect_garbage(self, keep, grace_s)

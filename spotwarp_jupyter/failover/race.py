@@ -104,105 +104,142 @@ def race(provider: Provider, spec: LaunchSpec, store: Store, count: int, *, time
          poll_s: float = 0.2, provider_poll_s: float = 1.0, reason: str = "launch",
          on_event: OnEvent | None = None) -> RaceResult:
     """Race `count` candidates; promote the first ready; tear the rest down. RaceFailed when none comes up."""
-    emit = on_event or (lambda kind, data: None)
-    journal = Journal(store)
-    generation = read_lease(store).generation + 1
     offers = list(provider.offers(spec, count))[:count]
     if not offers:
         raise RaceFailed(f"provider {provider.name} has no offer for {spec.gpus or 'this task'}"
                          + (f" on {', '.join(spec.clouds)}" if spec.clouds else "")
                          + (f" under ${spec.max_price:g}/h" if spec.max_price is not None else ""))
-    result = RaceResult(secrets.token_hex(4), generation, provider.name, time.time())
-    for i, offer in enumerate(offers):
-        result.candidates.append(Candidate(f"g{generation}c{i}-{secrets.token_hex(2)}", offer))
-    _quietly(journal, RACE_STARTED, race=result.race, generation=generation, provider=provider.name, reason=reason,
-             candidates=[{"id": c.id, "offer": c.offer.describe()} for c in result.candidates])
-    emit(RACE_STARTED, {"race": result.race, "generation": generation,
-                        "candidates": [c.as_dict() for c in result.candidates]})
+    return _Race(provider, spec, store, on_event).run(offers, timeout, poll_s, provider_poll_s, reason)
 
-    pool = ThreadPoolExecutor(max_workers=len(offers) * 2, thread_name_prefix="spotwarp-race")
-    lock = threading.Lock()
 
-    def launch(c: Candidate) -> None:
+class _Race:
+    """One race's moving parts: its candidates, the pool launching them, the journal."""
+
+    def __init__(self, provider: Provider, spec: LaunchSpec, store: Store, on_event: OnEvent | None):
+        self.provider, self.spec, self.store = provider, spec, store
+        self.emit: OnEvent = on_event or (lambda kind, data: None)
+        self.journal = Journal(store)
+        self.lock = threading.Lock()
+        generation = read_lease(store).generation + 1
+        self.result = RaceResult(secrets.token_hex(4), generation, provider.name, time.time())
+
+    def run(self, offers: list[Offer], timeout: float, poll_s: float, provider_poll_s: float,
+            reason: str) -> RaceResult:
+        result, generation = self.result, self.result.generation
+        for i, offer in enumerate(offers):
+            result.candidates.append(Candidate(f"g{generation}c{i}-{secrets.token_hex(2)}", offer))
+        _quietly(self.journal, RACE_STARTED, race=result.race, generation=generation, provider=self.provider.name,
+                 reason=reason, candidates=[{"id": c.id, "offer": c.offer.describe()} for c in result.candidates])
+        self.emit(RACE_STARTED, {"race": result.race, "generation": generation,
+                                 "candidates": [c.as_dict() for c in result.candidates]})
+        pool = ThreadPoolExecutor(max_workers=len(offers) * 2, thread_name_prefix="spotwarp-race")
+        launches = [pool.submit(self._launch, c) for c in result.candidates]
+        try:
+            self._wait_for_winner(timeout, poll_s, provider_poll_s)
+            if result.winner is not None:
+                self._promote(result.winner)
+        finally:
+            for f in launches:
+                f.result()
+            self._tear_down_losers(pool)
+        if not result.ok:
+            self._failed()
+        return result
+
+    def _launch(self, c: Candidate) -> None:
         c.launched_at = time.time()
         try:
-            handle = provider.launch(spec, c.offer, c.id, generation)
+            handle = self.provider.launch(self.spec, c.offer, c.id, self.result.generation)
         except Exception as exc:  # noqa: BLE001 - a failed launch drops this candidate only
-            with lock:
+            with self.lock:
                 c.state, c.message = "failed", f"{type(exc).__name__}: {exc}"
             return
-        with lock:
+        with self.lock:
             c.handle = handle
             if c.state == "launching":
                 c.state = "running"
 
-    launches = [pool.submit(launch, c) for c in result.candidates]
-    deadline = time.monotonic() + timeout
-    next_poll = 0.0
-    try:
+    def _wait_for_winner(self, timeout: float, poll_s: float, provider_poll_s: float) -> None:
+        """Poll the store for ready candidates (and the provider for failed ones) until one wins or none is left."""
+        result = self.result
+        deadline = time.monotonic() + timeout
+        next_poll = 0.0
         while result.winner is None:
             live = [c for c in result.candidates if c.state in ("launching", "running")]
             if not live:
-                break
+                return
             if time.monotonic() > deadline:
                 result.error = f"no candidate served within {timeout:g} s"
-                break
-            ready = []
-            for c in live:
-                if c.state != "running":
-                    continue
-                doc = ready_candidate(store, c.id, generation)
-                if doc is not None:
-                    c.seen_ready_at = time.time()
-                    c.started_at, c.ready_at = doc.get("started_at"), doc.get("ready_at")
-                    c.restore = doc.get("restore")
-                    c.state, c.url = "ready", doc.get("url")
-                    ready.append(c)
+                return
+            ready = self._ready(live)
             if ready:
                 result.winner = min(ready, key=lambda c: c.ready_at or c.seen_ready_at or 0)
                 result.url = result.winner.url
-                break
+                return
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + provider_poll_s
-                for c in live:
-                    if c.handle is None:
-                        continue
-                    status = provider.poll(c.handle)
-                    if status.state in (FAILED, GONE):
-                        c.state, c.message = "failed", status.message or status.state
-                        emit("candidate_failed", c.as_dict())
+                self._drop_failed(live)
             time.sleep(poll_s)  # the deadline-bounded poll of the store, not a stand-in for synchronisation
-        winner = result.winner
-        if winner is not None:
-            _quietly(journal, CANDIDATE_READY, snapshot=(winner.restore or {}).get("snapshot"), race=result.race,
-                     candidate=winner.id, offer=winner.offer.describe(), provision_s=winner.provision_s,
-                     restore_serve_s=winner.restore_serve_s)
-            emit(CANDIDATE_READY, winner.as_dict())
-            try:
-                lease = move_lease(store, generation, winner.id)
-            except SpotWarpError as exc:
-                result.error = str(exc)
-            else:
-                result.promoted_at = lease.time
-                winner.state = "promoted"
-                _quietly(journal, PROMOTED, race=result.race, candidate=winner.id, generation=generation)
-                emit(PROMOTED, {"candidate": winner.id, "generation": generation, "url": result.url})
-    finally:
-        for f in launches:
-            f.result()
+
+    def _ready(self, live: list[Candidate]) -> list[Candidate]:
+        """The running candidates whose heartbeat says they serve a restored session for this generation."""
+        ready = []
+        for c in live:
+            if c.state != "running":
+                continue
+            doc = ready_candidate(self.store, c.id, self.result.generation)
+            if doc is not None:
+                c.seen_ready_at = time.time()
+                c.started_at, c.ready_at = doc.get("started_at"), doc.get("ready_at")
+                c.restore = doc.get("restore")
+                c.state, c.url = "ready", doc.get("url")
+                ready.append(c)
+        return ready
+
+    def _drop_failed(self, live: list[Candidate]) -> None:
+        for c in live:
+            if c.handle is None:
+                continue
+            status = self.provider.poll(c.handle)
+            if status.state in (FAILED, GONE):
+                c.state, c.message = "failed", status.message or status.state
+                self.emit("candidate_failed", c.as_dict())
+
+    def _promote(self, winner: Candidate) -> None:
+        """Move the lease to the winner: from then on only it writes."""
+        result = self.result
+        _quietly(self.journal, CANDIDATE_READY, snapshot=(winner.restore or {}).get("snapshot"), race=result.race,
+                 candidate=winner.id, offer=winner.offer.describe(), provision_s=winner.provision_s,
+                 restore_serve_s=winner.restore_serve_s)
+        self.emit(CANDIDATE_READY, winner.as_dict())
+        try:
+            lease = move_lease(self.store, result.generation, winner.id)
+        except SpotWarpError as exc:
+            result.error = str(exc)
+            return
+        result.promoted_at = lease.time
+        winner.state = "promoted"
+        _quietly(self.journal, PROMOTED, race=result.race, candidate=winner.id, generation=result.generation)
+        self.emit(PROMOTED, {"candidate": winner.id, "generation": result.generation, "url": result.url})
+
+    def _tear_down_losers(self, pool: ThreadPoolExecutor) -> None:
+        """Every candidate but a promoted winner goes down (after the promotion, so a loser finds itself fenced)."""
+        result = self.result
         losers = [c for c in result.candidates if c is not result.winner or not result.ok]
         for c in losers:
             if c.state not in ("failed",):
                 c.state = "down"
-        list(pool.map(lambda c: c.handle is not None and provider.down(c.handle), losers))
+        list(pool.map(lambda c: c.handle is not None and self.provider.down(c.handle), losers))
         pool.shutdown(wait=True)
-    if not result.ok:
+
+    def _failed(self) -> None:
+        result = self.result
         reasons = "; ".join(f"{c.id} ({c.offer.describe()}): {c.message or c.state}" for c in result.candidates)
         result.error = result.error or f"all {len(result.candidates)} candidates failed"
-        _quietly(journal, FAILOVER_FINISHED, race=result.race, ok=False, provider=provider.name, generation=generation,
-                 error=result.error, candidates=[c.as_dict() for c in result.candidates])
+        _quietly(self.journal, FAILOVER_FINISHED, race=result.race, ok=False, provider=self.provider.name,
+                 generation=result.generation, error=result.error,
+                 candidates=[c.as_dict() for c in result.candidates])
         raise RaceFailed(f"{result.error}: {reasons}")
-    return result
 
 
 def wait_promotion_seen(store: Store, result: RaceResult, timeout: float = 30.0, poll_s: float = 0.2) -> bool:

@@ -7,30 +7,28 @@ cluster pinned to one offer (cloud, region, instance type) and torn down when it
 
 `sky` is imported only when the provider is used, so the failover package works without it.
 SDK calls go through SkyPilot's API server (a local one is started by SkyPilot when none is set).
+Reaching SkyPilot is in skypilot_sdk.py, reading its catalog in skypilot_offers.py, and mapping its
+request, cluster and job states in skypilot_states.py.
 """
 
 from __future__ import annotations
 
-import hashlib
-import math
-import re
 import shlex
 import threading
 from collections.abc import Sequence
-from importlib import metadata
 from typing import Any
 
-from ..engine.errors import ConfigError, SpotWarpError
-from .provider import FAILED, GONE, PENDING, RUNNING, CandidateHandle, CandidateStatus, LaunchSpec, Offer
+from ..engine.errors import ConfigError
+from .provider import FAILED, GONE, CandidateHandle, CandidateStatus, LaunchSpec, Offer
+from .skypilot_offers import catalog_offers, enabled_clouds
+from .skypilot_sdk import INSTALL_HINT, OLDEST_SKYPILOT, SkyPilotUnavailable, cluster_name, load_sky, one_line
+from .skypilot_states import cluster_state, launch_state
 
-OLDEST_SKYPILOT = (0, 14, 1)
-INSTALL_HINT = 'pip install "spotwarp[failover]"'
-# SkyPilot's CLUSTER_NAME_VALID_REGEX; 35 characters fit every cloud's own name limit (GCP's is the smallest).
-_CLUSTER_NAME_MAX = 35
+__all__ = ["INSTALL_HINT", "OLDEST_SKYPILOT", "SkyPilotProvider", "SkyPilotUnavailable", "cluster_name", "load_sky",
+           "one_line"]
+
 # The storage extra a candidate needs for the project's storage URL.
 _STORAGE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
-# sky.api_status request states.
-_REQUEST_WAITING = ("PENDING", "RUNNING")
 
 
 def _flag(options: dict, name: str, default: bool) -> bool:
@@ -44,59 +42,6 @@ def _flag(options: dict, name: str, default: bool) -> bool:
     if text in ("0", "false", "no", "off"):
         return False
     raise ConfigError(f"SkyPilot provider option {name} must be true or false, got {value!r}")
-
-
-class SkyPilotUnavailable(SpotWarpError):
-    """SkyPilot is not installed, too old, or cannot answer; the message is one line."""
-
-
-def _version(text: str) -> tuple[int, ...]:
-    return tuple(int(p) for p in re.findall(r"\d+", text)[:3])
-
-
-def load_sky() -> Any:
-    """Import SkyPilot, or raise SkyPilotUnavailable in one line naming the extra to install."""
-    wanted = ".".join(map(str, OLDEST_SKYPILOT))
-    try:
-        import sky  # lazy: the failover package must import without skypilot
-    except ImportError:
-        raise SkyPilotUnavailable(
-            f"the SkyPilot provider needs skypilot >= {wanted}, which is not installed: {INSTALL_HINT}"
-        ) from None
-    try:
-        found = metadata.version("skypilot")
-    except metadata.PackageNotFoundError:
-        found = str(getattr(sky, "__version__", "0"))
-    if _version(found) < OLDEST_SKYPILOT:
-        raise SkyPilotUnavailable(
-            f"the SkyPilot provider needs skypilot >= {wanted}, found {found}: pip install -U \"spotwarp[failover]\""
-        )
-    return sky
-
-
-def one_line(exc: BaseException) -> str:
-    """A SkyPilot exception as one line: its type and the first non-empty line of its message."""
-    text = re.sub(r"\x1b\[[0-9;]*m", "", str(exc))  # SkyPilot colours its messages
-    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
-    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
-
-
-def cluster_name(project_id: str, candidate_id: str) -> str:
-    """`sw-<project>-<candidate>` made valid for SkyPilot (letters, digits, - _ .; short enough for every cloud)."""
-    raw = f"sw-{project_id}-{candidate_id}".lower()
-    name = re.sub(r"[^a-z0-9_.-]+", "-", raw)
-    name = re.sub(r"-{2,}", "-", name).strip("-_.")
-    if len(name) > _CLUSTER_NAME_MAX:
-        digest = hashlib.sha1(raw.encode()).hexdigest()[:6]
-        name = name[: _CLUSTER_NAME_MAX - 7].rstrip("-_.") + "-" + digest
-    return name
-
-
-def _split_gpus(gpus: str | None) -> tuple[str | None, int]:
-    if not gpus:
-        return None, 1
-    name, _, count = gpus.partition(":")
-    return name.strip(), int(float(count)) if count.strip() else 1
 
 
 class SkyPilotProvider:
@@ -180,39 +125,7 @@ class SkyPilotProvider:
 
     def catalog_offers(self, spec: LaunchSpec) -> list[Offer]:
         """Every spot offer in SkyPilot's catalog for spec's accelerator, clouds and price cap, cheapest first."""
-        sky = load_sky()
-        name, count = _split_gpus(spec.gpus)
-        if name is None:
-            raise SpotWarpError("the SkyPilot provider needs --gpus (e.g. A100:1) to pick offers from the catalog")
-        clouds = list(spec.clouds) or self._enabled_clouds(sky)
-        if not clouds:
-            return []
-        try:
-            listed = sky.list_accelerators(
-                gpus_only=True, name_filter=f"^{re.escape(name)}$", quantity_filter=count,
-                clouds=clouds, case_sensitive=False, all_regions=True,
-            )
-        except Exception as e:  # noqa: BLE001 (a catalog SkyPilot cannot read or fetch is one line)
-            raise SkyPilotUnavailable(f"SkyPilot's catalog could not be read: {one_line(e)}") from None
-        best: dict[tuple[str, str | None, str | None], Offer] = {}
-        for infos in listed.values():
-            for info in infos:
-                price = info.spot_price
-                if price is None or (isinstance(price, float) and math.isnan(price)):
-                    continue  # no spot market there
-                if spec.max_price is not None and price > spec.max_price:
-                    continue
-                cloud = str(info.cloud).lower()
-                key = (cloud, info.region, info.instance_type)
-                if key in best and best[key].price_per_hour <= price:  # type: ignore[operator]
-                    continue
-                best[key] = Offer(
-                    provider=self.name, cloud=cloud, region=info.region, instance_type=info.instance_type,
-                    accelerators=f"{info.accelerator_name}:{int(info.accelerator_count)}",
-                    price_per_hour=float(price),
-                    details={"on_demand_price": float(info.price), "vcpus": info.cpu_count, "memory_gib": info.memory},
-                )
-        return sorted(best.values(), key=lambda o: (o.price_per_hour, o.cloud, o.region or "", o.instance_type or ""))
+        return catalog_offers(spec, self.name)
 
     def offers(self, spec: LaunchSpec, count: int) -> Sequence[Offer]:
         """Up to `count` distinct offers, cheapest spot price first; each confirmed by a dryrun unless turned off."""
@@ -220,7 +133,7 @@ class SkyPilotProvider:
         if not self.dryrun_offers:
             return ranked[:count]
         # One question for the enabled clouds spares a dryrun per offer SkyPilot could never launch.
-        enabled = set(self._enabled_clouds(load_sky(), sorted({o.cloud for o in ranked})))
+        enabled = set(enabled_clouds(load_sky(), sorted({o.cloud for o in ranked})))
         chosen: list[Offer] = []
         for offer in ranked:
             if len(chosen) >= count:
@@ -244,21 +157,6 @@ class SkyPilotProvider:
         except Exception as e:  # noqa: BLE001 (SkyPilot's reasons are many; each is one line here)
             return one_line(e)
         return None
-
-    def _enabled_clouds(self, sky: Any, wanted: Sequence[str] = ()) -> list[str]:
-        """The clouds SkyPilot may launch on; `sky check` runs once for wanted clouds its cache lacks."""
-        from sky.client import sdk  # enabled_clouds and check are not re-exported at the top level
-
-        try:
-            enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
-            missing = tuple(c for c in wanted if c not in enabled)
-            if missing or not enabled:
-                # The API server only caches what the last `sky check` found; credentials set up since count too.
-                sky.get(sdk.check(missing or None, verbose=False))
-                enabled = [str(c).lower() for c in sky.get(sdk.enabled_clouds())]
-        except Exception as e:  # noqa: BLE001
-            raise SkyPilotUnavailable(f"SkyPilot could not list the enabled clouds: {one_line(e)}") from None
-        return enabled
 
     # -- candidates -----------------------------------------------------------------------
 
@@ -289,50 +187,13 @@ class SkyPilotProvider:
         try:
             sky = load_sky()
             if data.get("job_id") is None:
-                waiting = self._launch_state(sky, data)
+                waiting = launch_state(sky, data)
                 if waiting is not None:
                     return waiting
-            return self._cluster_state(sky, data)
+            return cluster_state(sky, data)
         except Exception as e:  # noqa: BLE001 (any SkyPilot failure is a failed candidate, in one line)
             data["error"] = one_line(e)
             return CandidateStatus(FAILED, data["error"])
-
-    def _launch_state(self, sky: Any, data: dict[str, Any]) -> CandidateStatus | None:
-        """While the launch request runs: PENDING; when it failed: FAILED; when it succeeded: None (look at the job)."""
-        request_id = data["request_id"]
-        payloads = sky.api_status([request_id])
-        status = str(payloads[0].status).upper() if payloads else ""
-        if status.split(".")[-1] in _REQUEST_WAITING:
-            return CandidateStatus(PENDING, "provisioning")
-        if status.endswith("CANCELLED"):
-            return CandidateStatus(GONE, "launch cancelled")
-        try:
-            job_id, _ = sky.get(request_id)  # raises the launch's own exception when it failed
-        except Exception as e:  # noqa: BLE001
-            data["error"] = one_line(e)
-            return CandidateStatus(FAILED, data["error"])
-        data["job_id"] = job_id
-        return None
-
-    def _cluster_state(self, sky: Any, data: dict[str, Any]) -> CandidateStatus:
-        records = sky.get(sky.status([data["cluster"]]))
-        if not records:
-            return CandidateStatus(GONE, "cluster gone")
-        cluster_status = str(records[0]["status"]).split(".")[-1].upper()
-        if cluster_status == "INIT":
-            return CandidateStatus(PENDING, "cluster initialising")
-        if cluster_status != "UP":
-            return CandidateStatus(GONE, f"cluster {cluster_status.lower()}")
-        job_id = data.get("job_id")
-        jobs = sky.get(sky.job_status(data["cluster"], [job_id] if job_id is not None else None))
-        # Keys may come back as strings from the API server's JSON.
-        job = jobs.get(job_id, jobs.get(str(job_id))) if job_id is not None else next(iter(jobs.values()), None)
-        job_status = str(job).split(".")[-1].upper() if job is not None else "MISSING"
-        if job_status in ("INIT", "PENDING", "SETTING_UP"):
-            return CandidateStatus(PENDING, f"job {job_status.lower()}")
-        if job_status == "RUNNING":
-            return CandidateStatus(RUNNING, "")
-        return CandidateStatus(FAILED, f"spotwarp start ended: job {job_status.lower()}")
 
     def down(self, handle: CandidateHandle) -> None:
         """Cancel the launch if still running and `sky.down` the cluster; idempotent, errors kept in `errors`."""

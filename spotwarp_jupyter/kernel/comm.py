@@ -1,8 +1,8 @@
 """The `spotwarp` comm target: how the Jupyter server asks a kernel to snapshot, report or restore.
 
-The server opens a comm with `{"request": "snapshot" | "status" | "restore", ...}` as its data; the
-kernel answers with one message on that comm and closes it. The kernel runs comm messages between
-cells on its main thread, so a snapshot taken here is consistent (never in the middle of a cell).
+The server opens a comm whose data is a `protocol.KernelRequest` (snapshot, status or restore, with a request
+id); the kernel answers with one message echoing that id and closes the comm. The kernel runs comm messages
+between cells on its main thread, so a snapshot taken here is consistent (never in the middle of a cell).
 A kernel without SpotWarp loaded answers by closing the comm, which the server reads as "not loaded".
 """
 
@@ -11,49 +11,46 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from ..protocol import (COMM_TARGET, RESTORE, SNAPSHOT, STATUS, KernelRequest, ProtocolError, kernel_answer,
+                        kernel_refusal)
 from . import session as session_module
 
-TARGET = "spotwarp"
 log = logging.getLogger("spotwarp")
 
 
-def _snapshot(data: dict[str, Any]) -> dict[str, Any]:
+def _snapshot(request: KernelRequest) -> dict[str, Any]:
     session = session_module.current()
-    message = data.get("message")
-    manifest = session.snapshot(message if isinstance(message, str) else "requested by the server")
+    manifest = session.snapshot(request.message if request.message is not None else "requested by the server")
     return {"id": manifest.id, "notebook": session.notebook, "project": session.settings.project,
             "storage": session.settings.storage, "size": manifest.size,
             "bytes_written": manifest.stats.get("bytes_written", 0), "skipped": session.skipped()}
 
 
-def _status(data: dict[str, Any]) -> dict[str, Any]:
+def _status(request: KernelRequest) -> dict[str, Any]:
     return session_module.current().status()
 
 
-def _restore(data: dict[str, Any]) -> dict[str, Any]:
+def _restore(request: KernelRequest) -> dict[str, Any]:
     session = session_module.current()
-    ref = data.get("snapshot") or "latest"
-    variables = data.get("variables")
-    if not isinstance(ref, str) or (variables is not None and not isinstance(variables, list)):
-        raise ValueError("restore takes a snapshot id and an optional list of variable names")
-    manifest, result = session.restore(ref, variables)
+    variables = None if request.variables is None else list(request.variables)
+    manifest, result = session.restore(request.snapshot, variables)
     return {"id": manifest.id, "notebook": session.notebook, "restored": result.restored,
             "warnings": result.warnings}
 
 
-REQUESTS = {"snapshot": _snapshot, "status": _status, "restore": _restore}
+REQUESTS = {SNAPSHOT: _snapshot, STATUS: _status, RESTORE: _restore}
 
 
 def answer(data: Any) -> dict[str, Any]:
-    """The reply to one request: `{"ok": true, ...}` or `{"ok": false, "error": one line}`."""
-    request = data.get("request") if isinstance(data, dict) else None
-    handler = REQUESTS.get(request)  # type: ignore[arg-type]
-    if handler is None:
-        return {"ok": False, "error": f"unknown request {request!r}: use one of {', '.join(REQUESTS)}"}
+    """The reply to one request: `{"ok": true, "request_id": ..., ...}` or `{"ok": false, "error": one line}`."""
     try:
-        return {"ok": True, "request": request, **handler(data)}
+        request = KernelRequest.from_message(data)
+    except ProtocolError as exc:
+        return kernel_refusal(data, str(exc))  # malformed: nothing is done
+    try:
+        return kernel_answer(request, **REQUESTS[request.kind](request))
     except Exception as exc:  # noqa: BLE001 - the server gets the reason; the kernel keeps running
-        return {"ok": False, "request": request, "error": f"{type(exc).__name__}: {exc}"}
+        return kernel_refusal(data, f"{type(exc).__name__}: {exc}")
 
 
 def _on_open(comm, msg) -> None:
@@ -70,7 +67,7 @@ def register() -> bool:
             return False
         import comm
 
-        comm.get_comm_manager().register_target(TARGET, _on_open)
+        comm.get_comm_manager().register_target(COMM_TARGET, _on_open)
         return True
     except Exception as exc:  # noqa: BLE001 - a kernel without comms still gets the magic
         log.debug("spotwarp comm target not registered: %s", exc)
@@ -82,6 +79,6 @@ def unregister() -> None:
     try:
         import comm
 
-        comm.get_comm_manager().unregister_target(TARGET, _on_open)
+        comm.get_comm_manager().unregister_target(COMM_TARGET, _on_open)
     except Exception:  # noqa: BLE001
         pass

@@ -2,12 +2,12 @@
 
 A kernel running a cell reads nothing from its shell channel until the cell ends, so the server cannot
 ask it over the `spotwarp` comm. ipykernel serves the control channel on its own thread, though, and
-keeps serving it while a cell runs. The server sends a `spotwarp_notice_request` there; this module
-answers at once and queues a snapshot request (`safepoints.request`), honoured at the next safe point:
-the next `resumable` step, the end of the running cell, or, in an idle kernel, right away on the main
-thread between messages (where comm requests also run). The snapshot's message names the preemption,
-so the server can tell it apart in the store. A kernel without SpotWarp never answers; unlike a signal,
-the message cannot hurt it.
+keeps serving it while a cell runs. The server sends a `protocol.NoticeRequest` there; this module
+answers at once (echoing its request id) and queues a snapshot request (`safepoints.request`), honoured at
+the next safe point: the next `resumable` step, the end of the running cell, or, in an idle kernel, right
+away on the main thread between messages (where comm requests also run). That snapshot's manifest names
+the request id, so the server finds exactly it in the store. A malformed notice is refused in one line and
+queues nothing. A kernel without SpotWarp never answers; unlike a signal, the message cannot hurt it.
 """
 
 from __future__ import annotations
@@ -19,33 +19,34 @@ from typing import Any
 
 from .. import safepoints
 from ..engine.journal import TRAINING_RESUMED, Journal
+from ..protocol import NOTICE_REPLY, NOTICE_REQUEST, PREEMPTION, NoticeAnswer, NoticeRequest, echoed_id, one_line
 from . import session as session_module
 
-REQUEST = "spotwarp_notice_request"
-REPLY = "spotwarp_notice_reply"
-REASON = "preemption"
 log = logging.getLogger("spotwarp")
 
 
 def _on_notice(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
     """Runs on the kernel's control thread: queue the snapshot, wake an idle main thread, answer."""
     requested_at = time.time()
-    content = msg.get("content") or {}
-    # the notice's id goes into the snapshot's message: the server finds exactly the snapshot it asked for
-    reason = f"{REASON} {str(content.get('notice') or '')[:32]}".strip()
+    content = msg.get("content")
     try:
+        notice = NoticeRequest.from_message(content)
         session = session_module.current()
-        if content.get("fatal", True):
-            _hold_at_safe_point(session, reason, float(content.get("deadline") or requested_at + 30))
-        answer = {"ok": True, "notebook": session.notebook, "requested_at": requested_at,
-                  "in_flight": session.in_flight is not None}
-    except Exception as exc:  # noqa: BLE001 - the server learns why
-        answer = {"ok": False, "error": f"{type(exc).__name__}: {exc}", "requested_at": requested_at}
-    safepoints.request(reason)
+    except Exception as exc:  # noqa: BLE001 - malformed, or SpotWarp unloaded: the server learns why; nothing queued
+        error = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        answer = NoticeAnswer(echoed_id(content), False, requested_at, error=one_line(error))
+        kernel.session.send(stream, NOTICE_REPLY, answer.to_message(), msg, idents)
+        return
+    if notice.fatal:
+        _hold_at_safe_point(session, PREEMPTION, notice.deadline or requested_at + 30)
+    # the next snapshot names the request's id: the server finds exactly the snapshot it asked for
+    session.answer_with_next_snapshot(notice.request_id)
+    answer = NoticeAnswer(notice.request_id, True, requested_at, session.notebook, session.in_flight is not None)
+    safepoints.request(PREEMPTION)
     # an idle kernel reaches no safe point by itself: run one on the main thread between messages;
     # in a busy kernel this runs after the cell, by when the request was taken at a step or the cell's end
     kernel.io_loop.add_callback(safepoints.reached, "notice")
-    kernel.session.send(stream, REPLY, answer, msg, idents)
+    kernel.session.send(stream, NOTICE_REPLY, answer.to_message(), msg, idents)
 
 
 def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
@@ -104,7 +105,7 @@ def install(ipython: Any) -> bool:
     handlers = getattr(kernel, "control_handlers", None)
     if handlers is None:
         return False
-    handlers[REQUEST] = lambda stream, idents, msg: _on_notice(kernel, stream, idents, msg)
+    handlers[NOTICE_REQUEST] = lambda stream, idents, msg: _on_notice(kernel, stream, idents, msg)
     return True
 
 
@@ -112,7 +113,7 @@ def uninstall(ipython: Any) -> None:
     """Stop listening (on `%unload_ext spotwarp`)."""
     handlers = getattr(getattr(ipython, "kernel", None), "control_handlers", None)
     if handlers is not None:
-        handlers.pop(REQUEST, None)
+        handlers.pop(NOTICE_REQUEST, None)
 
 
 def training_resumed(name: str, position: int) -> None:

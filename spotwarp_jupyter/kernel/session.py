@@ -16,6 +16,7 @@ from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, rel
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from .policy import Policy
+from .retention import Pruner
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
 StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
@@ -76,9 +77,11 @@ class KernelSession:
         self._flight_done = threading.Event()
         self._flight_done.set()
         self._deferred: list[str] = []
+        self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
+        self.pruner = Pruner()  # --keep, off the user's cell
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
@@ -111,15 +114,15 @@ class KernelSession:
             out[name] = capture()
         return out
 
-    def snapshot(self, message: str | None = None) -> Manifest:
+    def snapshot(self, message: str | None = None, requests: list[str] | None = None) -> Manifest:
         """A synchronous snapshot of this kernel's variables (waits for one in flight first)."""
         self.wait_in_flight()
         with self._lock:
             started = time.perf_counter()
             try:
                 manifest = self.engine.snapshot_kernel(
-                    self.namespace, self.notebook, message, self.hidden, self.capture_options(), self.extras()
-                )
+                    self.namespace, self.notebook, message, self.hidden, self.capture_options(), self.extras(),
+                    requests=requests)
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise
@@ -128,13 +131,14 @@ class KernelSession:
             self._committed(manifest)
             return manifest
 
-    def snapshot_in_background(self, message: str | None = None) -> BackgroundSnapshot | Manifest | None:
+    def snapshot_in_background(self, message: str | None = None,
+                               requests: list[str] | None = None) -> BackgroundSnapshot | Manifest | None:
         """Start a snapshot the kernel does not wait for; None if one is already in flight.
 
         Falls back to a synchronous snapshot where fork is unavailable.
         """
         if fork_unavailable_reason():
-            return self.snapshot(message)
+            return self.snapshot(message, requests)
         with self._lock:
             if self.in_flight is not None:
                 return None
@@ -145,7 +149,7 @@ class KernelSession:
 
             def commit(image):
                 return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"},
-                                           on_written=release_pages)
+                                           on_written=release_pages, requests=requests)
 
             try:
                 self.in_flight = start_background(commit, self.namespace, self.hidden, self.capture_options(),
@@ -213,17 +217,26 @@ class KernelSession:
             self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
             return
         message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
+        requests, self._requests = self._requests, []
         try:
-            self.snapshot_in_background(message)
+            self.snapshot_in_background(message, requests)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
+            self._requests[:0] = requests  # the next one answers them
+
+    def answer_with_next_snapshot(self, request_id: str) -> None:
+        """Name `request_id` in the next snapshot started at a safe point (how a notice finds its snapshot)."""
+        self._requests.append(request_id)
 
     def _committed(self, manifest: Manifest) -> None:
         self.last = manifest
         self.last_error = None
         self.last_snapshot_at = time.time()
         if self.policy.keep:
-            self.engine.gc(self.policy.keep)
+            engine = self.engine
+            # its own engine: a gc pass never holds the lock the next snapshot needs
+            self.pruner.after_commit(lambda: SnapshotEngine(engine.settings, key=engine.key, fence=engine.fence),
+                                     self.policy.keep)
 
     def restore(self, ref: str = "latest", variables: list[str] | None = None) -> tuple[Manifest, RestoreResult]:
         """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore."""

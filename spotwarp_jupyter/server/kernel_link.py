@@ -7,15 +7,15 @@ import uuid
 from queue import Empty
 from typing import Any
 
-from ..kernel.comm import TARGET
+from ..protocol import COMM_TARGET, KernelRequest, ProtocolError, read_kernel_answer
 
 
 class KernelUnavailable(Exception):
     """The kernel did not answer: SpotWarp not loaded, busy past the timeout, or gone."""
 
 
-async def ask_kernel(kernel_manager: Any, kernel_id: str, data: dict[str, Any], timeout: float) -> dict[str, Any]:
-    """Open a `spotwarp` comm on the kernel with `data` and return its answer (a dict with `ok`)."""
+async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest, timeout: float) -> dict[str, Any]:
+    """Open a `spotwarp` comm on the kernel with `request`; its answer (a dict with `ok` and the request's id)."""
     try:
         km = kernel_manager.get_kernel(kernel_id)
     except KeyError:
@@ -30,7 +30,8 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, data: dict[str, Any], 
         except RuntimeError as exc:
             raise KernelUnavailable(f"busy or not responding ({exc})") from None
         comm_id = uuid.uuid4().hex
-        msg = client.session.msg("comm_open", {"comm_id": comm_id, "target_name": TARGET, "data": data})
+        msg = client.session.msg("comm_open", {"comm_id": comm_id, "target_name": COMM_TARGET,
+                                               "data": request.to_message()})
         client.shell_channel.send(msg)
         while True:
             remaining = deadline - time.monotonic()
@@ -44,7 +45,10 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, data: dict[str, Any], 
             if content.get("comm_id") != comm_id:
                 continue
             if reply["msg_type"] == "comm_msg":
-                return content.get("data") or {}
+                try:
+                    return read_kernel_answer(content.get("data"), request)
+                except ProtocolError as exc:
+                    raise KernelUnavailable(f"unreadable answer: {exc}") from None
             if reply["msg_type"] == "comm_close":
                 raise KernelUnavailable("SpotWarp is not loaded in this kernel (%load_ext spotwarp)")
     finally:

@@ -29,6 +29,7 @@ from ..project import (
     ServerFacts,
     SnapshotSummary,
 )
+from ..protocol import KernelRequest
 from .kernel_link import KernelUnavailable, ask_kernel
 
 log = logging.getLogger("spotwarp")
@@ -97,10 +98,10 @@ class ProjectService:
         notebooks = {s["kernel"]["id"]: self.notebook_of(s["path"]) for s in sessions if s.get("kernel")}
         return [{"kernel_id": kid, "notebook": notebooks.get(kid)} for kid in self.kernel_manager.list_kernel_ids()]
 
-    async def _ask_all(self, kernels: list[dict[str, Any]], data: dict[str, Any]) -> list[dict[str, Any] | str]:
+    async def _ask_all(self, kernels: list[dict[str, Any]], request: KernelRequest) -> list[dict[str, Any] | str]:
         async def one(k: dict[str, Any]) -> dict[str, Any] | str:
             try:
-                answer = await ask_kernel(self.kernel_manager, k["kernel_id"], data, self.kernel_timeout)
+                answer = await ask_kernel(self.kernel_manager, k["kernel_id"], request, self.kernel_timeout)
             except KernelUnavailable as exc:
                 return str(exc)
             return answer if answer.get("ok") else str(answer.get("error") or "failed")
@@ -132,7 +133,7 @@ class ProjectService:
             if collected is not None:
                 answers = [collected.get(k["kernel_id"], "started after the notice") for k in live]
             else:
-                answers = await self._ask_all(live, {"request": "snapshot", "message": message}) if ask_kernels \
+                answers = await self._ask_all(live, KernelRequest.snapshot_now(message)) if ask_kernels \
                     else ["not asked"] * len(live)
             asked = ask_kernels or collected is not None
             kernels = [KernelAnswer(k["kernel_id"], a["notebook"], committed=a["id"]) if isinstance(a, dict)
@@ -177,7 +178,7 @@ class ProjectService:
 
     async def _restore_kernels(self, notebooks: frozenset[str], snapshot: str) -> list[KernelRestore]:
         live = [k for k in await self.live_kernels() if k["notebook"] in notebooks]
-        answers = await self._ask_all(live, {"request": "restore", "snapshot": snapshot})
+        answers = await self._ask_all(live, KernelRequest.restore_now(snapshot))
         return [KernelRestore(k["kernel_id"], k["notebook"], a.get("id"), a.get("restored", []), a.get("warnings", []))
                 if isinstance(a, dict) else KernelRestore(k["kernel_id"], k["notebook"], error=a)
                 for k, a in zip(live, answers)]

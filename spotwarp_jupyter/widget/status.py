@@ -1,7 +1,8 @@
 """StatusWidget: a live view of one kernel's SpotWarp session, with snapshot-now and restore buttons.
 
 The browser side is `widget.js` + `widget.css` next to this file. Buttons send custom messages
-(`{"action": "snapshot" | "restore" | "refresh"}`); the kernel answers by updating the synced traits.
+(`protocol.WidgetAction`: `{"action": "snapshot" | "restore" | "refresh", "request_id": ...}`); the kernel
+answers by updating the synced traits, then `answered` to the request's id. The widget knows the kernel's session only through `SessionView` (no kernel imports).
 """
 
 from __future__ import annotations
@@ -10,17 +11,34 @@ import threading
 import time
 import weakref
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import anywidget
 import traitlets
 
 from ..engine import SpotWarpError
 from ..engine.units import format_duration, format_size
-from ..kernel.session import KernelSession
+from ..protocol import ProtocolError, WidgetAction, echoed_id
 
 HERE = Path(__file__).parent
 WATCH_INTERVAL_S = 1.0
+
+
+class SessionView(Protocol):
+    """What the widget uses of a kernel's SpotWarp session (kernel.session.KernelSession is one)."""
+
+    notebook: str
+    settings: Any
+    policy: Any
+    last: Any
+    last_error: str | None
+    last_restore: Any
+
+    @property
+    def engine(self) -> Any: ...
+    def status(self) -> dict[str, Any]: ...
+    def snapshot(self, message: str | None = None) -> Any: ...
+    def restore(self, ref: str = "latest") -> tuple[Any, Any]: ...
 
 
 def protection(status: dict[str, Any]) -> tuple[bool, str]:
@@ -34,7 +52,7 @@ def protection(status: dict[str, Any]) -> tuple[bool, str]:
     return True, "protected"
 
 
-def newer_snapshot(session: KernelSession) -> dict[str, Any] | None:
+def newer_snapshot(session: SessionView) -> dict[str, Any] | None:
     """The newest snapshot of this notebook when it is newer than the kernel's own state (the new-host case)."""
     listing = session.engine.manifests(session.notebook)
     if not listing:
@@ -59,8 +77,10 @@ class StatusWidget(anywidget.AnyWidget):
     busy = traitlets.Unicode("", help="The action in progress: '', 'snapshot' or 'restore'.").tag(sync=True)
     notice = traitlets.Unicode("", help="The outcome of the last action, one line.").tag(sync=True)
     notice_kind = traitlets.Unicode("", help="'ok' or 'error'.").tag(sync=True)
+    answered = traitlets.Unicode("", help="The request id of the last action answered (set after its outcome).").tag(
+        sync=True)
 
-    def __init__(self, session: KernelSession, **kwargs: Any):
+    def __init__(self, session: SessionView, **kwargs: Any):
         self._session = session
         self._stop = threading.Event()
         status, newer = self._read(check_newer=True)
@@ -93,15 +113,19 @@ class StatusWidget(anywidget.AnyWidget):
                 s.policy.describe(), s.settings.project, s.settings.storage)
 
     def _on_message(self, _widget: Any, content: Any, _buffers: list) -> None:
-        action = content.get("action") if isinstance(content, dict) else None
-        if action == "refresh":
+        try:
+            action = WidgetAction.from_message(content)
+        except ProtocolError as exc:
+            self._say("error", str(exc))
+            self.answered = echoed_id(content) or ""
+            return
+        if action.action == "refresh":
             self.refresh(check_newer=True)
-        elif action == "snapshot":
+        elif action.action == "snapshot":
             self._run("snapshot", self._snapshot)
-        elif action == "restore":
-            self._run("restore", lambda: self._restore(str(content.get("id") or "latest")))
         else:
-            self._say("error", f"unknown widget action {action!r}")
+            self._run("restore", lambda: self._restore(action.snapshot))
+        self.answered = action.request_id
 
     def _run(self, name: str, work) -> None:
         if self.busy:

@@ -1,5 +1,6 @@
 // SpotWarp status widget (anywidget). Hand-written ES module: no bundler, no imports.
-// The kernel owns the state (`status`, `newer`, `busy`, `notice`); buttons send custom messages.
+// The kernel owns the state (`status`, `newer`, `busy`, `notice`); buttons send custom messages
+// (spotwarp_jupyter/protocol.py WidgetAction), each with a request id the kernel echoes in `answered`.
 
 function formatSize(n) {
   if (n === null || n === undefined) return "?";
@@ -50,7 +51,15 @@ function row(label, value, className) {
   return r;
 }
 
+let requests = 0;
+
+function requestId() {
+  requests += 1;
+  return `w${Date.now().toString(36)}-${Math.random().toString(36).slice(2, 8)}-${requests}`;
+}
+
 function render({ model, el }) {
+  const ask = (content) => model.send({ ...content, request_id: requestId() });
   const root = node("div", "spotwarp-widget");
   el.append(root);
   let ageEl = null;
@@ -101,14 +110,14 @@ function render({ model, el }) {
     const actions = node("div", "spotwarp-w-actions");
     const snap = node("button", "spotwarp-w-button spotwarp-w-snapshot", busy === "snapshot" ? "Taking snapshot…" : "Snapshot now");
     snap.disabled = Boolean(busy);
-    snap.addEventListener("click", () => model.send({ action: "snapshot" }));
+    snap.addEventListener("click", () => ask({ action: "snapshot" }));
     actions.append(snap);
     if (newer) {
       const label = busy === "restore" ? "Restoring…" : `Restore session from ${newer.host}, ${formatTime(newer.created)}`;
       const restore = node("button", "spotwarp-w-button spotwarp-w-restore", label);
       restore.title = `Snapshot ${newer.id}, ${formatSize(newer.size)}${newer.message ? ": " + newer.message : ""}`;
       restore.disabled = Boolean(busy);
-      restore.addEventListener("click", () => model.send({ action: "restore", id: newer.id }));
+      restore.addEventListener("click", () => ask({ action: "restore", id: newer.id }));
       actions.append(restore);
     }
     root.append(actions);
@@ -127,7 +136,7 @@ function render({ model, el }) {
   const ticker = setInterval(tick, 1000);
   // Ask the kernel now and then whether another host has written a newer snapshot.
   const poller = setInterval(() => {
-    if (!document.hidden) model.send({ action: "refresh" });
+    if (!document.hidden) ask({ action: "refresh" });
   }, 30000);
   return () => {
     clearInterval(ticker);

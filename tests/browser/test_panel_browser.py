@@ -7,8 +7,12 @@ import re
 import time
 from pathlib import Path
 
+import pytest
 from lab_server import TOKEN
 from playwright.sync_api import expect
+
+# JupyterLab from `spotwarp start` and a real chromium: minutes; it also runs in its own pytest process
+pytestmark = pytest.mark.slow
 
 DOCS_IMG = Path(__file__).parents[2] / "docs" / "img"
 

@@ -3,8 +3,8 @@
 1. Every live kernel gets a `spotwarp_notice_request` on its control channel (served even while a cell
    runs) and answers at once; it snapshots at its next safe point (a `resumable` step, the end of the
    running cell, or right away when idle), in the background, writing only what changed.
-2. The server watches the store for each answering kernel's new snapshot (its message names the notice's
-   id), until the notice's deadline less the time the files need.
+2. The server watches the store for each answering kernel's new snapshot (its manifest names the notice's
+   request id, see protocol.py), until the notice's deadline less the time the files need.
 3. A project snapshot names the workspace files (only changed ones are written) and each kernel's newest
    record: the fresh one, else its newest committed state. Its manifest is the final commit.
 4. Every step is recorded in the events journal; Azure's event is acknowledged once committed.
@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from ...engine import Manifest, SpotWarpError
 from ...engine.journal import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
-from ...kernel.notices import REASON, REQUEST
+from ...protocol import NOTICE_REQUEST, NoticeAnswer, NoticeRequest, ProtocolError, answers_request
 from .base import Notice
 
 if TYPE_CHECKING:
@@ -32,8 +32,8 @@ ACK_TIMEOUT_S = 2.0
 POLL_S = 0.1
 
 
-async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeout: float, notice_id: str = "",
-                                      fatal: bool = True, deadline: float | None = None) -> dict[str, Any] | str:
+async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeout: float,
+                                      notice: NoticeRequest) -> NoticeAnswer | str:
     """Ask one kernel over its control channel to snapshot at its next safe point; its answer, or why none came."""
     try:
         km = kernel_manager.get_kernel(kernel_id)
@@ -42,7 +42,7 @@ async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeo
     client = km.client()
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        msg = client.session.msg(REQUEST, {"notice": notice_id, "fatal": fatal, "deadline": deadline})
+        msg = client.session.msg(NOTICE_REQUEST, notice.to_message())
         client.control_channel.send(msg)
         deadline = time.monotonic() + timeout
         while True:
@@ -54,17 +54,19 @@ async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeo
             except Empty:
                 continue
             if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
-                content = reply.get("content") or {}
-                return content if content.get("ok") else str(content.get("error") or "refused")
+                try:
+                    answer = NoticeAnswer.from_message(reply.get("content"), notice)
+                except ProtocolError as exc:
+                    return f"unreadable answer: {exc}"
+                return answer if answer.ok else str(answer.error)
     finally:
         client.stop_channels()
 
 
-def _preemption_snapshot(manifests: list[Manifest], notebook: str, notice_id: str) -> Manifest | None:
-    """The kernel snapshot taken for this notice: its message names the notice's id."""
-    wanted = f"{REASON} {notice_id}"
+def _preemption_snapshot(manifests: list[Manifest], notebook: str, request_id: str) -> Manifest | None:
+    """The kernel snapshot taken for this notice: its manifest names the notice's request id."""
     for m in manifests:
-        if m.kind == "kernel" and notebook in m.kernels and wanted in (m.message or ""):
+        if m.kind == "kernel" and notebook in m.kernels and answers_request(m.requests, request_id):
             return m
     return None
 
@@ -122,20 +124,20 @@ class PreemptionResponder:
     async def _final_snapshot(self, notice: Notice) -> Manifest | None:
         service = self.service
         live = await service.live_kernels()
-        notice_id = secrets.token_hex(4)
+        request = NoticeRequest.new(notice.fatal, notice.deadline)
         ack_timeout = min(ACK_TIMEOUT_S, max(0.2, notice.window_s / 4))
         acks = await asyncio.gather(*(request_safe_point_snapshot(service.kernel_manager, k["kernel_id"], ack_timeout,
-                                                                  notice_id, notice.fatal, notice.deadline)
+                                                                  request)
                                       for k in live))
-        waiting = {k["kernel_id"]: ack for k, ack in zip(live, acks) if isinstance(ack, dict)}
+        waiting = {k["kernel_id"]: ack for k, ack in zip(live, acks) if isinstance(ack, NoticeAnswer)}
         collected: dict[str, Any] = {k["kernel_id"]: ack for k, ack in zip(live, acks) if isinstance(ack, str)}
         manifests = await service.run(service.engine.manifests)
         stop_waiting = notice.deadline - self._files_reserve(manifests, notice.window_s)
         while waiting:
             for kernel_id, ack in list(waiting.items()):
-                found = _preemption_snapshot(manifests, ack["notebook"], notice_id)
+                found = _preemption_snapshot(manifests, ack.notebook, request.request_id)
                 if found is not None:
-                    collected[kernel_id] = {"id": found.id, "notebook": ack["notebook"]}
+                    collected[kernel_id] = {"id": found.id, "notebook": ack.notebook}
                     del waiting[kernel_id]
             if not waiting or time.time() >= stop_waiting:
                 break

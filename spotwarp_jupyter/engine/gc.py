@@ -1,0 +1,148 @@
+"""gc: drop old snapshots, then the objects no manifest names (restic's `prune`, never what a live snapshot uses).
+
+Objects are kept when any manifest present names them, accepted or not (unsigned, another key's, damaged but
+readable); none is deleted while a manifest cannot be read at all, while a snapshot is being written
+(leases.py), or when younger than the grace period (a writer may be about to commit them).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .errors import SpotWarpError
+from .hashing import is_object_id
+from .leases import GC, WRITE, Lease, live_locks, stale_locks
+from .manifest import Manifest
+from .store import TEMPORARY_GRACE_S, Store
+
+if TYPE_CHECKING:
+    from .snapshots import SnapshotEngine
+
+
+@dataclass
+class GcReport:
+    """What `gc` dropped and kept."""
+
+    kept: list[str] = field(default_factory=list)
+    dropped: list[str] = field(default_factory=list)
+    objects_deleted: int = 0
+    bytes_freed: int = 0
+    objects_left: str | None = None  # why no (or not every) unreferenced object was deleted, in one line
+
+
+def named_objects(doc: Any) -> set[str]:
+    """Every object id anywhere in a parsed manifest (keys and values): what gc must keep for it."""
+    found: set[str] = set()
+    stack = [doc]
+    while stack:
+        item = stack.pop()
+        if isinstance(item, dict):
+            found.update(k for k in item if isinstance(k, str) and is_object_id(k))
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+        elif isinstance(item, str) and is_object_id(item):
+            found.add(item)
+    return found
+
+
+def collect_garbage(engine: "SnapshotEngine", keep: int, grace_s: float = 3600.0) -> GcReport:
+    """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names."""
+    if keep < 1:
+        raise SpotWarpError("--keep must be at least 1: gc never deletes the newest snapshot")
+    store = engine.store
+    with engine._lock, Lease(store, GC) as lease:
+        report = GcReport()
+        writers = live_locks(store, WRITE)
+        listing = engine.manifests()
+        kept, dropped = _choose(listing, keep)
+        for m in dropped:
+            store.delete_manifest(m.name)
+            engine._cache.pop(m.name, None)
+            report.dropped.append(m.id)
+        report.kept = [m.id for m in kept]
+        if writers:
+            report.objects_left = (f"no object deleted: {len(writers)} snapshot(s) being written "
+                                   "(gc deletes objects when no snapshot is in progress)")
+        else:
+            live, unreadable = _named_by_every_manifest(store)
+            if unreadable:
+                more = f" nor {len(unreadable) - 1} more" if len(unreadable) > 1 else ""
+                report.objects_left = (f"no object deleted: snapshot manifest {unreadable[0]} cannot be read "
+                                       f"(not valid JSON){more}: gc keeps every object while a manifest might name it")
+            else:
+                _delete_unnamed(store, live, grace_s, lease, report)
+        _clear_leftovers(store, grace_s, lease)
+        return report
+
+
+def _choose(listing: list[Manifest], keep: int) -> tuple[list[Manifest], list[Manifest]]:
+    """The snapshots to keep and to drop: the newest `keep`, plus the newest with files and each notebook's newest."""
+    kept, dropped = listing[:keep], listing[keep:]
+    # the newest snapshot holding workspace files is what a new host restores from: never drop it
+    files = next((m for m in listing if (m.files or {}).get("entries") is not None), None)
+    if files is not None and files in dropped:
+        dropped.remove(files)
+        kept.append(files)
+    # each notebook's newest state too: one kernel's --keep must not take another notebook's away
+    for notebook in {nb for m in listing for nb in m.kernels}:
+        newest = next(m for m in listing if notebook in m.kernels)
+        if newest in dropped:
+            dropped.remove(newest)
+            kept.append(newest)
+    return kept, dropped
+
+
+def _named_by_every_manifest(store: Store) -> tuple[set[str], list[str]]:
+    """Object ids any manifest present names (read afresh, trusted or not), and manifests that cannot be parsed."""
+    live: set[str] = set()
+    unreadable: list[str] = []
+    for name in store.manifest_names():
+        try:
+            data = store.read_manifest(name)
+        except FileNotFoundError:
+            continue  # dropped meanwhile by another gc
+        try:
+            doc = json.loads(data)
+        except (ValueError, UnicodeDecodeError):
+            unreadable.append(name)
+            continue
+        live |= named_objects(doc)
+    return live, unreadable
+
+
+def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lease, report: GcReport) -> None:
+    """Delete unnamed objects older than `grace_s`; stop as soon as a writer starts or our lease lapses."""
+    now = time.time()
+    checked = 0.0  # look for writers first: reading the manifests may have taken a while
+    for oid, (size, mtime) in store.list_objects_with_times().items():
+        if oid in live or (mtime is not None and now - mtime < grace_s):
+            continue
+        if time.monotonic() - checked > 1.0:
+            checked = time.monotonic()
+            if live_locks(store, WRITE):
+                report.objects_left = "deleting stopped: a snapshot started being written (the rest is left for the next gc)"
+                return
+        if lease.lapsed():
+            report.objects_left = "deleting stopped: this gc stood still past its lease (the rest is left for the next gc)"
+            return
+        store.delete_object(oid)
+        report.objects_deleted += 1
+        report.bytes_freed += size
+
+
+def _clear_leftovers(store: Store, grace_s: float, lease: Lease) -> None:
+    """Temporaries of killed writes, interrupted uploads and stale locks."""
+    # a temporary is a write in progress for as long as a write can take, whatever the objects' grace
+    for path in store.stale_temporaries(max(grace_s, TEMPORARY_GRACE_S)):
+        try:
+            store.fs.rm(path)
+        except FileNotFoundError:
+            pass
+    store.clear_interrupted_uploads(grace_s)
+    for name in stale_locks(store):
+        if name != lease.name:
+            store.delete_lock(name)

@@ -1,0 +1,245 @@
+"""The messages between the server, a kernel and its status widget: names, fields, request ids.
+
+Three conversations, each built and read only here (no Jupyter imports, so both sides share it):
+
+- comm requests (target `spotwarp`): the server opens a comm with a `KernelRequest` (snapshot, status,
+  restore); the kernel answers once with the same `request_id` and closes the comm.
+- preemption notices (control channel, `spotwarp_notice_request` / `_reply`): served even while a cell runs.
+  The kernel answers at once with the notice's `request_id`; the snapshot it then takes at its next safe
+  point names that id in its manifest (`Manifest.requests`), which is how the server finds it in the store.
+- widget actions: the browser sends `{"action": ..., "request_id": ...}`; the kernel answers by updating the
+  widget's traits, `answered` last (the request id).
+
+Every parser raises ProtocolError with one line saying what is wrong; nothing is acted on before that.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+from dataclasses import dataclass
+from typing import Any
+
+COMM_TARGET = "spotwarp"
+NOTICE_REQUEST = "spotwarp_notice_request"
+NOTICE_REPLY = "spotwarp_notice_reply"
+PREEMPTION = "preemption"  # the safe-point reason of a notice's snapshot
+
+SNAPSHOT, STATUS, RESTORE = "snapshot", "status", "restore"
+KERNEL_REQUESTS = (SNAPSHOT, STATUS, RESTORE)
+WIDGET_ACTIONS = ("snapshot", "restore", "refresh")
+_MAX_ID = 64
+
+
+class ProtocolError(ValueError):
+    """A message that is not what this protocol says (one line: what is wrong)."""
+
+
+def new_request_id() -> str:
+    """A fresh id for one request; its answer (and the snapshot taken for it) carries it back."""
+    return secrets.token_hex(8)
+
+
+def _request_id(data: dict[str, Any]) -> str:
+    value = data.get("request_id")
+    if not isinstance(value, str) or not value or len(value) > _MAX_ID:
+        raise ProtocolError(f"request_id must be a non-empty string of at most {_MAX_ID} characters")
+    return value
+
+
+def _object(data: Any, what: str) -> dict[str, Any]:
+    if not isinstance(data, dict):
+        raise ProtocolError(f"{what} must be a JSON object, not {type(data).__name__}")
+    return data
+
+
+def echoed_id(data: Any) -> str | None:
+    """The request id of a message, when it has a readable one (so even a refusal can name its request)."""
+    value = data.get("request_id") if isinstance(data, dict) else None
+    return value if isinstance(value, str) and 0 < len(value) <= _MAX_ID else None
+
+
+# -- comm requests: server -> kernel ----------------------------------------------------------------------
+@dataclass(frozen=True)
+class KernelRequest:
+    """One request to a kernel over the `spotwarp` comm."""
+
+    kind: str  # snapshot | status | restore
+    request_id: str
+    message: str | None = None  # snapshot: the snapshot's message
+    snapshot: str = "latest"  # restore: which snapshot
+    variables: tuple[str, ...] | None = None  # restore: only these names (None: all)
+
+    @classmethod
+    def snapshot_now(cls, message: str | None = None) -> "KernelRequest":
+        return cls(SNAPSHOT, new_request_id(), message=message)
+
+    @classmethod
+    def status_now(cls) -> "KernelRequest":
+        return cls(STATUS, new_request_id())
+
+    @classmethod
+    def restore_now(cls, snapshot: str = "latest", variables: list[str] | None = None) -> "KernelRequest":
+        return cls(RESTORE, new_request_id(), snapshot=snapshot,
+                   variables=None if variables is None else tuple(variables))
+
+    def to_message(self) -> dict[str, Any]:
+        """The comm's `data`."""
+        out: dict[str, Any] = {"request": self.kind, "request_id": self.request_id}
+        if self.kind == SNAPSHOT and self.message is not None:
+            out["message"] = self.message
+        if self.kind == RESTORE:
+            out["snapshot"] = self.snapshot
+            if self.variables is not None:
+                out["variables"] = list(self.variables)
+        return out
+
+    @classmethod
+    def from_message(cls, data: Any) -> "KernelRequest":
+        """Parse a comm's `data`; ProtocolError when it is malformed."""
+        data = _object(data, "a spotwarp request")
+        kind = data.get("request")
+        if kind not in KERNEL_REQUESTS:
+            raise ProtocolError(f"unknown request {kind!r}: use one of {', '.join(KERNEL_REQUESTS)}")
+        request_id = _request_id(data)
+        message = data.get("message")
+        if message is not None and not isinstance(message, str):
+            raise ProtocolError("a snapshot request's message must be a string")
+        snapshot = data.get("snapshot", "latest")
+        if not isinstance(snapshot, str) or not snapshot.strip():
+            raise ProtocolError("a restore request's snapshot must be a snapshot id or 'latest'")
+        variables = data.get("variables")
+        if variables is not None and (not isinstance(variables, list)
+                                      or not all(isinstance(v, str) and v for v in variables)):
+            raise ProtocolError("a restore request's variables must be a list of variable names")
+        return cls(kind, request_id, message=message, snapshot=snapshot.strip(),
+                   variables=None if variables is None else tuple(variables))
+
+
+def kernel_answer(request: KernelRequest, **fields: Any) -> dict[str, Any]:
+    """A kernel's answer to `request`: `{"ok": true, "request": ..., "request_id": ..., **fields}`."""
+    return {**fields, "ok": True, "request": request.kind, "request_id": request.request_id}
+
+
+def kernel_refusal(data: Any, error: str) -> dict[str, Any]:
+    """A kernel's answer to a request it could not carry out (or read): one line, its id when it had one."""
+    kind = data.get("request") if isinstance(data, dict) and isinstance(data.get("request"), str) else None
+    return {"ok": False, "request": kind, "request_id": echoed_id(data), "error": one_line(error)}
+
+
+def read_kernel_answer(data: Any, request: KernelRequest) -> dict[str, Any]:
+    """Check a kernel's answer to `request` (an object, `ok`, the request's id echoed); return it."""
+    data = _object(data, "a kernel's answer")
+    if not isinstance(data.get("ok"), bool):
+        raise ProtocolError("a kernel's answer must say ok: true or false")
+    if data.get("request_id") != request.request_id:
+        raise ProtocolError(f"the kernel answered request {data.get('request_id')!r}, not {request.request_id!r}")
+    if not data["ok"] and not isinstance(data.get("error"), str):
+        raise ProtocolError("a kernel's refusal must say why (error)")
+    return data
+
+
+# -- preemption notices: server -> kernel, on the control channel ----------------------------------------
+@dataclass(frozen=True)
+class NoticeRequest:
+    """Snapshot at the next safe point; when fatal, hold there until it is committed or `deadline` passes."""
+
+    request_id: str
+    fatal: bool = True
+    deadline: float | None = None  # wall-clock seconds
+
+    @classmethod
+    def new(cls, fatal: bool = True, deadline: float | None = None) -> "NoticeRequest":
+        return cls(new_request_id(), fatal, deadline)
+
+    def to_message(self) -> dict[str, Any]:
+        """The control message's content."""
+        return {"request_id": self.request_id, "fatal": self.fatal, "deadline": self.deadline}
+
+    @classmethod
+    def from_message(cls, content: Any) -> "NoticeRequest":
+        """Parse a notice's content; ProtocolError when it is malformed."""
+        content = _object(content, "a notice")
+        fatal = content.get("fatal", True)
+        if not isinstance(fatal, bool):
+            raise ProtocolError("a notice's fatal must be true or false")
+        deadline = content.get("deadline")
+        if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
+                                     or not math.isfinite(deadline)):
+            raise ProtocolError("a notice's deadline must be a time in seconds or null")
+        return cls(_request_id(content), fatal, None if deadline is None else float(deadline))
+
+
+@dataclass(frozen=True)
+class NoticeAnswer:
+    """A kernel's answer to a notice: it will snapshot (ok), or why not."""
+
+    request_id: str | None
+    ok: bool
+    requested_at: float
+    notebook: str | None = None
+    in_flight: bool = False
+    error: str | None = None
+
+    def to_message(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"request_id": self.request_id, "ok": self.ok, "requested_at": self.requested_at}
+        if self.ok:
+            out.update(notebook=self.notebook, in_flight=self.in_flight)
+        else:
+            out["error"] = self.error
+        return out
+
+    @classmethod
+    def from_message(cls, content: Any, request: NoticeRequest) -> "NoticeAnswer":
+        """Parse a kernel's answer to `request`; ProtocolError when malformed or for another request."""
+        content = _object(content, "a notice's answer")
+        if content.get("request_id") != request.request_id:
+            raise ProtocolError(f"the kernel answered notice {content.get('request_id')!r}, "
+                                f"not {request.request_id!r}")
+        ok = content.get("ok")
+        if not isinstance(ok, bool):
+            raise ProtocolError("a notice's answer must say ok: true or false")
+        notebook = content.get("notebook")
+        if ok and (not isinstance(notebook, str) or not notebook):
+            raise ProtocolError("a notice's answer must name the kernel's notebook")
+        requested_at = content.get("requested_at") or 0.0
+        if isinstance(requested_at, bool) or not isinstance(requested_at, (int, float)):
+            raise ProtocolError("a notice's answer must say when it was requested (requested_at, in seconds)")
+        error = content.get("error")
+        return cls(request.request_id, ok, float(requested_at), notebook if ok else None,
+                   bool(content.get("in_flight")), None if ok else str(error or "refused"))
+
+
+def answers_request(requests: Any, request_id: str) -> bool:
+    """Whether a snapshot's recorded requests (`Manifest.requests`) include `request_id`."""
+    return isinstance(requests, (list, tuple)) and request_id in requests
+
+
+# -- widget actions: browser -> kernel --------------------------------------------------------------------
+@dataclass(frozen=True)
+class WidgetAction:
+    """A button pressed in the status widget (or its periodic refresh); the kernel echoes `request_id` in the
+    widget's `answered` trait once the outcome (`notice`, `status`) is set."""
+
+    action: str  # snapshot | restore | refresh
+    request_id: str
+    snapshot: str = "latest"  # restore: which snapshot
+
+    @classmethod
+    def from_message(cls, content: Any) -> "WidgetAction":
+        """Parse a widget's custom message; ProtocolError when it is malformed."""
+        content = _object(content, "a widget action")
+        action = content.get("action")
+        if action not in WIDGET_ACTIONS:
+            raise ProtocolError(f"unknown widget action {action!r}: use one of {', '.join(WIDGET_ACTIONS)}")
+        request_id = _request_id(content)
+        snapshot = content.get("id") or "latest"
+        if not isinstance(snapshot, str):
+            raise ProtocolError("a widget restore's id must be a snapshot id")
+        return cls(action, request_id, snapshot)
+
+
+def one_line(text: str) -> str:
+    """The first line of an error text (messages carry one line)."""
+    lines = str(text).strip().splitlines()
+    return lines[0] if lines else ""
