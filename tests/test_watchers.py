@@ -314,7 +314,9 @@ async def test_a_notice_mid_loop_commits_the_progress_since_the_last_periodic_sn
         assert periodic_position == 6 and namespace["done"] == position
         assert position >= at_notice > periodic_position + 30  # the progress made since the periodic snapshot
 
-        events = Journal(engine.store).events()
+        # the journal event follows the manifest's commit: wait for it rather than race it
+        events = await until(lambda: (lambda ev: ev if any(e.event == FINAL_SNAPSHOT_COMMITTED for e in ev) else None)(
+            Journal(engine.store).events()), "the final snapshot's journal event")
         seen = [e for e in events if e.event == NOTICE_SEEN]
         committed = [e for e in events if e.event == FINAL_SNAPSHOT_COMMITTED]
         assert [e.details["source"] for e in seen] == [name] and seen[0].details["fatal"] is True
