@@ -33,6 +33,8 @@ class PersistStats:
     bytes_written: int = 0
     objects_written: int = 0
     objects_reused: int = 0
+    groups_written: int = 0  # groups serialized (and fingerprinted) again
+    groups_reused: int = 0  # groups whose previous record was named again untouched (reuse.py)
 
 
 def _span(view: memoryview) -> tuple[int, int] | None:
@@ -191,15 +193,22 @@ def persist_image(
         writer.capture_done()
     finally:
         writer.finish()
+    writer.stats.groups_written = sum(1 for g in groups if g["names"] != [EXTRAS_NAME])
+    writer.stats.groups_reused = len(image.reused)
+    for record in image.reused:  # named again as they are: nothing pickled, hashed or written
+        refs = [record["pickle"], *(c for b in record["buffers"] for c in b["chunks"])]
+        writer.stats.bytes_total += sum(ref["size"] for ref in refs)
+        writer.stats.objects_reused += len(refs)
+        groups.append(record)
     objects: dict[str, int] = {}
     variables: dict[str, Any] = {}
-    for index, (record, g) in enumerate(zip(groups, image.groups)):
+    for index, record in enumerate(groups):
         size = record["pickle"]["size"] + sum(b["size"] for b in record["buffers"])
         for ref in [record["pickle"], *(c for b in record["buffers"] for c in b["chunks"])]:
             objects[ref["id"]] = ref["size"]
-        for name in g.names:
+        for name in record["names"]:
             if name != EXTRAS_NAME:
-                variables[name] = {"type": g.types[name], "group": index, "size": size}
+                variables[name] = {"type": record["types"][name], "group": index, "size": size}
     kernel = {"groups": groups, "variables": variables, "imports": image.imports, "skipped": image.skipped}
     if image.changed:
         kernel["changed"] = image.changed  # saved, but not as they were: name -> why

@@ -23,6 +23,7 @@ from .leases import GC, WRITE, Lease, WriteLease, live_locks, stale_locks
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
+from .reuse import ReusePlan
 from .scope import signing_scope
 from .settings import Settings
 from .store import TEMPORARY_GRACE_S, Store
@@ -189,14 +190,16 @@ class SnapshotEngine:
         hidden: Mapping[str, Any] | None = None,
         options: CaptureOptions | None = None,
         extras: Mapping[str, Any] | None = None,
+        reuse: ReusePlan | None = None,
+        stats: dict[str, Any] | None = None,
     ) -> Manifest:
         """Capture and commit the variables of `namespace` as one snapshot, synchronously."""
         started = time.perf_counter()
         from .pickling import main_namespace
 
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
-            image = capture_namespace(namespace, hidden, options, extras, lazy=True)
-            return self.commit_image(image, notebook, message, started=started)
+            image = capture_namespace(namespace, hidden, options, extras, lazy=True, reuse=reuse)
+            return self.commit_image(image, notebook, message, started=started, stats=stats)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
@@ -206,6 +209,7 @@ class SnapshotEngine:
         with self._lock, self.writing() as lease:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
+            self._check_reuse_base(image, previous)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects)
@@ -215,12 +219,24 @@ class SnapshotEngine:
                 "bytes_written": pstats.bytes_written,
                 "objects_written": pstats.objects_written,
                 "objects_reused": pstats.objects_reused,
+                "groups_written": pstats.groups_written,
+                "groups_reused": pstats.groups_reused,
                 "variables": len(kernel["variables"]),
                 "skipped": len(kernel["skipped"]),
                 **(stats or {}),
             }
             manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
             return self.commit_manifest(manifest)
+
+    @staticmethod
+    def _check_reuse_base(image: KernelImage, previous: list[Manifest]) -> None:
+        """Reuse records only of the notebook's newest snapshot (gc never drops its objects); else serialize all."""
+        if image.reuse is None or (previous and previous[0].id == image.reuse.base_id):
+            return
+        if image.reuse_applied:
+            raise SpotWarpError(f"snapshot {image.reuse.base_id} is no longer this notebook's newest: "
+                                "take the snapshot again (it will be a full one)")
+        image.reuse = None
 
     def commit_manifest(self, manifest: Manifest) -> Manifest:
         """Commit: write the manifest (signed when a key is set) after every object it names is stored.

@@ -12,9 +12,11 @@ from typing import Any, Callable, Mapping
 
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
+from ..engine.access import AccessTracker
 from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
+from ..engine.reuse import Baseline, ReusePlan, plan_reuse
 from .policy import Policy
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -22,6 +24,18 @@ StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
 STATE_PROVIDERS: dict[str, StateProvider] = {}
 
 _current: "KernelSession | None" = None
+DEFAULT_FULL_EVERY = 20
+
+
+def full_every(env: Mapping[str, str] | None = None) -> int:
+    """Every how many snapshots one is a full pass regardless of tracking (`SPOTWARP_FULL_EVERY`; 0: never)."""
+    text = ((os.environ if env is None else env).get("SPOTWARP_FULL_EVERY") or "").strip()
+    if not text:
+        return DEFAULT_FULL_EVERY
+    try:
+        return max(0, int(text))
+    except ValueError:
+        raise SpotWarpError(f"SPOTWARP_FULL_EVERY={text!r}: expected a whole number of snapshots (0: never)") from None
 
 
 def notebook_name(env: Mapping[str, str] | None = None) -> str:
@@ -79,6 +93,11 @@ class KernelSession:
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
+        self.access = AccessTracker()  # fed each cell's code by the extension (kernel/extension.py)
+        self.full_every = full_every()
+        self._baseline: Baseline | None = None  # our last committed snapshot, for groups no code touched since
+        self._since_full = 0
+        self._planned: tuple[Any, dict[str, int], CaptureOptions, bool] | None = None
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
@@ -100,6 +119,7 @@ class KernelSession:
         )
         engine = SnapshotEngine(settings)
         self.settings, self._engine = settings, engine
+        self._baseline = None
 
     def capture_options(self) -> CaptureOptions:
         return CaptureOptions(include=self.policy.include, exclude=self.policy.exclude,
@@ -111,20 +131,50 @@ class KernelSession:
             out[name] = capture()
         return out
 
-    def snapshot(self, message: str | None = None) -> Manifest:
-        """A synchronous snapshot of this kernel's variables (waits for one in flight first)."""
+    def _plan(self, options: CaptureOptions, full: bool) -> tuple[ReusePlan | None, dict[str, Any]]:
+        """What the next snapshot may reuse (engine/reuse.py), and the stats saying why it is full if so."""
+        mark, touched, why = self.access.begin()
+        if full:
+            why = why or "a full snapshot was asked for"
+        elif self.full_every and self._since_full + 1 >= self.full_every:
+            why = why or f"one snapshot in {self.full_every} is a full pass (SPOTWARP_FULL_EVERY)"
+        plan, why = plan_reuse(self._baseline, touched, why, options)
+        ids = {name: id(value) for name, value in self.namespace.items()}
+        self._planned = (mark, ids, options, plan is None)
+        return plan, ({"full_reason": why} if why else {})
+
+    def _remember(self, manifest: Manifest) -> None:
+        """A snapshot this kernel planned is committed: it is the baseline of the next one."""
+        planned, self._planned = self._planned, None
+        record = manifest.kernels.get(self.notebook)
+        if planned is None or record is None:
+            self._baseline = None
+            return
+        mark, ids, options, full = planned
+        self._baseline = Baseline(manifest.id, record, ids, options)
+        self.access.committed(mark)
+        self._since_full = 0 if full else self._since_full + 1
+
+    def snapshot(self, message: str | None = None, full: bool = False) -> Manifest:
+        """A synchronous snapshot of this kernel's variables (waits for one in flight first).
+
+        `full`: serialize every variable, reusing nothing of the previous snapshot (engine/reuse.py).
+        """
         self.wait_in_flight()
         with self._lock:
             started = time.perf_counter()
+            options = self.capture_options()
+            plan, stats = self._plan(options, full)
             try:
                 manifest = self.engine.snapshot_kernel(
-                    self.namespace, self.notebook, message, self.hidden, self.capture_options(), self.extras()
+                    self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats
                 )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 raise
             self.last_pause_s = time.perf_counter() - started
             manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
+            self._remember(manifest)
             self._committed(manifest)
             return manifest
 
@@ -142,14 +192,16 @@ class KernelSession:
             started = time.perf_counter()
             self.last_started_at = time.time()
             self._flight_done.clear()
+            options = self.capture_options()
+            plan, stats = self._plan(options, full=False)
 
             def commit(image):
-                return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"},
-                                           on_written=release_pages)
+                return engine.commit_image(image, notebook, message, started=started,
+                                           stats={"mode": "background", **stats}, on_written=release_pages)
 
             try:
-                self.in_flight = start_background(commit, self.namespace, self.hidden, self.capture_options(),
-                                                  self.extras, on_done=self._background_done)
+                self.in_flight = start_background(commit, self.namespace, self.hidden, options,
+                                                  self.extras, on_done=self._background_done, reuse=plan)
             except BaseException:
                 self._flight_done.set()
                 raise
@@ -163,6 +215,7 @@ class KernelSession:
             if result is not None and result.ok and result.snapshot_id:
                 manifest = self.engine.get(result.snapshot_id)
                 manifest.stats["pause_s"] = round(job.pause_s, 4)
+                self._remember(manifest)
                 self._committed(manifest)
             else:
                 self.last_error = (result.error if result else None) or "background snapshot failed"
@@ -231,6 +284,7 @@ class KernelSession:
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest()
             manifest, result = self.engine.restore_kernel(ref, self.namespace, self.notebook, variables)
+            self._baseline = self._planned = None  # restored values are new objects: the next snapshot is full
             if variables is None:
                 for name, state in (result.extras or {}).items():
                     provider = STATE_PROVIDERS.get(name)

@@ -1,0 +1,143 @@
+"""Snapshots re-pickle only the variable groups that code run since the last one could have touched.
+
+Each test runs real cells in a real kernel; values are checked by restoring the newest snapshot in this
+process, so a group wrongly reused (its old record named again) shows up as an old value.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+
+SETUP = "%load_ext spotwarp\n%spotwarp off\nfrom spotwarp_jupyter.kernel.session import current as _cur\n"
+
+
+def _snapshot(k) -> dict:
+    k.run("%spotwarp snapshot")
+    return k.value("_cur().last.stats")
+
+
+def _latest(store_url: str) -> dict:
+    ns: dict = {}
+    SnapshotEngine(Settings(project="proj", storage=store_url)).restore_kernel("latest", ns)
+    return ns
+
+
+def test_unchanged_state_reuses_every_group_and_writes_nothing(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("import numpy as np\nbig = np.arange(2_000_000, dtype=np.float32)\n"
+          "records = {f'k{i}': [i, str(i)] for i in range(20_000)}\n"
+          "class Box:\n    def __init__(self, v):\n        self.v = v\n"
+          "box = Box(3)\ndef double(v):\n    return 2 * v\n")
+    first = _snapshot(k)
+    assert first["groups_reused"] == 0 and "full_reason" in first
+    again = _snapshot(k)
+    assert again["groups_written"] == 0, again
+    assert again["groups_reused"] == first["groups_written"], again
+    assert again["bytes_written"] == 0, again
+    assert "full_reason" not in again
+
+
+def test_mutation_inside_notebook_functions_and_methods_is_captured(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("import numpy as np\nlst = [1]\nweight = np.zeros(4)\nhist = []\n")
+    k.run("def grow():\n    lst.append(len(lst) + 1)\n"
+          "def bump():\n    weight[:] += 1\n"
+          "class Trainer:\n    def step(self):\n        hist.append('stepped')\n"
+          "trainer = Trainer()\n")
+    _snapshot(k)
+    k.run("grow()\nbump()\ntrainer.step()")  # the cell names none of the variables it changes
+    stats = _snapshot(k)
+    assert stats["groups_reused"] >= 1, stats  # the functions and the class were not re-pickled
+    ns = _latest(store_url)
+    assert ns["lst"] == [1, 2]
+    assert ns["weight"].tolist() == [1.0] * 4
+    assert ns["hist"] == ["stepped"]
+
+
+def test_mutation_through_an_alias_under_another_name_is_captured(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("d = {'inner': [1]}\nother = [0]\n")
+    k.run("e = d['inner']")
+    _snapshot(k)
+    k.run("e.append(5)")  # changes d without naming it
+    stats = _snapshot(k)
+    assert stats["groups_reused"] == 1, stats  # `other` only
+    ns = _latest(store_url)
+    assert ns["d"] == {"inner": [1, 5]}
+    assert ns["e"] is ns["d"]["inner"]
+
+
+def test_del_and_rebinding_are_captured(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("x = [1]\ny = [2]\nz = [3]\n")
+    _snapshot(k)
+    k.run("del x\ny = [20]")
+    stats = _snapshot(k)
+    assert stats["groups_reused"] == 1, stats  # z
+    ns = _latest(store_url)
+    assert "x" not in ns and ns["y"] == [20] and ns["z"] == [3]
+
+
+def test_dynamic_access_makes_a_full_snapshot(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("lst = [1]\nother = [0]\n")
+    _snapshot(k)
+    k.run("globals()['lst'].append(2)")
+    stats = _snapshot(k)
+    assert stats["groups_reused"] == 0 and "globals" in stats["full_reason"], stats
+    assert _latest(store_url)["lst"] == [1, 2]
+    k.run("exec('lst.append(3)')")
+    assert "exec" in _snapshot(k)["full_reason"]
+    assert _latest(store_url)["lst"] == [1, 2, 3]
+    k.run("lst")  # the cell's value becomes `_`
+    k.run("_.append(4)")
+    assert "full_reason" in _snapshot(k)
+    assert _latest(store_url)["lst"] == [1, 2, 3, 4]
+
+
+def test_a_notebook_function_using_globals_makes_every_snapshot_full(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("lst = [1]\ndef sneaky():\n    globals()['lst'].append(len(globals()['lst']) + 1)\n")
+    _snapshot(k)
+    k.run("sneaky()")
+    assert "globals" in _snapshot(k)["full_reason"]
+    assert _latest(store_url)["lst"] == [1, 2]
+
+
+def test_a_cell_still_running_at_a_snapshot_is_counted_again_at_the_next(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("lst = []\nother = [0]\n")
+    _snapshot(k)
+    k.run("lst.append(1)\n%spotwarp snapshot\nlst.append(2)")  # changes lst after the snapshot began
+    stats = _snapshot(k)
+    assert stats["groups_reused"] == 1, stats  # `other` only
+    assert _latest(store_url)["lst"] == [1, 2]
+
+
+def test_every_nth_snapshot_is_a_full_pass(start_kernel, store_url):
+    k = start_kernel("host", SPOTWARP_FULL_EVERY="2")
+    k.run(SETUP)
+    k.run("lst = [1]\n")
+    assert "full_reason" in _snapshot(k)  # no earlier one
+    assert "full_reason" not in _snapshot(k)
+    assert "SPOTWARP_FULL_EVERY" in _snapshot(k)["full_reason"]
+
+
+def test_restore_makes_the_next_snapshot_full(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("lst = [1]\n")
+    _snapshot(k)
+    _snapshot(k)
+    k.run("%spotwarp restore")
+    assert "full_reason" in _snapshot(k)
+    assert np.array_equal(_latest(store_url)["lst"], [1])
