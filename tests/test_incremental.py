@@ -141,3 +141,19 @@ def test_restore_makes_the_next_snapshot_full(start_kernel, store_url):
     k.run("%spotwarp restore")
     assert "full_reason" in _snapshot(k)
     assert np.array_equal(_latest(store_url)["lst"], [1])
+
+
+def test_a_background_snapshot_with_only_small_values_to_save_forks_no_writer(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("import numpy as np\nbig = np.ones(1_000_000)\ncounter = 0\n")
+    _snapshot(k)
+    k.run("counter = 7")
+    out = k.run("job = _cur().snapshot_in_background()\n_cur().wait_in_flight(60)\n"
+                "print(job.pid, _cur().last_error, _cur().last.stats['groups_reused'])")
+    assert out.split() == ["None", "None", "1"], out  # a writer thread, no error, `big` reused
+    assert _latest(store_url)["counter"] == 7
+    k.run("big[0] = 5.0")
+    out = k.run("job = _cur().snapshot_in_background()\n_cur().wait_in_flight(60)\nprint(job.pid is None, _cur().last_error)")
+    assert out.split() == ["False", "None"], out  # an array to serialize: a forked writer
+    assert _latest(store_url)["big"][0] == 5.0

@@ -59,7 +59,7 @@ class BackgroundResult:
 class BackgroundSnapshot:
     """A snapshot being written by a child process."""
 
-    pid: int
+    pid: int | None  # None: written by a thread of this process (nothing left to serialize, see start_in_thread)
     started: float
     pause_s: float
     staged: bool
@@ -72,6 +72,8 @@ class BackgroundSnapshot:
 
     def kill(self) -> None:
         """Stop the writer (its snapshot is then not committed; the previous ones stay intact)."""
+        if self.pid is None:  # a thread writing a few small objects: it finishes on its own
+            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -154,6 +156,36 @@ def start_background(
     os.close(write_fd)
     job = BackgroundSnapshot(pid=pid, started=time.time(), pause_s=time.perf_counter() - paused, staged=staged)
     threading.Thread(target=_reap, args=(job, read_fd, on_done), name=f"spotwarp-reap-{pid}", daemon=True).start()
+    return job
+
+
+def start_in_thread(
+    commit: Callable[[KernelImage], Any],
+    namespace: Mapping[str, Any],
+    hidden: Mapping[str, Any] | None,
+    options: CaptureOptions | None,
+    extras: Callable[[], Mapping[str, Any]],
+    on_done: Callable[[BackgroundSnapshot], None] | None = None,
+    reuse: ReusePlan | None = None,
+) -> BackgroundSnapshot:
+    """Serialize now, in this thread, and commit from a writer thread: for snapshots whose plan leaves only a
+    few small values to serialize (the rest reused), cheaper than forking a copy of the whole process."""
+    paused = time.perf_counter()
+    with main_namespace(_as_dict(namespace)):
+        image = capture_namespace(namespace, hidden, options, dict(extras()), reuse=reuse)
+    job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True)
+
+    def write() -> None:
+        try:
+            manifest = commit(image)
+            job.result = BackgroundResult(True, manifest.id, stats=manifest.stats, exit_status=0)
+        except BaseException as exc:  # noqa: BLE001 - reported like a child's failure
+            job.result = BackgroundResult(False, error=f"{type(exc).__name__}: {exc}")
+        job.done.set()
+        if on_done is not None:
+            on_done(job)
+
+    threading.Thread(target=write, name="spotwarp-writer", daemon=True).start()
     return job
 
 

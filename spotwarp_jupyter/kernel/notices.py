@@ -90,7 +90,7 @@ def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
 def _lift_priority(session: Any) -> None:
     """The writer runs below the kernel's priority so training keeps the CPU; on a notice it should not."""
     job = session.in_flight
-    if job is None:
+    if job is None or job.pid is None:  # none, or a writer thread of this very process
         return
     try:
         os.setpriority(os.PRIO_PROCESS, job.pid, os.getpriority(os.PRIO_PROCESS, 0))

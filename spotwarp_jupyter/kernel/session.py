@@ -13,7 +13,14 @@ from typing import Any, Callable, Mapping
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
 from ..engine.access import AccessTracker
-from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
+from ..engine.background import (
+    BackgroundSnapshot,
+    fork_unavailable_reason,
+    release_pages,
+    start_background,
+    start_in_thread,
+)
+from ..engine.capture import select_variables
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from ..engine.reuse import Baseline, ReusePlan, plan_reuse
@@ -36,6 +43,14 @@ def full_every(env: Mapping[str, str] | None = None) -> int:
         return max(0, int(text))
     except ValueError:
         raise SpotWarpError(f"SPOTWARP_FULL_EVERY={text!r}: expected a whole number of snapshots (0: never)") from None
+
+
+_SCALARS = (int, float, complex, bool, type(None))
+
+
+def _small_scalar(value: Any) -> bool:
+    """A value pickled in microseconds, whatever it is bound to (numbers, short strings)."""
+    return type(value) in _SCALARS or (type(value) in (str, bytes) and len(value) <= 65536)
 
 
 def notebook_name(env: Mapping[str, str] | None = None) -> str:
@@ -199,14 +214,24 @@ class KernelSession:
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=release_pages)
 
+            start = start_in_thread if self._little_left(plan, options) else start_background
             try:
-                self.in_flight = start_background(commit, self.namespace, self.hidden, options,
-                                                  self.extras, on_done=self._background_done, reuse=plan)
+                self.in_flight = start(commit, self.namespace, self.hidden, options,
+                                       self.extras, on_done=self._background_done, reuse=plan)
             except BaseException:
                 self._flight_done.set()
                 raise
             self.last_pause_s = self.in_flight.pause_s
             return self.in_flight
+
+    def _little_left(self, plan: ReusePlan | None, options: CaptureOptions) -> bool:
+        """Whether the plan leaves only small scalars to serialize (then no fork: a writer thread is cheaper)."""
+        if plan is None:
+            return False
+        values, _imports, _skipped = select_variables(self.namespace, self.hidden, options)
+        reused, _changed = plan.split(values)
+        taken = {n for g in reused for n in g["names"]}
+        return all(_small_scalar(v) for n, v in values.items() if n not in taken)
 
     def _background_done(self, job: BackgroundSnapshot) -> None:
         """Runs in the reaper thread once the child has exited."""
