@@ -157,3 +157,20 @@ def test_a_background_snapshot_with_only_small_values_to_save_forks_no_writer(st
     out = k.run("job = _cur().snapshot_in_background()\n_cur().wait_in_flight(60)\nprint(job.pid is None, _cur().last_error)")
     assert out.split() == ["False", "None"], out  # an array to serialize: a forked writer
     assert _latest(store_url)["big"][0] == 5.0
+
+
+def test_a_notice_mid_training_stops_the_snapshot_in_flight_and_takes_its_own_at_once(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("import numpy as np, os, signal, time\nfrom spotwarp_jupyter import safepoints\n"
+          "from spotwarp_jupyter.kernel import notices\nw = np.zeros(1_000_000)\n")
+    out = k.run("old = _cur().snapshot_in_background()\n"
+                "os.kill(old.pid, signal.SIGSTOP)  # a writer that would take long\n"
+                "notices._hold_at_safe_point(_cur(), 'preemption test', time.time() + 30)\n"
+                "safepoints.request('preemption test')\n"
+                "w += 1\n"
+                "safepoints.reached('step')  # the training loop's next step\n"
+                "print(old.result.exit_status, _cur().last.message, _cur().last_error)")
+    assert out.split()[0] == "-9", out  # the stale writer was stopped, not waited for
+    assert "preemption test" in out and out.split()[-1] == "None", out
+    assert _latest(store_url)["w"][0] == 1.0
