@@ -174,3 +174,21 @@ def test_a_notice_mid_training_stops_the_snapshot_in_flight_and_takes_its_own_at
     assert out.split()[0] == "-9", out  # the stale writer was stopped, not waited for
     assert "preemption test" in out and out.split()[-1] == "None", out
     assert _latest(store_url)["w"][0] == 1.0
+
+
+def test_no_reuse_when_another_kernel_committed_the_notebooks_newest_snapshot(store_url):
+    from spotwarp_jupyter.kernel.policy import Policy
+    from spotwarp_jupyter.kernel.session import KernelSession
+
+    def session(ns: dict) -> KernelSession:
+        s = KernelSession(ns, {}, Settings(project="proj", storage=store_url), Policy(enabled=False), notebook="nb")
+        s.access.hooked = s.access.attached = True  # as after a cell through the kernel's hook
+        return s
+
+    mine = session({"lst": [1], "other": [2]})
+    mine.snapshot()
+    session({"lst": ["theirs"]}).snapshot()  # the same notebook's kernel on another host
+    stats = mine.snapshot().stats
+    assert stats["groups_reused"] == 0, stats
+    ns = _latest(store_url)
+    assert ns["lst"] == [1] and ns["other"] == [2]

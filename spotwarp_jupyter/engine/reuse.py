@@ -12,7 +12,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from .errors import SpotWarpError
+
 EXTRAS_GROUP = "@extras"
+
+
+class StaleBaseline(SpotWarpError):
+    """Groups were taken over from a snapshot that is no longer the notebook's newest and lost objects since."""
 
 
 @dataclass

@@ -23,7 +23,7 @@ from .leases import GC, WRITE, Lease, WriteLease, live_locks, stale_locks
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
-from .reuse import ReusePlan
+from .reuse import ReusePlan, StaleBaseline
 from .scope import signing_scope
 from .settings import Settings
 from .store import TEMPORARY_GRACE_S, Store
@@ -228,15 +228,21 @@ class SnapshotEngine:
             manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
             return self.commit_manifest(manifest)
 
-    @staticmethod
-    def _check_reuse_base(image: KernelImage, previous: list[Manifest]) -> None:
-        """Reuse records only of the notebook's newest snapshot (gc never drops its objects); else serialize all."""
+    def _check_reuse_base(self, image: KernelImage, previous: list[Manifest]) -> None:
+        """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
+
+        An image already serialized against an older base (staged before a fork) keeps it if every object
+        it reuses is still stored.
+        """
         if image.reuse is None or (previous and previous[0].id == image.reuse.base_id):
             return
-        if image.reuse_applied:
-            raise SpotWarpError(f"snapshot {image.reuse.base_id} is no longer this notebook's newest: "
-                                "take the snapshot again (it will be a full one)")
-        image.reuse = None
+        if not image.reuse_applied:
+            image.reuse = None
+            return
+        refs = {ref["id"] for g in image.reused for ref in [g["pickle"], *(c for b in g["buffers"] for c in b["chunks"])]}
+        if refs - self.store.present(refs):
+            raise StaleBaseline(f"snapshot {image.reuse.base_id} is no longer this notebook's newest and some of its "
+                                "objects are gone: the next snapshot will be a full one")
 
     def commit_manifest(self, manifest: Manifest) -> Manifest:
         """Commit: write the manifest (signed when a key is set) after every object it names is stored.

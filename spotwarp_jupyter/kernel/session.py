@@ -23,7 +23,7 @@ from ..engine.background import (
 from ..engine.capture import select_variables
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
-from ..engine.reuse import Baseline, ReusePlan, plan_reuse
+from ..engine.reuse import Baseline, ReusePlan, StaleBaseline, plan_reuse
 from .policy import Policy
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -186,6 +186,8 @@ class KernelSession:
                 )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, StaleBaseline):
+                    self._baseline = None
                 raise
             self.last_pause_s = time.perf_counter() - started
             manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
@@ -244,6 +246,8 @@ class KernelSession:
                 self._committed(manifest)
             else:
                 self.last_error = (result.error if result else None) or "background snapshot failed"
+                if self.last_error.startswith(StaleBaseline.__name__):
+                    self._baseline = None
         except Exception as exc:  # noqa: BLE001 - a reaper thread must not die silently
             self.last_error = f"{type(exc).__name__}: {exc}"
         finally:
