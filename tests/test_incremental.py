@@ -58,6 +58,18 @@ def test_mutation_inside_notebook_functions_and_methods_is_captured(start_kernel
     assert ns["hist"] == ["stepped"]
 
 
+def test_names_used_where_a_def_is_evaluated_are_captured(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("log = []\nmarks = []\n")
+    _snapshot(k)
+    k.run("def g(x=log.append('default')):\n    return x\n"
+          "@marks.append\ndef h():\n    pass\n")  # the default and the decorator run now, in no function
+    _snapshot(k)
+    ns = _latest(store_url)
+    assert ns["log"] == ["default"] and len(ns["marks"]) == 1
+
+
 def test_mutation_through_an_alias_under_another_name_is_captured(start_kernel, store_url):
     k = start_kernel("host")
     k.run(SETUP)

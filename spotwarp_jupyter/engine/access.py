@@ -150,7 +150,9 @@ def scan(code: Union[str, ast.Module]) -> CellAccess:
     deferred = _function_globals(tree)
     if deferred is None:  # no symbol table: every name inside a function counts
         deferred = scanner.inner
-    return CellAccess(frozenset(scanner.names), frozenset(deferred), scanner.dynamic, scanner.deferred_dynamic)
+    # every name anywhere in the cell counts now: decorators and defaults run at `def` time, outside the function
+    names = scanner.names | scanner.inner
+    return CellAccess(frozenset(names), frozenset(deferred), scanner.dynamic, scanner.deferred_dynamic)
 
 
 class AccessTracker:
