@@ -120,6 +120,15 @@ class _Scanner(ast.NodeVisitor):
 
     visit_FunctionDef = visit_AsyncFunctionDef = visit_ClassDef = _defines
 
+    def _binds(self, node: ast.AST) -> None:
+        """Names bound by a plain string, not a Name node: `except E as e`, `case [a, *rest]`, `case {**kw}`."""
+        for name in (getattr(node, "name", None), getattr(node, "rest", None)):
+            if isinstance(name, str):
+                (self.inner if self.depth else self.names).add(name)
+        self.generic_visit(node)
+
+    visit_ExceptHandler = visit_MatchAs = visit_MatchStar = visit_MatchMapping = _binds
+
 
 def _function_globals(tree: ast.Module) -> set[str] | None:
     """Global names read or written inside the code's functions (exact scopes, from the symbol table)."""
