@@ -8,6 +8,10 @@ their bytes out of band, as buffers that go straight to storage without an in-me
 Objects with `state_dict()` / `load_state_dict()` (torchdata's StatefulDataLoader, a GradScaler,
 user classes) are saved with their state dict and get it back through `load_state_dict` on load;
 torch modules, optimizers and schedulers already pickle their whole state and are left as they are.
+
+This module holds the picklers; the routes live in pickle_data (arrays, state_dict objects, loaders),
+pickle_torch (tensors), pickle_classes (classes saved by value) and pickle_context (`__main__`, devices).
+Streams name every rebuilder as `spotwarp_jupyter.engine.pickling.<name>`, whichever module defines it.
 """
 
 from __future__ import annotations
