@@ -204,3 +204,10 @@ def test_no_reuse_when_another_kernel_committed_the_notebooks_newest_snapshot(st
     assert stats["groups_reused"] == 0, stats
     ns = _latest(store_url)
     assert ns["lst"] == [1] and ns["other"] == [2]
+
+
+def test_a_bad_full_every_setting_is_one_warning_and_the_default(start_kernel):
+    k = start_kernel("host", SPOTWARP_FULL_EVERY="often")
+    out = k.run("%load_ext spotwarp\nprint(__import__('spotwarp_jupyter').kernel.session.current().full_every)")
+    assert "SPOTWARP_FULL_EVERY='often' is not a whole number" in out and out.split()[-1] == "20", out
+    assert "Traceback" not in out

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from typing import Any, Callable, Mapping
 
 from .. import safepoints
@@ -41,8 +42,10 @@ def full_every(env: Mapping[str, str] | None = None) -> int:
         return DEFAULT_FULL_EVERY
     try:
         return max(0, int(text))
-    except ValueError:
-        raise SpotWarpError(f"SPOTWARP_FULL_EVERY={text!r}: expected a whole number of snapshots (0: never)") from None
+    except ValueError:  # a bad setting must not stop the extension from loading: say so, keep the default
+        warnings.warn(f"SPOTWARP_FULL_EVERY={text!r} is not a whole number of snapshots (0: never); "
+                      f"using {DEFAULT_FULL_EVERY}", stacklevel=2)
+        return DEFAULT_FULL_EVERY
 
 
 _SCALARS = (int, float, complex, bool, type(None))
