@@ -211,3 +211,10 @@ def test_a_bad_full_every_setting_is_one_warning_and_the_default(start_kernel):
     out = k.run("%load_ext spotwarp\nprint(__import__('spotwarp_jupyter').kernel.session.current().full_every)")
     assert "SPOTWARP_FULL_EVERY='often' is not a whole number" in out and out.split()[-1] == "20", out
     assert "Traceback" not in out
+
+
+def test_the_cell_loading_spotwarp_is_not_tracked_so_what_it_does_after_a_snapshot_is_captured(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run("%load_ext spotwarp\n%spotwarp off\nx = [1]\nother = [0]\n%spotwarp snapshot\nx.append(2)")
+    k.run("%spotwarp snapshot")
+    assert _latest(store_url)["x"] == [1, 2]

@@ -164,12 +164,17 @@ def scan(code: Union[str, ast.Module]) -> CellAccess:
     return CellAccess(frozenset(names), frozenset(deferred), scanner.dynamic, scanner.deferred_dynamic)
 
 
+# what the cell that loaded SpotWarp does after a snapshot began counts at the next one: it was never seen
+_UNTRACKED = CellAccess(frozenset(), frozenset(), "the cell that loaded SpotWarp ran on after the last snapshot")
+
+
 class AccessTracker:
     """The names touched since the last committed snapshot, from every cell seen (thread-safe)."""
 
     def __init__(self) -> None:
         self.hooked = False  # a hook passes each cell's code to `note` from now on
         self.attached = False  # True once every cell's code reaches `note` (a whole cell has run since hooking)
+        self.untracked_cell = False  # the cell that installed the hook runs on, unseen by it
         self._log: list[CellAccess] = []
         self._deferred: set[str] = set()
         self._deferred_dynamic: str | None = None
@@ -193,6 +198,7 @@ class AccessTracker:
         """The running cell has finished."""
         with self._lock:
             self._running = []
+            self.untracked_cell = False
 
     def begin(self) -> tuple[Mark, frozenset[str], str | None]:
         """At a snapshot's start: (mark, names touched since the last commit, why every name counts, or None)."""
@@ -203,7 +209,8 @@ class AccessTracker:
             for access in self._log:
                 touched |= access.names
                 why = why or access.dynamic
-            return Mark(len(self._log), tuple(self._running)), frozenset(touched), why
+            carry = tuple(self._running) + ((_UNTRACKED,) if self.untracked_cell else ())
+            return Mark(len(self._log), carry), frozenset(touched), why
 
     def committed(self, mark: Mark) -> None:
         """The snapshot begun at `mark` is committed: forget what it covered (a cell still running stays)."""

@@ -26,7 +26,7 @@ def install(ipython: Any, tracker: AccessTracker) -> None:
     """Start noting cells; tracking counts from the next cell on (`cell_finished`), not the one running now."""
     uninstall(ipython)
     ipython.ast_transformers.append(NoteCellAccess(tracker))
-    tracker.hooked = True
+    tracker.hooked = tracker.untracked_cell = True
 
 
 def cell_finished(tracker: AccessTracker, at_safe_point: Any) -> None:
