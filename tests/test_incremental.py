@@ -135,6 +135,18 @@ def test_a_cell_still_running_at_a_snapshot_is_counted_again_at_the_next(start_k
     assert _latest(store_url)["lst"] == [1, 2]
 
 
+def test_snapshot_full_serializes_everything_again(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP)
+    k.run("lst = [1]\n")
+    _snapshot(k)
+    k.run("%spotwarp snapshot --full")
+    stats = k.value("_cur().last.stats")
+    assert stats["groups_reused"] == 0 and stats["full_reason"] == "a full snapshot was asked for", stats
+    ename, evalue, _ = k.run_error("%spotwarp snapshot --fully")
+    assert ename == "UsageError", (ename, evalue)
+
+
 def test_every_nth_snapshot_is_a_full_pass(start_kernel, store_url):
     k = start_kernel("host", SPOTWARP_FULL_EVERY="2")
     k.run(SETUP)
