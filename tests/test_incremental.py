@@ -200,7 +200,8 @@ def test_a_notice_mid_training_stops_the_snapshot_in_flight_and_takes_its_own_at
     assert _latest(store_url)["w"][0] == 1.0
 
 
-def test_no_reuse_when_another_kernel_committed_the_notebooks_newest_snapshot(store_url):
+def test_no_reuse_when_another_kernel_committed_the_notebooks_newest_snapshot(store_url, tmp_path):
+    from spotwarp_jupyter.engine.project import snapshot_project
     from spotwarp_jupyter.kernel.policy import Policy
     from spotwarp_jupyter.kernel.session import KernelSession
 
@@ -210,7 +211,11 @@ def test_no_reuse_when_another_kernel_committed_the_notebooks_newest_snapshot(st
         return s
 
     mine = session({"lst": [1], "other": [2]})
-    mine.snapshot()
+    first = mine.snapshot()
+    # the server's periodic project snapshot names the same record: still this kernel's newest state
+    (tmp_path / "ws").mkdir()
+    snapshot_project(mine.engine, str(tmp_path / "ws"), kernels={"nb": first.kernels["nb"]})
+    assert mine.snapshot().stats["groups_reused"] == 2
     session({"lst": ["theirs"]}).snapshot()  # the same notebook's kernel on another host
     stats = mine.snapshot().stats
     assert stats["groups_reused"] == 0, stats

@@ -209,7 +209,7 @@ class SnapshotEngine:
         with self._lock, self.writing() as lease:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
-            self._check_reuse_base(image, previous)
+            dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects)
@@ -224,25 +224,32 @@ class SnapshotEngine:
                 "variables": len(kernel["variables"]),
                 "skipped": len(kernel["skipped"]),
                 **(stats or {}),
+                **({"full_reason": dropped} if dropped else {}),
             }
             manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
             return self.commit_manifest(manifest)
 
-    def _check_reuse_base(self, image: KernelImage, previous: list[Manifest]) -> None:
+    def _check_reuse_base(self, image: KernelImage, previous: list[Manifest], notebook: str) -> str | None:
         """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
 
-        An image already serialized against an older base (staged before a fork) keeps it if every object
-        it reuses is still stored.
+        The newest may be a project snapshot naming the very same kernel record (the server's periodic
+        backups copy it). An image already serialized against an older base (staged before a fork) keeps
+        it if every object it reuses is still stored.
         """
-        if image.reuse is None or (previous and previous[0].id == image.reuse.base_id):
-            return
+        if image.reuse is None:
+            return None
+        newest = previous[0] if previous else None
+        if newest is not None and (newest.id == image.reuse.base_id
+                                   or (newest.kernels.get(notebook) or {}).get("groups") == image.reuse.groups):
+            return None
         if not image.reuse_applied:
-            image.reuse = None
-            return
+            base, image.reuse = image.reuse.base_id, None
+            return f"snapshot {base} is not this notebook's newest state any more"
         refs = {ref["id"] for g in image.reused for ref in [g["pickle"], *(c for b in g["buffers"] for c in b["chunks"])]}
         if refs - self.store.present(refs):
             raise StaleBaseline(f"snapshot {image.reuse.base_id} is no longer this notebook's newest and some of its "
                                 "objects are gone: the next snapshot will be a full one")
+        return None
 
     def commit_manifest(self, manifest: Manifest) -> Manifest:
         """Commit: write the manifest (signed when a key is set) after every object it names is stored.
