@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -35,6 +36,8 @@ class PersistStats:
     objects_reused: int = 0
     groups_written: int = 0  # groups serialized (and fingerprinted) again
     groups_reused: int = 0  # groups whose previous record was named again untouched (reuse.py)
+    serialize_s: float = 0.0  # pickling and fingerprinting, in this thread, while writes ran behind
+    write_wait_s: float = 0.0  # then waiting for the last writes to be durable
 
 
 def _span(view: memoryview) -> tuple[int, int] | None:
@@ -175,6 +178,7 @@ def persist_image(
     """
     writer = _Writer(store, known_fingerprints(previous), on_written)
     groups: list[dict[str, Any]] = []
+    started = time.perf_counter()
     try:
         for g in image.iter_groups():
             buffers = []
@@ -191,8 +195,11 @@ def persist_image(
                 "buffers": buffers,
             })
         writer.capture_done()
+        serialized = time.perf_counter()
     finally:
         writer.finish()
+    writer.stats.serialize_s = round(serialized - started, 4)
+    writer.stats.write_wait_s = round(time.perf_counter() - serialized, 4)
     writer.stats.groups_written = sum(1 for g in groups if g["names"] != [EXTRAS_NAME])
     writer.stats.groups_reused = len(image.reused)
     for record in image.reused:  # named again as they are: nothing pickled, hashed or written

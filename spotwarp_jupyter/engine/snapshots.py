@@ -221,6 +221,8 @@ class SnapshotEngine:
                 "objects_reused": pstats.objects_reused,
                 "groups_written": pstats.groups_written,
                 "groups_reused": pstats.groups_reused,
+                "serialize_s": pstats.serialize_s,
+                "write_wait_s": pstats.write_wait_s,
                 "variables": len(kernel["variables"]),
                 "skipped": len(kernel["skipped"]),
                 **(stats or {}),
