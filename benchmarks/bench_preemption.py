@@ -145,7 +145,9 @@ def main() -> int:
                             "to_safe_point_s": round(max(0.0, kernel_start - notice_seen), 2),
                             "kernel_write_s": round(float(kernel_snapshot.stats.get("duration_s") or 0), 2),
                             "posted_to_commit_s": round(done.time - posted, 3), "written": written,
-                            "age_s": round(posted - automatic.created, 1), "exit_s": round(exit_s, 2) if sigterm else None})
+                            "age_s": round(posted - automatic.created, 1), "exit_s": round(exit_s, 2) if sigterm else None,
+                            "groups_reused": kernel_snapshot.stats.get("groups_reused"),
+                            "full_reason": kernel_snapshot.stats.get("full_reason")})
             print(json.dumps(results[-1]), flush=True)
     finally:
         (root / "stop").write_text("stop")
@@ -160,6 +162,8 @@ def main() -> int:
         rows.append((f"{r['source']}: posted -> commit", f"{r['posted_to_commit_s']:.2f} s", "", ""))
         split = f"{r['to_safe_point_s']:.2f} s / {r['kernel_write_s']:.2f} s"
         rows.append((f"{r['source']}: to the safe point / kernel write", split, "", ""))
+        reuse = f"{r['groups_reused']} groups reused" if not r["full_reason"] else f"full: {r['full_reason']}"
+        rows.append((f"{r['source']}: kernel snapshot", reuse, "", ""))
         rows.append((f"{r['source']}: written / raw write of it", f"{format_size(r['written'])} / {ref:.2f} s",
                      "", f"{r['notice_to_commit_s'] / ref:.1f}x raw" if ref > 0 else ""))
         if r["exit_s"] is not None:

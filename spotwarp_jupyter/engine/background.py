@@ -21,6 +21,7 @@ from typing import Any, Callable, Mapping
 
 from .capture import CaptureOptions, KernelImage, capture_namespace
 from .pickling import main_namespace
+from .reuse import ReusePlan
 
 _MADV_DONTNEED = 4
 
@@ -58,7 +59,7 @@ class BackgroundResult:
 class BackgroundSnapshot:
     """A snapshot being written by a child process."""
 
-    pid: int
+    pid: int | None  # None: written by a thread of this process (nothing left to serialize, see start_in_thread)
     started: float
     pause_s: float
     staged: bool
@@ -71,6 +72,8 @@ class BackgroundSnapshot:
 
     def kill(self) -> None:
         """Stop the writer (its snapshot is then not committed; the previous ones stay intact)."""
+        if self.pid is None:  # a thread writing a few small objects: it finishes on its own
+            return
         try:
             os.kill(self.pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -126,6 +129,7 @@ def start_background(
     options: CaptureOptions | None,
     extras: Callable[[], Mapping[str, Any]],
     on_done: Callable[[BackgroundSnapshot], None] | None = None,
+    reuse: ReusePlan | None = None,
 ) -> BackgroundSnapshot:
     """Fork a child that captures (unless CUDA forces staging first) and commits; return at once.
 
@@ -138,55 +142,98 @@ def start_background(
     staged = cuda_in_use()
     extra_state = dict(extras())  # RNG states and loop positions: taken at this very safe point
     if staged:
-        with main_namespace(namespace if isinstance(namespace, dict) else dict(namespace)):
-            staged_image = capture_namespace(namespace, hidden, options, extra_state)
+        with main_namespace(_as_dict(namespace)):
+            staged_image = capture_namespace(namespace, hidden, options, extra_state, reuse=reuse)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
         os.close(read_fd)
-        code = 1
-        try:
-            _quiet_child()
-            with main_namespace(namespace if isinstance(namespace, dict) else dict(namespace)):
-                image = staged_image or capture_namespace(namespace, hidden, options, extra_state, lazy=True)
-                manifest = commit(image)
-            payload = {"ok": True, "id": manifest.id, "stats": manifest.stats}
-            code = 0
-        except BaseException as exc:  # noqa: BLE001 - report everything to the parent
-            payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
-        try:
-            os.write(write_fd, json.dumps(payload).encode())
-            os.close(write_fd)
-        finally:
-            os._exit(code)
+
+        def image() -> KernelImage:
+            return staged_image or capture_namespace(namespace, hidden, options, extra_state, lazy=True, reuse=reuse)
+
+        _child(write_fd, lambda: commit(image()), _as_dict(namespace))
     os.close(write_fd)
     job = BackgroundSnapshot(pid=pid, started=time.time(), pause_s=time.perf_counter() - paused, staged=staged)
+    threading.Thread(target=_reap, args=(job, read_fd, on_done), name=f"spotwarp-reap-{pid}", daemon=True).start()
+    return job
 
-    def reap() -> None:
-        chunks = []
-        with os.fdopen(read_fd, "rb") as pipe:
-            while True:
-                data = pipe.read(65536)
-                if not data:
-                    break
-                chunks.append(data)
-        _, status = os.waitpid(pid, 0)
-        exit_status = os.waitstatus_to_exitcode(status)
+
+def start_in_thread(
+    commit: Callable[[KernelImage], Any],
+    namespace: Mapping[str, Any],
+    hidden: Mapping[str, Any] | None,
+    options: CaptureOptions | None,
+    extras: Callable[[], Mapping[str, Any]],
+    on_done: Callable[[BackgroundSnapshot], None] | None = None,
+    reuse: ReusePlan | None = None,
+) -> BackgroundSnapshot:
+    """Serialize now, in this thread, and commit from a writer thread: for snapshots whose plan leaves only a
+    few small values to serialize (the rest reused), cheaper than forking a copy of the whole process."""
+    paused = time.perf_counter()
+    with main_namespace(_as_dict(namespace)):
+        image = capture_namespace(namespace, hidden, options, dict(extras()), reuse=reuse)
+    job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True)
+
+    def write() -> None:
         try:
-            payload = json.loads(b"".join(chunks) or b"{}")
-        except ValueError:
-            payload = {}
-        if payload.get("ok"):
-            job.result = BackgroundResult(True, payload["id"], stats=payload.get("stats", {}), exit_status=exit_status)
-        else:
-            reason = payload.get("error") or (
-                f"background writer was killed by signal {-exit_status}" if exit_status < 0
-                else f"background writer exited with status {exit_status}"
-            )
-            job.result = BackgroundResult(False, error=reason, exit_status=exit_status)
+            manifest = commit(image)
+            job.result = BackgroundResult(True, manifest.id, stats=manifest.stats, exit_status=0)
+        except BaseException as exc:  # noqa: BLE001 - reported like a child's failure
+            job.result = BackgroundResult(False, error=f"{type(exc).__name__}: {exc}")
         job.done.set()
         if on_done is not None:
             on_done(job)
 
-    threading.Thread(target=reap, name=f"spotwarp-reap-{pid}", daemon=True).start()
+    threading.Thread(target=write, name="spotwarp-writer", daemon=True).start()
     return job
+
+
+def _as_dict(namespace: Mapping[str, Any]) -> dict[str, Any]:
+    return namespace if isinstance(namespace, dict) else dict(namespace)
+
+
+def _child(write_fd: int, run: Callable[[], Any], namespace: dict[str, Any]) -> None:
+    """In the forked child: run the snapshot, report its id (or error) through the pipe, exit."""
+    code = 1
+    try:
+        _quiet_child()
+        with main_namespace(namespace):
+            manifest = run()
+        payload = {"ok": True, "id": manifest.id, "stats": manifest.stats}
+        code = 0
+    except BaseException as exc:  # noqa: BLE001 - report everything to the parent
+        payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+    try:
+        os.write(write_fd, json.dumps(payload).encode())
+        os.close(write_fd)
+    finally:
+        os._exit(code)
+
+
+def _reap(job: BackgroundSnapshot, read_fd: int, on_done: Callable[[BackgroundSnapshot], None] | None) -> None:
+    """In a parent thread: read the child's report, wait for its exit, record the result, call `on_done`."""
+    chunks = []
+    with os.fdopen(read_fd, "rb") as pipe:
+        while True:
+            data = pipe.read(65536)
+            if not data:
+                break
+            chunks.append(data)
+    _, status = os.waitpid(job.pid, 0)
+    exit_status = os.waitstatus_to_exitcode(status)
+    try:
+        payload = json.loads(b"".join(chunks) or b"{}")
+    except ValueError:
+        payload = {}
+    if payload.get("ok"):
+        job.result = BackgroundResult(True, payload["id"], stats=payload.get("stats", {}), exit_status=exit_status)
+    else:
+        reason = payload.get("error") or (
+            f"background writer was killed by signal {-exit_status}" if exit_status < 0
+            else f"background writer exited with status {exit_status}"
+        )
+        job.result = BackgroundResult(False, error=reason, exit_status=exit_status)
+    job.done.set()
+    if on_done is not None:
+        on_done(job)

@@ -14,6 +14,7 @@ from typing import Any, Iterator, Mapping
 
 from . import pickling
 from .grouping import reaching, shared_groups
+from .reuse import ReusePlan
 from .units import format_size
 
 EXTRAS_NAME = "@extras"
@@ -63,6 +64,9 @@ class KernelImage:
     skipped: dict[str, str] = field(default_factory=dict)
     changed: dict[str, str] = field(default_factory=dict)
     pending: Iterator[GroupImage] | None = None
+    reuse: ReusePlan | None = None  # dropped (set to None) before `pending` starts if its base is stale
+    reused: list[dict[str, Any]] = field(default_factory=list)  # previous group records taken over as they are
+    reuse_applied: bool = False
 
     def iter_groups(self) -> Iterator[GroupImage]:
         """Every group, serializing pending ones on demand (and keeping them in `groups`)."""
@@ -199,23 +203,32 @@ def capture_namespace(
     options: CaptureOptions | None = None,
     extras: Mapping[str, Any] | None = None,
     lazy: bool = False,
+    reuse: ReusePlan | None = None,
 ) -> KernelImage:
     """Serialize every saveable variable of `namespace` (plus `extras`, engine state such as RNGs).
 
     With `lazy`, groups are serialized only as the image is persisted (see KernelImage.pending).
+    With `reuse`, groups no code touched since the plan's snapshot keep that snapshot's record (reuse.py).
     """
     options = options or CaptureOptions()
     values, imports, skipped = select_variables(namespace, hidden, options)
-    image = KernelImage(imports=imports, skipped=skipped)
+    image = KernelImage(imports=imports, skipped=skipped, reuse=reuse)
     if extras:
         pickled = pickling.dumps({EXTRAS_NAME: dict(extras)})
         image.groups.append(GroupImage([EXTRAS_NAME], pickled, {EXTRAS_NAME: "spotwarp state"}))
-    groups = sorted(shared_groups(values), key=lambda names: not any(_bulky(values[n]) for n in names))
 
     def serialize_all() -> Iterator[GroupImage]:
+        rest = values
+        if image.reuse is not None:  # decided here, not before: the engine may drop a stale plan first
+            image.reuse_applied = True
+            image.reused, carried = image.reuse.split(values)
+            image.changed.update(carried)
+            taken = {n for g in image.reused for n in g["names"]}
+            rest = {n: v for n, v in values.items() if n not in taken}
+        groups = sorted(shared_groups(rest), key=lambda names: not any(_bulky(rest[n]) for n in names))
         # bulky groups first: their buffers start writing while the small-object groups are pickled
         for names in groups:
-            yield from serialize_group(names, values, skipped, options.max_var_size, image.changed)
+            yield from serialize_group(names, rest, skipped, options.max_var_size, image.changed)
 
     image.pending = serialize_all()
     return image if lazy else image.materialize()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import threading
+import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
@@ -33,6 +34,10 @@ class PersistStats:
     bytes_written: int = 0
     objects_written: int = 0
     objects_reused: int = 0
+    groups_written: int = 0  # groups serialized (and fingerprinted) again
+    groups_reused: int = 0  # groups whose previous record was named again untouched (reuse.py)
+    serialize_s: float = 0.0  # pickling and fingerprinting, in this thread, while writes ran behind
+    write_wait_s: float = 0.0  # then waiting for the last writes to be durable
 
 
 def _span(view: memoryview) -> tuple[int, int] | None:
@@ -173,6 +178,7 @@ def persist_image(
     """
     writer = _Writer(store, known_fingerprints(previous), on_written)
     groups: list[dict[str, Any]] = []
+    started = time.perf_counter()
     try:
         for g in image.iter_groups():
             buffers = []
@@ -189,17 +195,27 @@ def persist_image(
                 "buffers": buffers,
             })
         writer.capture_done()
+        serialized = time.perf_counter()
     finally:
         writer.finish()
+    writer.stats.serialize_s = round(serialized - started, 4)
+    writer.stats.write_wait_s = round(time.perf_counter() - serialized, 4)
+    writer.stats.groups_written = sum(1 for g in groups if g["names"] != [EXTRAS_NAME])
+    writer.stats.groups_reused = len(image.reused)
+    for record in image.reused:  # named again as they are: nothing pickled, hashed or written
+        refs = [record["pickle"], *(c for b in record["buffers"] for c in b["chunks"])]
+        writer.stats.bytes_total += sum(ref["size"] for ref in refs)
+        writer.stats.objects_reused += len(refs)
+        groups.append(record)
     objects: dict[str, int] = {}
     variables: dict[str, Any] = {}
-    for index, (record, g) in enumerate(zip(groups, image.groups)):
+    for index, record in enumerate(groups):
         size = record["pickle"]["size"] + sum(b["size"] for b in record["buffers"])
         for ref in [record["pickle"], *(c for b in record["buffers"] for c in b["chunks"])]:
             objects[ref["id"]] = ref["size"]
-        for name in g.names:
+        for name in record["names"]:
             if name != EXTRAS_NAME:
-                variables[name] = {"type": g.types[name], "group": index, "size": size}
+                variables[name] = {"type": record["types"][name], "group": index, "size": size}
     kernel = {"groups": groups, "variables": variables, "imports": image.imports, "skipped": image.skipped}
     if image.changed:
         kernel["changed"] = image.changed  # saved, but not as they were: name -> why

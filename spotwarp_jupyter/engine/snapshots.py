@@ -22,6 +22,7 @@ from .leases import Lease, WriteLease
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
+from .reuse import ReusePlan, StaleBaseline
 from .scope import signing_scope
 from .settings import Settings
 from .store import Store
@@ -162,6 +163,8 @@ class SnapshotEngine:
         options: CaptureOptions | None = None,
         extras: Mapping[str, Any] | None = None,
         requests: list[str] | None = None,
+        reuse: ReusePlan | None = None,
+        stats: dict[str, Any] | None = None,
     ) -> Manifest:
         """Capture and commit the variables of `namespace` as one snapshot, synchronously.
 
@@ -171,8 +174,8 @@ class SnapshotEngine:
         from .pickling import main_namespace
 
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
-            image = capture_namespace(namespace, hidden, options, extras, lazy=True)
-            return self.commit_image(image, notebook, message, started=started, requests=requests)
+            image = capture_namespace(namespace, hidden, options, extras, lazy=True, reuse=reuse)
+            return self.commit_image(image, notebook, message, started=started, stats=stats, requests=requests)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
@@ -183,6 +186,7 @@ class SnapshotEngine:
         with self._lock, self.writing() as lease:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
+            dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects, requests=list(requests or []))
@@ -192,12 +196,39 @@ class SnapshotEngine:
                 "bytes_written": pstats.bytes_written,
                 "objects_written": pstats.objects_written,
                 "objects_reused": pstats.objects_reused,
+                "groups_written": pstats.groups_written,
+                "groups_reused": pstats.groups_reused,
+                "serialize_s": pstats.serialize_s,
+                "write_wait_s": pstats.write_wait_s,
                 "variables": len(kernel["variables"]),
                 "skipped": len(kernel["skipped"]),
                 **(stats or {}),
+                **({"full_reason": dropped} if dropped else {}),
             }
             manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
             return self.commit_manifest(manifest)
+
+    def _check_reuse_base(self, image: KernelImage, previous: list[Manifest], notebook: str) -> str | None:
+        """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
+
+        The newest may be a project snapshot naming the very same kernel record (the server's periodic
+        backups copy it). An image already serialized against an older base (staged before a fork) keeps
+        it if every object it reuses is still stored.
+        """
+        if image.reuse is None:
+            return None
+        newest = previous[0] if previous else None
+        if newest is not None and (newest.id == image.reuse.base_id
+                                   or (newest.kernels.get(notebook) or {}).get("groups") == image.reuse.groups):
+            return None
+        if not image.reuse_applied:
+            base, image.reuse = image.reuse.base_id, None
+            return f"snapshot {base} is not this notebook's newest state any more"
+        refs = {ref["id"] for g in image.reused for ref in [g["pickle"], *(c for b in g["buffers"] for c in b["chunks"])]}
+        if refs - self.store.present(refs):
+            raise StaleBaseline(f"snapshot {image.reuse.base_id} is no longer this notebook's newest and some of its "
+                                "objects are gone: the next snapshot will be a full one")
+        return None
 
     def commit_manifest(self, manifest: Manifest) -> Manifest:
         """Commit: write the manifest (signed when a key is set) after every object it names is stored.

@@ -5,6 +5,7 @@ from __future__ import annotations
 from .. import safepoints
 from ..training import register_state_providers
 from ..training.resumable import on_resume as resume_hooks
+from . import access_hook
 from . import comm as comm_target
 from . import notices
 from . import session as session_module
@@ -22,6 +23,7 @@ def load_ipython_extension(ipython) -> None:
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     safepoints.set_handler(magics.session.at_safe_point)
+    access_hook.install(ipython, magics.session.access)  # which variables each cell can touch
     ipython.events.register("post_run_cell", _post_run_cell)
     comm_target.register()
     notices.install(ipython)  # preemption notices reach the kernel even while a cell runs
@@ -61,7 +63,11 @@ def _show_widget(magics: SpotWarpMagics) -> None:
 
 
 def _post_run_cell(result) -> None:
-    safepoints.reached("cell")
+    session = session_module._current
+    if session is None:
+        safepoints.reached("cell")
+        return
+    access_hook.cell_finished(session.access, lambda: safepoints.reached("cell"))
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -76,6 +82,7 @@ def unload_ipython_extension(ipython) -> None:
     except ValueError:
         pass
     safepoints.set_handler(None)
+    access_hook.uninstall(ipython)
     comm_target.unregister()
     notices.uninstall(ipython)
     session_module.set_current(None)

@@ -161,13 +161,14 @@ class SpotWarpMagics(Magics):
 
     @magic_arguments()
     @argument("-m", "--message", help="a note stored with the snapshot")
+    @argument("--full", action="store_true", help="serialize every variable again (see docs/incremental.md)")
     def _snapshot(self, line):  # pragma: no cover - parser holder
         """%spotwarp snapshot: take a snapshot now."""
 
     def _do_snapshot(self, rest: str):
         args = parse_argstring(self._snapshot, rest)
         started = time.perf_counter()
-        manifest = self.session.snapshot(_unquote(args.message))
+        manifest = self.session.snapshot(_unquote(args.message), full=args.full)
         took = time.perf_counter() - started
         skipped, changed = self.session.skipped(), self.session.changed()
         print(f"SpotWarp snapshot {manifest.id}: {format_size(manifest.size)}, "

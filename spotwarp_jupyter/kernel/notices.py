@@ -67,6 +67,8 @@ def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
             session.at_safe_point(where, reasons)
             return
         safepoints.set_handler(session.at_safe_point)  # one safe point only
+        if where == "step":
+            _abandon_in_flight(session, deadline)
         started = start(where, reasons)
         while time.time() < deadline:
             _lift_priority(session)
@@ -88,10 +90,21 @@ def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
     safepoints.set_handler(at_safe_point)
 
 
+def _abandon_in_flight(session: Any, deadline: float) -> None:
+    """Mid-training, a snapshot still being written holds state older than this step: every step since has
+    changed what it is writing, so the notice's snapshot writes it all again anyway. Stop it (the snapshot
+    before it stays the newest committed) rather than wait for it first."""
+    job = session.in_flight
+    if job is None or job.pid is None:
+        return
+    job.kill()
+    session.wait_in_flight(timeout=max(0.0, min(5.0, deadline - time.time())))
+
+
 def _lift_priority(session: Any) -> None:
     """The writer runs below the kernel's priority so training keeps the CPU; on a notice it should not."""
     job = session.in_flight
-    if job is None:
+    if job is None or job.pid is None:  # none, or a writer thread of this very process
         return
     try:
         os.setpriority(os.PRIO_PROCESS, job.pid, os.getpriority(os.PRIO_PROCESS, 0))

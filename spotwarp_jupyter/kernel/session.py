@@ -8,13 +8,23 @@ from __future__ import annotations
 import os
 import threading
 import time
+import warnings
 from typing import Any, Callable, Mapping
 
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
-from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
+from ..engine.access import AccessTracker
+from ..engine.background import (
+    BackgroundSnapshot,
+    fork_unavailable_reason,
+    release_pages,
+    start_background,
+    start_in_thread,
+)
+from ..engine.capture import select_variables
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
+from ..engine.reuse import Baseline, ReusePlan, StaleBaseline, plan_reuse
 from .policy import Policy
 from .retention import Pruner
 
@@ -23,6 +33,28 @@ StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
 STATE_PROVIDERS: dict[str, StateProvider] = {}
 
 _current: "KernelSession | None" = None
+DEFAULT_FULL_EVERY = 20
+
+
+def full_every(env: Mapping[str, str] | None = None) -> int:
+    """Every how many snapshots one is a full pass regardless of tracking (`SPOTWARP_FULL_EVERY`; 0: never)."""
+    text = ((os.environ if env is None else env).get("SPOTWARP_FULL_EVERY") or "").strip()
+    if not text:
+        return DEFAULT_FULL_EVERY
+    try:
+        return max(0, int(text))
+    except ValueError:  # a bad setting must not stop the extension from loading: say so, keep the default
+        warnings.warn(f"SPOTWARP_FULL_EVERY={text!r} is not a whole number of snapshots (0: never); "
+                      f"using {DEFAULT_FULL_EVERY}", stacklevel=2)
+        return DEFAULT_FULL_EVERY
+
+
+_SCALARS = (int, float, complex, bool, type(None))
+
+
+def _small_scalar(value: Any) -> bool:
+    """A value pickled in microseconds, whatever it is bound to (numbers, short strings)."""
+    return type(value) in _SCALARS or (type(value) in (str, bytes) and len(value) <= 65536)
 
 
 def notebook_name(env: Mapping[str, str] | None = None) -> str:
@@ -82,6 +114,11 @@ class KernelSession:
         self.started_at = time.time()
         self._engine: SnapshotEngine | None = None
         self.pruner = Pruner()  # --keep, off the user's cell
+        self.access = AccessTracker()  # fed each cell's code by the extension (kernel/extension.py)
+        self.full_every = full_every()
+        self._baseline: Baseline | None = None  # our last committed snapshot, for groups no code touched since
+        self._since_full = 0
+        self._planned: tuple[Any, dict[str, int], CaptureOptions, bool] | None = None
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
@@ -103,6 +140,7 @@ class KernelSession:
         )
         engine = SnapshotEngine(settings)
         self.settings, self._engine = settings, engine
+        self._baseline = None
 
     def capture_options(self) -> CaptureOptions:
         return CaptureOptions(include=self.policy.include, exclude=self.policy.exclude,
@@ -114,20 +152,54 @@ class KernelSession:
             out[name] = capture()
         return out
 
-    def snapshot(self, message: str | None = None, requests: list[str] | None = None) -> Manifest:
-        """A synchronous snapshot of this kernel's variables (waits for one in flight first)."""
+    def _plan(self, options: CaptureOptions, full: bool) -> tuple[ReusePlan | None, dict[str, Any]]:
+        """What the next snapshot may reuse (engine/reuse.py), and the stats saying why it is full if so."""
+        mark, touched, why = self.access.begin()
+        if full:
+            why = why or "a full snapshot was asked for"
+        elif self.full_every and self._since_full + 1 >= self.full_every:
+            why = why or f"one snapshot in {self.full_every} is a full pass (SPOTWARP_FULL_EVERY)"
+        plan, why = plan_reuse(self._baseline, touched, why, options)
+        ids = {name: id(value) for name, value in self.namespace.items()}
+        self._planned = (mark, ids, options, plan is None)
+        return plan, ({"full_reason": why} if why else {})
+
+    def _remember(self, manifest: Manifest) -> None:
+        """A snapshot this kernel planned is committed: it is the baseline of the next one."""
+        planned, self._planned = self._planned, None
+        record = manifest.kernels.get(self.notebook)
+        if planned is None or record is None:
+            self._baseline = None
+            return
+        mark, ids, options, full = planned
+        self._baseline = Baseline(manifest.id, record, ids, options)
+        self.access.committed(mark)
+        self._since_full = 0 if full else self._since_full + 1
+
+    def snapshot(self, message: str | None = None, requests: list[str] | None = None,
+                 full: bool = False) -> Manifest:
+        """A synchronous snapshot of this kernel's variables (waits for one in flight first).
+
+        `full`: serialize every variable, reusing nothing of the previous snapshot (engine/reuse.py).
+        """
         self.wait_in_flight()
         with self._lock:
             started = time.perf_counter()
+            options = self.capture_options()
+            plan, stats = self._plan(options, full)
             try:
                 manifest = self.engine.snapshot_kernel(
-                    self.namespace, self.notebook, message, self.hidden, self.capture_options(), self.extras(),
-                    requests=requests)
+                    self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats,
+                    requests=requests,
+                )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
+                if isinstance(exc, StaleBaseline):
+                    self._baseline = None
                 raise
             self.last_pause_s = time.perf_counter() - started
             manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
+            self._remember(manifest)
             self._committed(manifest)
             return manifest
 
@@ -146,19 +218,31 @@ class KernelSession:
             started = time.perf_counter()
             self.last_started_at = time.time()
             self._flight_done.clear()
+            options = self.capture_options()
+            plan, stats = self._plan(options, full=False)
 
             def commit(image):
-                return engine.commit_image(image, notebook, message, started=started, stats={"mode": "background"},
-                                           on_written=release_pages, requests=requests)
+                return engine.commit_image(image, notebook, message, started=started,
+                                           stats={"mode": "background", **stats}, on_written=release_pages, requests=requests)
 
+            start = start_in_thread if self._little_left(plan, options) else start_background
             try:
-                self.in_flight = start_background(commit, self.namespace, self.hidden, self.capture_options(),
-                                                  self.extras, on_done=self._background_done)
+                self.in_flight = start(commit, self.namespace, self.hidden, options,
+                                       self.extras, on_done=self._background_done, reuse=plan)
             except BaseException:
                 self._flight_done.set()
                 raise
             self.last_pause_s = self.in_flight.pause_s
             return self.in_flight
+
+    def _little_left(self, plan: ReusePlan | None, options: CaptureOptions) -> bool:
+        """Whether the plan leaves only small scalars to serialize (then no fork: a writer thread is cheaper)."""
+        if plan is None:
+            return False
+        values, _imports, _skipped = select_variables(self.namespace, self.hidden, options)
+        reused, _changed = plan.split(values)
+        taken = {n for g in reused for n in g["names"]}
+        return all(_small_scalar(v) for n, v in values.items() if n not in taken)
 
     def _background_done(self, job: BackgroundSnapshot) -> None:
         """Runs in the reaper thread once the child has exited."""
@@ -167,9 +251,12 @@ class KernelSession:
             if result is not None and result.ok and result.snapshot_id:
                 manifest = self.engine.get(result.snapshot_id)
                 manifest.stats["pause_s"] = round(job.pause_s, 4)
+                self._remember(manifest)
                 self._committed(manifest)
             else:
                 self.last_error = (result.error if result else None) or "background snapshot failed"
+                if self.last_error.startswith(StaleBaseline.__name__):
+                    self._baseline = None
         except Exception as exc:  # noqa: BLE001 - a reaper thread must not die silently
             self.last_error = f"{type(exc).__name__}: {exc}"
         finally:
@@ -244,6 +331,7 @@ class KernelSession:
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest()
             manifest, result = self.engine.restore_kernel(ref, self.namespace, self.notebook, variables)
+            self._baseline = self._planned = None  # restored values are new objects: the next snapshot is full
             if variables is None:
                 for name, state in (result.extras or {}).items():
                     provider = STATE_PROVIDERS.get(name)
