@@ -13,7 +13,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Iterable
 
 from .errors import DamagedObjectError, StorageError
-from .hashing import Buffer, is_object_id, object_id
+from .hashing import Buffer, is_object_id, object_hasher, object_id
 from .retries import modified
 
 # On S3, objects above this size go up as multipart uploads in parts of PART_SIZE, sent in parallel.
@@ -25,6 +25,8 @@ ASK_BEFORE_UPLOAD = 8 * 1024 * 1024
 # On GCS, objects from this size up go as resumable uploads in chunks of GCS_CHUNK_SIZE (a multiple of 256 KiB).
 GCS_RESUMABLE_THRESHOLD = 1024 * 1024
 GCS_CHUNK_SIZE = 8 * 1024 * 1024
+# Local reads go in pieces this size, each hashed right after it lands (while the CPU's cache holds it).
+READ_PIECE = 2 * 1024 * 1024
 
 
 class ObjectIO:
@@ -150,18 +152,14 @@ class ObjectIO:
         path = self.object_path(oid)
         try:
             if self.local:
-                with open(path, "rb") as f:
-                    got = f.readinto(target)
-                    extra = f.read(1)
-                if got != target.nbytes or extra:
-                    raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
-            else:
-                data = self._call("reading an object", self.fs.cat_file, path)
-                if len(data) != target.nbytes:
-                    raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
-                target[:] = data
+                _read_local_checked(oid, path, target)
+                return
+            data = self._call("reading an object", self.fs.cat_file, path)
         except FileNotFoundError:
             raise DamagedObjectError(oid, "missing from storage") from None
+        if len(data) != target.nbytes:
+            raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
+        target[:] = data
         check_content(oid, target, target.nbytes)
 
     def list_objects_with_times(self) -> dict[str, tuple[int, float | None]]:
@@ -184,6 +182,25 @@ class ObjectIO:
             self._call("deleting an object", self.fs.rm, self.object_path(oid))
         except FileNotFoundError:
             pass  # already gone: another gc got there first
+
+
+def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
+    """Read a local object into `target` piece by piece, hashing each piece while it is still in cache."""
+    hasher = object_hasher()
+    got = 0
+    with open(path, "rb", buffering=0) as f:
+        while got < target.nbytes:
+            piece = target[got:got + READ_PIECE]
+            n = f.readinto(piece)
+            if not n:
+                break
+            hasher.update(piece[:n])
+            got += n
+        extra = f.read(1)
+    if got != target.nbytes or extra:
+        raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
+    if hasher.hexdigest() != oid:
+        raise DamagedObjectError(oid, "content does not match its hash")
 
 
 def check_content(oid: str, data: Buffer, size: int | None) -> None:
