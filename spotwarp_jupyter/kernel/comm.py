@@ -36,7 +36,7 @@ def _restore(data: dict[str, Any]) -> dict[str, Any]:
     variables = data.get("variables")
     if not isinstance(ref, str) or (variables is not None and not isinstance(variables, list)):
         raise ValueError("restore takes a snapshot id and an optional list of variable names")
-    manifest, result = session.restore(ref, variables)
+    manifest, result = session.restore(ref, variables, wait=True)  # the answer names every variable
     return {"id": manifest.id, "notebook": session.notebook, "restored": result.restored,
             "warnings": result.warnings}
 

@@ -23,6 +23,7 @@ def load_ipython_extension(ipython) -> None:
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     safepoints.set_handler(magics.session.at_safe_point)
     ipython.events.register("post_run_cell", _post_run_cell)
+    ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
     notices.install(ipython)  # preemption notices reach the kernel even while a cell runs
     if notices.training_resumed not in resume_hooks:
@@ -64,6 +65,21 @@ def _post_run_cell(result) -> None:
     safepoints.reached("cell")
 
 
+def _pre_run_cell(info) -> None:
+    """A restore's large variables: bound as they arrive; a cell that may use one still loading waits for it."""
+    session = session_module._current
+    if session is None or session.loading is None:
+        return
+    raw = getattr(info, "raw_cell", "") or ""
+    try:
+        from IPython import get_ipython
+
+        code = get_ipython().transform_cell(raw)
+    except Exception:  # noqa: BLE001 - not transformable: wait for everything
+        code = "globals()"
+    session.before_cell(code, raw)
+
+
 def unload_ipython_extension(ipython) -> None:
     """Remove the magic and hooks; snapshots already committed stay in storage."""
     magics = _loaded.pop(id(ipython), None)
@@ -71,10 +87,11 @@ def unload_ipython_extension(ipython) -> None:
         return
     ipython.magics_manager.magics["line"].pop("spotwarp", None)
     ipython.magics_manager.registry.pop(type(magics).__name__, None)
-    try:
-        ipython.events.unregister("post_run_cell", _post_run_cell)
-    except ValueError:
-        pass
+    for event, hook in (("post_run_cell", _post_run_cell), ("pre_run_cell", _pre_run_cell)):
+        try:
+            ipython.events.unregister(event, hook)
+        except ValueError:
+            pass
     safepoints.set_handler(None)
     comm_target.unregister()
     notices.uninstall(ipython)

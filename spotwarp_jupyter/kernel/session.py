@@ -6,6 +6,7 @@ Magics, the Python API, the widget and the server's requests all go through one 
 from __future__ import annotations
 
 import os
+import sys
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -15,6 +16,8 @@ from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWar
 from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
+from ..engine.restore_background import BackgroundLoad
+from .cell_names import looks_only, may_touch
 from .policy import Policy
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -68,6 +71,7 @@ class KernelSession:
         self.notebook = notebook or notebook_name()
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, RestoreResult] | None = None
+        self.loading: BackgroundLoad | None = None  # large variables of the last restore, still arriving
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
         self.last_started_at: float | None = None
@@ -112,8 +116,9 @@ class KernelSession:
         return out
 
     def snapshot(self, message: str | None = None) -> Manifest:
-        """A synchronous snapshot of this kernel's variables (waits for one in flight first)."""
+        """A synchronous snapshot of this kernel's variables (waits for one in flight, and for a restore, first)."""
         self.wait_in_flight()
+        self.finish_loading()
         with self._lock:
             started = time.perf_counter()
             try:
@@ -209,6 +214,10 @@ class KernelSession:
             return
         if not self.due(reasons, cell_end=where == "cell"):
             return
+        if self.loading is not None:
+            if not reasons:
+                return  # the state being restored is stored already: the timer waits for the restore to end
+            self.finish_loading()  # asked for (a preemption notice): the snapshot must hold every variable
         if self.in_flight is not None:
             self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
             return
@@ -225,19 +234,55 @@ class KernelSession:
         if self.policy.keep:
             self.engine.gc(self.policy.keep)
 
-    def restore(self, ref: str = "latest", variables: list[str] | None = None) -> tuple[Manifest, RestoreResult]:
-        """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore."""
+    def restore(self, ref: str = "latest", variables: list[str] | None = None,
+                wait: bool = False) -> tuple[Manifest, RestoreResult]:
+        """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore.
+
+        Small variables are bound before this returns; large ones arrive behind them (`wait` waits for
+        them too): a cell that may use one waits for it (`before_cell`).
+        """
         with self._lock:
+            self.finish_loading()
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest()
-            manifest, result = self.engine.restore_kernel(ref, self.namespace, self.notebook, variables)
+            manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables)
             if variables is None:
                 for name, state in (result.extras or {}).items():
                     provider = STATE_PROVIDERS.get(name)
                     if provider is not None:
                         provider[1](state)
             self.last_restore = (manifest, result)
+            self.loading = load
+            if wait:
+                self.finish_loading()
             return manifest, result
+
+    def before_cell(self, code: str, raw_cell: str = "") -> None:
+        """Before a cell runs: bind the large variables loaded so far; wait for the rest if the cell may use them."""
+        load = self.loading
+        if load is None:
+            return
+        if not load.done.is_set() and not looks_only(raw_cell) and may_touch(code, self.namespace, load.pending()):
+            load.wait()
+        self._bind_loaded()
+
+    def finish_loading(self) -> None:
+        """Wait for a restore's large variables and bind them (a snapshot must never miss them)."""
+        if self.loading is not None:
+            self.loading.wait()
+            self._bind_loaded()
+
+    def _bind_loaded(self) -> None:
+        load = self.loading
+        if load is None:
+            return
+        load.bind_ready(self.namespace)
+        report = load.failure_report()
+        if report:
+            self.last_error = report
+            print(report, file=sys.stderr)
+        if load.finished():
+            self.loading = None
 
     def _refuse_another_notebooks_latest(self) -> None:
         """`latest` means this notebook's newest snapshot: never another notebook's state, silently."""
@@ -293,4 +338,16 @@ class KernelSession:
             "skipped": self.skipped(),
             "changed": self.changed(),
             "last_error": self.last_error,
+            "restore": self._restore_status(),
         }
+
+    def _restore_status(self) -> dict[str, Any] | None:
+        if self.last_restore is None:
+            return None
+        manifest, result = self.last_restore
+        return {"id": manifest.id, "usable_s": _rounded(result.usable_s), "complete_s": _rounded(result.complete_s),
+                "loading": list(result.loading), "failed": dict(result.failed)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
