@@ -57,7 +57,9 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
         wanted = sorted({provider[v] for v in variables})
         if EXTRAS_NAME in provider:
             wanted.append(provider[EXTRAS_NAME])
+    # smallest first: their reads finish early and unpickling them (CPU) overlaps the large reads (I/O);
     # definitions a group refers to by name come first (topological order, cycles tolerated)
+    wanted.sort(key=lambda i: group_bytes(groups[i]))
     order: list[int] = []
     state: dict[int, int] = {}
 
@@ -103,37 +105,46 @@ class GroupRead:
 
     group: dict[str, Any]
     data: Future
-    buffers: list[Any]
-    chunks: list[Future]
+    buffers: list[Future]  # each: (buffer, futures of its chunks' reads)
 
     def result(self) -> tuple[bytes, list[Any], int]:
         """Wait for every object; raise the first failure (a DamagedObjectError or StorageError)."""
-        for f in self.chunks:
-            f.result()
+        targets = []
+        for f in self.buffers:
+            target, chunks = f.result()
+            for chunk in chunks:
+                chunk.result()
+            targets.append(target)
         data = self.data.result()
-        return data, self.buffers, len(data) + sum(len(b) for b in self.buffers)
+        return data, targets, len(data) + sum(len(b) for b in targets)
 
     def cancel(self) -> None:
         """Drop reads not started yet (after a failure elsewhere, or when the restore is abandoned)."""
-        for f in (self.data, *self.chunks):
-            f.cancel()
+        self.data.cancel()
+        for f in self.buffers:
+            if not f.cancel() and f.done() and not f.exception():
+                for chunk in f.result()[1]:
+                    chunk.cancel()
+
+
+def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[Any, list[Future]]:
+    """Allocate one buffer (in a pool thread: populating pages costs CPU) and queue its chunks' reads."""
+    target = _allocate(buf["size"])
+    view = memoryview(target)
+    chunks = []
+    offset = 0
+    for chunk in buf["chunks"]:
+        chunks.append(pool.submit(store.read_object_into, chunk["id"], view[offset:offset + chunk["size"]]))
+        offset += chunk["size"]
+    return target, chunks
 
 
 def start_read(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> GroupRead:
-    """Allocate a group's buffers and queue the reads of its objects; returns at once."""
+    """Queue the reads of a group's objects (its buffers are allocated by the pool too); returns at once."""
     ref = group["pickle"]
     data = pool.submit(store.read_object, ref["id"], ref["size"])
-    buffers: list[Any] = []
-    chunks = []
-    for buf in group.get("buffers", []):
-        target = _allocate(buf["size"])
-        view = memoryview(target)
-        offset = 0
-        for chunk in buf["chunks"]:
-            chunks.append(pool.submit(store.read_object_into, chunk["id"], view[offset:offset + chunk["size"]]))
-            offset += chunk["size"]
-        buffers.append(target)
-    return GroupRead(group, data, buffers, chunks)
+    buffers = [pool.submit(_fill, store, buf, pool) for buf in group.get("buffers", [])]
+    return GroupRead(group, data, buffers)
 
 
 def read_pool(store: Store) -> ThreadPoolExecutor:
