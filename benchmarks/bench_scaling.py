@@ -42,7 +42,11 @@ from spotwarp_jupyter.engine import Settings, SnapshotEngine
 engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]), create=False)
 ns = {}
 started = time.perf_counter()
-_m, result, load = engine.restore_kernel_progressive("latest", ns)
+if hasattr(engine, "restore_kernel_progressive"):
+    _m, result, load = engine.restore_kernel_progressive("latest", ns)
+else:  # an engine from before progressive restores: usable only once complete
+    engine.restore_kernel("latest", ns)
+    load = None
 usable = time.perf_counter() - started
 if load is not None:
     load.wait()
