@@ -15,7 +15,7 @@ import pytest
 
 import gated_fs
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
-from spotwarp_jupyter.kernel.cell_names import looks_only, may_touch
+from spotwarp_jupyter.kernel.cell_names import after_restore, looks_only, may_touch
 
 TESTS = str(Path(__file__).resolve().parent)
 BIG = 40_000_000  # bytes of the large array: over the 16 MiB a group may hold to be bound at once
@@ -87,6 +87,8 @@ def test_which_cells_wait():
     assert may_touch("print(globals()['big'])", ns, pending)
     assert may_touch("x = (", ns, pending), "code that does not tokenize"
     assert looks_only("%spotwarp status\n") and not looks_only("%spotwarp snapshot")
+    assert after_restore("%load_ext spotwarp\n%spotwarp restore latest\nx = big") == "x = big"
+    assert after_restore("import spotwarp\nspotwarp.restore()") == "" and after_restore("x = 1") == ""
 
 
 # -- real kernels ----------------------------------------------------------------------------------
@@ -124,7 +126,7 @@ def test_kernel_is_usable_while_the_large_variable_loads(start_kernel, tmp_path,
     os.mkfifo(fifo)
     b = start_kernel("host-b", SPOTWARP_STORAGE="gated://" + store_url, GATED_FS_FIFO=fifo,
                      PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
-    out = b.run("import gated_fs\n%load_ext spotwarp\n%spotwarp restore latest")
+    out = b.run("import gated_fs\n%load_ext spotwarp\n%spotwarp restore latest", timeout=60)
     assert "loading   big in the background" in out, out
     assert b.value("[n, words, n * 2]") == [5, ["a", "b"], 10]
     assert "still loading big" in b.run("%spotwarp status")
@@ -159,3 +161,20 @@ def test_kernel_reports_a_damaged_large_object_and_keeps_the_rest(start_kernel, 
     status = b.value("__import__('spotwarp_jupyter').kernel.session.current().status()['restore']")
     assert list(status["failed"]) == ["big"] and status["loading"] == []
     assert "big" in b.run("%spotwarp status")
+
+
+def test_code_after_the_restore_in_the_same_cell_gets_the_large_variable(start_kernel, tmp_path, store_url):
+    a = start_kernel("host-a")
+    a.run(MAKE)
+    a.close()
+    fifo = str(tmp_path / "gate")
+    os.mkfifo(fifo)
+    b = start_kernel("host-b", SPOTWARP_STORAGE="gated://" + store_url, GATED_FS_FIFO=fifo,
+                     PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    b.run("import gated_fs")
+    cell = b.kc.execute("%load_ext spotwarp\n%spotwarp restore latest\nlast = float(big[-1])")
+    assert _reply(b, cell, 1.0) is None, "the restore returned before the variable its own cell uses"
+    threading.Thread(target=gated_fs.open_gate, args=(fifo,), daemon=True).start()
+    reply = _reply(b, cell, 120)
+    assert reply is not None and reply["content"]["status"] == "ok", reply
+    assert b.value("last") == BIG // 8 - 1

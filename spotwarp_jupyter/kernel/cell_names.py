@@ -18,6 +18,8 @@ _ANY_NAME = frozenset({"globals", "vars", "locals", "dir", "eval", "exec", "get_
                        "__main__", "sys", "pickle", "dill", "spotwarp", "spotwarp_jupyter"})
 # `%spotwarp` lines that only look at the session (and the status that reports the loading)
 _LOOKS_ONLY = re.compile(r"^\s*%spotwarp(\s+(status|list|on|off|widget))?\s*$")
+# the line of a cell that starts a restore (the rest of the cell is what may need its variables)
+_RESTORE_LINE = re.compile(r"^\s*(%spotwarp\s+restore\b|.*\bspotwarp\.restore\s*\()")
 _DEPTH = 4
 
 
@@ -25,6 +27,13 @@ def looks_only(raw_cell: str) -> bool:
     """True for a cell of nothing but `%spotwarp status`-like lines (it never waits for a restore)."""
     lines = [ln for ln in raw_cell.splitlines() if ln.strip() and not ln.strip().startswith("#")]
     return bool(lines) and all(_LOOKS_ONLY.match(ln) for ln in lines)
+
+
+def after_restore(raw_cell: str) -> str:
+    """The lines of a cell after the (last) line that starts a restore: what runs once it returns."""
+    lines = raw_cell.splitlines()
+    starts = [i for i, ln in enumerate(lines) if _RESTORE_LINE.match(ln)]
+    return "\n".join(lines[starts[-1] + 1:]) if starts else ""
 
 
 def code_names(code: str) -> set[str] | None:

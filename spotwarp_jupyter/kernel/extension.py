@@ -22,6 +22,9 @@ def load_ipython_extension(ipython) -> None:
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     safepoints.set_handler(magics.session.at_safe_point)
+    magics.session.transform = ipython.transform_cell
+    if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
+        magics.session.running_cell = _cell_source(ipython)
     ipython.events.register("post_run_cell", _post_run_cell)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
@@ -47,6 +50,14 @@ def _in_a_cell(ipython) -> bool:
         return True
 
 
+def _cell_source(ipython) -> str | None:
+    """The source of the cell running now, from IPython's input history."""
+    try:
+        return ipython.history_manager.input_hist_raw[-1]
+    except Exception:  # noqa: BLE001 - no history: the restore then does not look at its cell
+        return None
+
+
 def _show_widget(magics: SpotWarpMagics) -> None:
     try:
         from IPython.display import display
@@ -62,19 +73,23 @@ def _show_widget(magics: SpotWarpMagics) -> None:
 
 
 def _post_run_cell(result) -> None:
+    session = session_module._current
+    if session is not None:
+        session.running_cell = None
     safepoints.reached("cell")
 
 
 def _pre_run_cell(info) -> None:
     """A restore's large variables: bound as they arrive; a cell that may use one still loading waits for it."""
     session = session_module._current
-    if session is None or session.loading is None:
+    if session is None:
         return
     raw = getattr(info, "raw_cell", "") or ""
+    session.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
+    if session.loading is None:
+        return
     try:
-        from IPython import get_ipython
-
-        code = get_ipython().transform_cell(raw)
+        code = session.transform(raw)
     except Exception:  # noqa: BLE001 - not transformable: wait for everything
         code = "globals()"
     session.before_cell(code, raw)

@@ -17,7 +17,7 @@ from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, rel
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from ..engine.restore_background import BackgroundLoad
-from .cell_names import looks_only, may_touch
+from .cell_names import after_restore, looks_only, may_touch
 from .policy import Policy
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -72,6 +72,8 @@ class KernelSession:
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, RestoreResult] | None = None
         self.loading: BackgroundLoad | None = None  # large variables of the last restore, still arriving
+        self.running_cell: str | None = None  # the source of the cell running now (set by the extension)
+        self.transform: Callable[[str], str] = lambda code: code  # IPython's cell transform (magics to Python)
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
         self.last_started_at: float | None = None
@@ -253,9 +255,22 @@ class KernelSession:
                         provider[1](state)
             self.last_restore = (manifest, result)
             self.loading = load
-            if wait:
+            if wait or (load is not None and self._rest_of_cell_needs(load)):
                 self.finish_loading()
             return manifest, result
+
+    def _rest_of_cell_needs(self, load: BackgroundLoad) -> bool:
+        """Whether the code after the restore, in the cell that runs it, may use a variable still loading."""
+        if not self.running_cell:
+            return False
+        rest = after_restore(self.running_cell)
+        if not rest.strip():
+            return False
+        try:
+            code = self.transform(rest)
+        except Exception:  # noqa: BLE001 - not transformable: assume it does
+            return True
+        return looks_only(rest) is False and may_touch(code, self.namespace, load.pending())
 
     def before_cell(self, code: str, raw_cell: str = "") -> None:
         """Before a cell runs: bind the large variables loaded so far; wait for the rest if the cell may use them."""
