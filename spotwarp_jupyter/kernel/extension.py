@@ -22,9 +22,9 @@ def load_ipython_extension(ipython) -> None:
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     safepoints.set_handler(magics.session.at_safe_point)
-    magics.session.transform = ipython.transform_cell
+    magics.session.arrivals.transform = ipython.transform_cell
     if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
-        magics.session.running_cell = _cell_source(ipython)
+        magics.session.arrivals.running_cell = _cell_source(ipython)
     ipython.events.register("post_run_cell", _post_run_cell)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
@@ -75,7 +75,7 @@ def _show_widget(magics: SpotWarpMagics) -> None:
 def _post_run_cell(result) -> None:
     session = session_module._current
     if session is not None:
-        session.running_cell = None
+        session.arrivals.running_cell = None
     safepoints.reached("cell")
 
 
@@ -84,15 +84,16 @@ def _pre_run_cell(info) -> None:
     session = session_module._current
     if session is None:
         return
+    arrivals = session.arrivals
     raw = getattr(info, "raw_cell", "") or ""
-    session.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
-    if session.loading is None:
+    arrivals.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
+    if arrivals.load is None:
         return
     try:
-        code = session.transform(raw)
+        code = arrivals.transform(raw)
     except Exception:  # noqa: BLE001 - not transformable: wait for everything
         code = "globals()"
-    session.before_cell(code, raw)
+    arrivals.before_cell(code, raw)
 
 
 def unload_ipython_extension(ipython) -> None:

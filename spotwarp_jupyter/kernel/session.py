@@ -6,7 +6,6 @@ Magics, the Python API, the widget and the server's requests all go through one 
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import time
 from typing import Any, Callable, Mapping
@@ -16,8 +15,7 @@ from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWar
 from ..engine.background import BackgroundSnapshot, fork_unavailable_reason, release_pages, start_background
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
-from ..engine.restore_background import BackgroundLoad
-from .cell_names import after_restore, looks_only, may_touch
+from .arrivals import Arrivals, restore_status
 from .policy import Policy
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -71,9 +69,7 @@ class KernelSession:
         self.notebook = notebook or notebook_name()
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, RestoreResult] | None = None
-        self.loading: BackgroundLoad | None = None  # large variables of the last restore, still arriving
-        self.running_cell: str | None = None  # the source of the cell running now (set by the extension)
-        self.transform: Callable[[str], str] = lambda code: code  # IPython's cell transform (magics to Python)
+        self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
         self.last_started_at: float | None = None
@@ -120,7 +116,7 @@ class KernelSession:
     def snapshot(self, message: str | None = None) -> Manifest:
         """A synchronous snapshot of this kernel's variables (waits for one in flight, and for a restore, first)."""
         self.wait_in_flight()
-        self.finish_loading()
+        self.arrivals.finish()
         with self._lock:
             started = time.perf_counter()
             try:
@@ -216,10 +212,10 @@ class KernelSession:
             return
         if not self.due(reasons, cell_end=where == "cell"):
             return
-        if self.loading is not None:
+        if self.arrivals.load is not None:
             if not reasons:
                 return  # the state being restored is stored already: the timer waits for the restore to end
-            self.finish_loading()  # asked for (a preemption notice): the snapshot must hold every variable
+            self.arrivals.finish()  # asked for (a preemption notice): the snapshot must hold every variable
         if self.in_flight is not None:
             self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
             return
@@ -240,11 +236,11 @@ class KernelSession:
                 wait: bool = False) -> tuple[Manifest, RestoreResult]:
         """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore.
 
-        Small variables are bound before this returns; large ones arrive behind them (`wait` waits for
-        them too): a cell that may use one waits for it (`before_cell`).
+        Small variables are bound before this returns; large ones arrive behind them (see arrivals.py),
+        unless `wait`, or the rest of the cell running the restore may use them.
         """
         with self._lock:
-            self.finish_loading()
+            self.arrivals.finish()
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest()
             manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables)
@@ -254,50 +250,10 @@ class KernelSession:
                     if provider is not None:
                         provider[1](state)
             self.last_restore = (manifest, result)
-            self.loading = load
-            if wait or (load is not None and self._rest_of_cell_needs(load)):
-                self.finish_loading()
+            self.arrivals.started(load)
+            if wait:
+                self.arrivals.finish()
             return manifest, result
-
-    def _rest_of_cell_needs(self, load: BackgroundLoad) -> bool:
-        """Whether the code after the restore, in the cell that runs it, may use a variable still loading."""
-        if not self.running_cell:
-            return False
-        rest = after_restore(self.running_cell)
-        if not rest.strip():
-            return False
-        try:
-            code = self.transform(rest)
-        except Exception:  # noqa: BLE001 - not transformable: assume it does
-            return True
-        return looks_only(rest) is False and may_touch(code, self.namespace, load.pending())
-
-    def before_cell(self, code: str, raw_cell: str = "") -> None:
-        """Before a cell runs: bind the large variables loaded so far; wait for the rest if the cell may use them."""
-        load = self.loading
-        if load is None:
-            return
-        if not load.done.is_set() and not looks_only(raw_cell) and may_touch(code, self.namespace, load.pending()):
-            load.wait()
-        self._bind_loaded()
-
-    def finish_loading(self) -> None:
-        """Wait for a restore's large variables and bind them (a snapshot must never miss them)."""
-        if self.loading is not None:
-            self.loading.wait()
-            self._bind_loaded()
-
-    def _bind_loaded(self) -> None:
-        load = self.loading
-        if load is None:
-            return
-        load.bind_ready(self.namespace)
-        report = load.failure_report()
-        if report:
-            self.last_error = report
-            print(report, file=sys.stderr)
-        if load.finished():
-            self.loading = None
 
     def _refuse_another_notebooks_latest(self) -> None:
         """`latest` means this notebook's newest snapshot: never another notebook's state, silently."""
@@ -353,16 +309,5 @@ class KernelSession:
             "skipped": self.skipped(),
             "changed": self.changed(),
             "last_error": self.last_error,
-            "restore": self._restore_status(),
+            "restore": restore_status(self.last_restore),
         }
-
-    def _restore_status(self) -> dict[str, Any] | None:
-        if self.last_restore is None:
-            return None
-        manifest, result = self.last_restore
-        return {"id": manifest.id, "usable_s": _rounded(result.usable_s), "complete_s": _rounded(result.complete_s),
-                "loading": list(result.loading), "failed": dict(result.failed)}
-
-
-def _rounded(value: float | None) -> float | None:
-    return None if value is None else round(value, 3)
