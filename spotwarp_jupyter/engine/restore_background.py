@@ -18,7 +18,8 @@ from . import pickling
 from .capture import EXTRAS_NAME
 from .errors import SpotWarpError
 from .restore import (
-    RestoreResult, _select_groups, change_notes, group_bytes, moved_notes, read_pool, restore_groups, start_read,
+    RestoreResult, _select_groups, change_notes, group_bytes, load_group, moved_notes, read_pool, restore_groups,
+    start_read,
 )
 from .store import Store
 
@@ -94,7 +95,7 @@ class BackgroundLoad:
             return
         try:
             data, buffers, n = read.result()
-            values = list(pickling.loads(read.group["codec"], data, buffers).items())
+            values = list(load_group(read.group, data, buffers).items())
         except Exception as exc:  # noqa: BLE001 - one group's failure leaves the others to load
             read.cancel()
             self._fail(names, str(exc) if isinstance(exc, SpotWarpError) else f"{type(exc).__name__}: {exc}")
