@@ -8,9 +8,17 @@
 2. The same snapshot restored with cuda:0 mapped to CPU, and in a child process that sees no GPU
    (CUDA_VISIBLE_DEVICES=""): tensors come back on CPU with the "restored to CPU" warning, same values.
 3. With two GPUs or more: cuda:0 restored onto cuda:1.
+4. Staging bandwidth: the engine's device-to-host staging of --staging-mb of CUDA tensors (what a kernel
+   using CUDA pauses for at each background snapshot: capture_namespace, which copies every tensor to
+   host memory) as a ratio to the plain reference, `tensor.to('cpu', non_blocking=True)` into pinned
+   memory with one synchronize at the end; also a pageable `.to('cpu')` loop, and the way back
+   (a restore onto the GPU) against pinned host-to-device copies.
 
-Prints one line per check and a small timing table; exits 1 if a check fails. On a host without CUDA it
-says so and exits 0: there is nothing to check there (the CPU side is covered by tests/test_torch_state.py).
+Prints one line per check and a table; `--json` also prints the figures as one JSON object. Exits 1 if a
+check fails. On a host without CUDA it says "no CUDA device" and exits 0: there is nothing to check there
+(the CPU side is covered by tests/test_torch_state.py). Runs in 1-3 minutes on one GPU.
+
+    python benchmarks/gpu_check.py --json
 """
 
 from __future__ import annotations
@@ -74,16 +82,16 @@ def _steps(torch, model, opt, sched, x, y, n: int) -> list[float]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--params", type=int, default=20_000_000, help="model size in parameters")
+    parser.add_argument("--staging-mb", type=int, default=2048, help="MB of CUDA tensors for the staging figures")
+    parser.add_argument("--reps", type=int, default=3, help="repetitions of each staging figure (median)")
+    parser.add_argument("--json", action="store_true", help="also print the figures as one JSON object")
     args = parser.parse_args()
     try:
         import torch
     except ImportError:
-        print("gpu_check: no CUDA device (torch is not installed); nothing to check on this host")
-        return 0
+        return _no_cuda("torch is not installed", args.json)
     if not torch.cuda.is_available():
-        print(f"gpu_check: no CUDA device (torch {torch.__version__}, CUDA build {torch.version.cuda}); "
-              "nothing to check on this host")
-        return 0
+        return _no_cuda(f"torch {torch.__version__}, CUDA build {torch.version.cuda}", args.json)
 
     from spotwarp_jupyter.engine import Settings, SnapshotEngine
     from spotwarp_jupyter.training import capture_rng, restore_rng
@@ -173,8 +181,94 @@ def main() -> int:
     print()
     print(f"{'state':>12} {'snapshot':>10} {'restore':>10}   (model {nbytes / 1e6:.0f} MB on GPU, snapshot {size / 1e6:.0f} MB)")
     print(f"{'GPU->store':>12} {snapshot_s:>9.2f}s {restore_s:>9.2f}s")
+    del ns, cpu_params, params, model, opt, sched, twin
+    torch.cuda.empty_cache()
+    staging = staging_figures(torch, args.staging_mb << 20, args.reps)
+    print_staging(staging)
     print(f"\ngpu_check: {'all checks passed' if not failures else 'FAILED: ' + ', '.join(failures)}")
+    if args.json:
+        print(json.dumps({"cuda": True, "devices": [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())],
+                          "torch": torch.__version__, "checks_failed": failures, "snapshot_s": snapshot_s,
+                          "restore_s": restore_s, "model_bytes": nbytes, "staging": staging}, indent=2))
     return 1 if failures else 0
+
+
+def _no_cuda(why: str, as_json: bool) -> int:
+    print(f"gpu_check: no CUDA device ({why}); nothing to check on this host")
+    if as_json:
+        print(json.dumps({"cuda": False, "reason": why}))
+    return 0
+
+
+def _median_time(torch, fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        torch.cuda.synchronize()
+        started = time.perf_counter()
+        fn()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
+
+
+def staging_figures(torch, nbytes: int, reps: int) -> dict:
+    """Device-to-host staging (the engine's, and plain copies) and host-to-device restore, in GB/s and as ratios."""
+    from spotwarp_jupyter.engine.capture import capture_namespace
+    from spotwarp_jupyter.engine.restore import _allocate
+
+    per = 64 << 20  # tensors of 64 MiB, as a model's layers and optimizer states come
+    tensors = [torch.rand(per // 4, device="cuda:0") for _ in range(max(1, nbytes // per))]
+    total = sum(t.numel() * t.element_size() for t in tensors)
+    pinned = [torch.empty(t.shape, dtype=t.dtype, pin_memory=True) for t in tensors]
+
+    def pinned_copy() -> None:
+        for src, dst in zip(tensors, pinned):
+            dst.copy_(src, non_blocking=True)
+
+    def to_cpu_nonblocking() -> None:
+        [t.to("cpu", non_blocking=True) for t in tensors]
+
+    def pageable() -> None:
+        [t.to("cpu") for t in tensors]
+
+    ns = {f"t{i}": t for i, t in enumerate(tensors)}
+
+    def engine_staging() -> None:
+        capture_namespace(ns)  # serializes every group: each CUDA tensor is staged to host memory
+
+    host = [torch.frombuffer(memoryview(_allocate(per)), dtype=torch.float32) for _ in tensors]
+
+    def pinned_upload() -> None:
+        for src, dst in zip(pinned, tensors):
+            dst.copy_(src, non_blocking=True)
+
+    def restore_upload() -> None:  # what a restore does: a tensor rebuilt over freshly read host memory, then .to(device)
+        [h.to("cuda:0") for h in host]
+
+    seconds = {name: _median_time(torch, fn, reps) for name, fn in (
+        ("pinned_d2h", pinned_copy), ("to_cpu_non_blocking", to_cpu_nonblocking), ("pageable_d2h", pageable),
+        ("engine_staging", engine_staging), ("pinned_h2d", pinned_upload), ("restore_h2d", restore_upload))}
+    gbps = {name: total / s / 1e9 for name, s in seconds.items()}
+    return {"bytes": total, "seconds": seconds, "gb_per_s": gbps,
+            "engine_staging_vs_pinned": gbps["engine_staging"] / gbps["pinned_d2h"],
+            "pageable_vs_pinned": gbps["pageable_d2h"] / gbps["pinned_d2h"],
+            "to_cpu_non_blocking_vs_pinned": gbps["to_cpu_non_blocking"] / gbps["pinned_d2h"],
+            "restore_h2d_vs_pinned": gbps["restore_h2d"] / gbps["pinned_h2d"]}
+
+
+def print_staging(f: dict) -> None:
+    g, s = f["gb_per_s"], f["seconds"]
+    print(f"\nstaging {f['bytes'] / 1e9:.2f} GB of CUDA tensors (median of runs)")
+    rows = [
+        ("D2H reference: copy_ into pinned, non_blocking", "pinned_d2h", "1.00x"),
+        ("D2H tensor.to('cpu', non_blocking=True)", "to_cpu_non_blocking", f"{f['to_cpu_non_blocking_vs_pinned']:.2f}x"),
+        ("D2H tensor.to('cpu'), pageable", "pageable_d2h", f"{f['pageable_vs_pinned']:.2f}x"),
+        ("D2H SpotWarp staging (capture_namespace)", "engine_staging", f"{f['engine_staging_vs_pinned']:.2f}x"),
+        ("H2D reference: copy_ from pinned, non_blocking", "pinned_h2d", "1.00x"),
+        ("H2D SpotWarp restore (.to(device) from read memory)", "restore_h2d", f"{f['restore_h2d_vs_pinned']:.2f}x"),
+    ]
+    for label, key, ratio in rows:
+        print(f"  {label:<52} {g[key]:>7.1f} GB/s {s[key]:>7.3f} s  {ratio:>6} of the reference")
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from .errors import ConfigError, SpotWarpError
+from .local_files import write_atomic
 from .store import Store
 
 LEASE_NAME = "lease.json"
@@ -74,7 +75,7 @@ def read_small(store: Store, path: str) -> bytes | None:
 def write_small(store: Store, path: str, data: bytes) -> None:
     """Replace a small object in one atomic write (rename on disks, one PUT on object stores)."""
     if store.local:
-        store._write_local_atomic(path, data)
+        write_atomic(path, data)
     else:
         store._call("writing " + posixpath.basename(path), store.fs.pipe_file, path, data)
 

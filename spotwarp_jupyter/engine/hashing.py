@@ -14,6 +14,11 @@ def object_id(data: Buffer) -> str:
     return blake3.blake3(data).hexdigest()
 
 
+def object_hasher() -> "blake3.blake3":
+    """An incremental hasher whose hexdigest() is the object id of everything fed to update()."""
+    return blake3.blake3()
+
+
 def fingerprint(data: Buffer) -> str:
     """A fast change-detection digest (xxh3-128); not a security boundary."""
     return xxhash.xxh3_128_hexdigest(data)

@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator, Sequence
 
 from .manifest import Manifest
+from .local_files import write_atomic
 from .store import Store
 
 log = logging.getLogger("spotwarp")
@@ -95,7 +96,7 @@ class Journal:
         data = json.dumps(item.as_dict(), sort_keys=True).encode()
         path = posixpath.join(self.dir, item.name)
         if self.store.local:
-            self.store._write_local_atomic(path, data)
+            write_atomic(path, data)
         else:
             self.store._call("recording an event", self.store.fs.pipe_file, path, data)
         return item

@@ -24,7 +24,8 @@ import time
 from typing import Any
 
 from .errors import StorageError
-from .store import HOST_TAG, Store, _env_float
+from .retries import env_float as _env_float
+from .store import HOST_TAG, Store
 
 log = logging.getLogger("spotwarp")
 

@@ -1,14 +1,23 @@
 """Restore: read a kernel record's objects (verified against their hashes) and rebuild its variables.
 
-Every object is read and checked before any variable is touched, so a damaged snapshot changes
-nothing; if rebuilding fails midway, the names already bound are put back as they were.
+Reading, hashing and unpickling overlap: every object is read by a pool of threads in pieces, each
+piece hashed while it is still in the CPU's cache; group after group is unpickled as soon as its
+objects are in, into a stand-in `__main__` (later groups find the names earlier ones define there).
+The namespace itself is touched only once every object is read and checked and every group rebuilt,
+so a damaged snapshot changes nothing.
+
+A progressive restore (`restore_progressive`) binds the small groups at once and hands the large
+ones to a `BackgroundLoad` (restore_background.py), which the kernel binds between cells.
 """
 
 from __future__ import annotations
 
+import contextlib
+import gc
 import importlib
 import mmap
-from concurrent.futures import ThreadPoolExecutor
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -18,11 +27,12 @@ from .errors import SpotWarpError
 from .store import Store
 
 _MISSING = object()
+_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 @dataclass
 class RestoreResult:
-    """What a restore brought back."""
+    """What a restore brought back; a progressive one fills `complete_s` once its large groups are bound."""
 
     restored: list[str] = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
@@ -30,6 +40,10 @@ class RestoreResult:
     warnings: list[str] = field(default_factory=list)
     extras: dict[str, Any] = field(default_factory=dict)
     bytes_read: int = 0
+    usable_s: float | None = None  # restore start to every small variable bound (the kernel usable)
+    complete_s: float | None = None  # restore start to every variable bound (None while some still load)
+    loading: list[str] = field(default_factory=list)  # names still being loaded in the background
+    failed: dict[str, str] = field(default_factory=dict)  # name -> why it could not be restored
 
 
 def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[int]:
@@ -45,7 +59,9 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
         wanted = sorted({provider[v] for v in variables})
         if EXTRAS_NAME in provider:
             wanted.append(provider[EXTRAS_NAME])
+    # smallest first: their reads finish early and unpickling them (CPU) overlaps the large reads (I/O);
     # definitions a group refers to by name come first (topological order, cycles tolerated)
+    wanted.sort(key=lambda i: group_bytes(groups[i]))
     order: list[int] = []
     state: dict[int, int] = {}
 
@@ -64,30 +80,182 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
     return order
 
 
+def group_bytes(group: dict[str, Any]) -> int:
+    """Bytes a group's objects hold: its pickle stream and its buffers."""
+    return int(group["pickle"]["size"]) + sum(int(b["size"]) for b in group.get("buffers", []))
+
+
 def _allocate(size: int) -> Any:
-    """A writable buffer for a restored array; large ones are lazily zeroed pages (no up-front memset)."""
+    """A writable buffer for a restored array.
+
+    Large ones are anonymous maps populated in one call: faulting fresh pages in one by one while
+    reading into them costs about three times as much CPU as the read itself.
+    """
     if size < (1 << 20):
         return bytearray(size)
+    if _POPULATE:
+        try:
+            return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
+        except OSError:
+            pass
     return mmap.mmap(-1, size)
 
 
-def _read_group(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[bytes, list[Any], int]:
+@dataclass
+class GroupRead:
+    """One group's objects being read: its pickle stream and its buffers, filled by pool threads."""
+
+    group: dict[str, Any]
+    data: Future
+    buffers: list[Future]  # each: (buffer, futures of its chunks' reads)
+
+    def result(self) -> tuple[bytes, list[Any], int]:
+        """Wait for every object; raise the first failure (a DamagedObjectError or StorageError)."""
+        targets = []
+        for f in self.buffers:
+            target, chunks = f.result()
+            for chunk in chunks:
+                chunk.result()
+            targets.append(target)
+        data = self.data.result()
+        return data, targets, len(data) + sum(len(b) for b in targets)
+
+    def cancel(self) -> None:
+        """Drop reads not started yet (after a failure elsewhere, or when the restore is abandoned)."""
+        self.data.cancel()
+        for f in self.buffers:
+            if not f.cancel() and f.done() and not f.exception():
+                for chunk in f.result()[1]:
+                    chunk.cancel()
+
+
+def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[Any, list[Future]]:
+    """Allocate one buffer (in a pool thread: populating pages costs CPU) and queue its chunks' reads."""
+    target = _allocate(buf["size"])
+    view = memoryview(target)
+    chunks = []
+    offset = 0
+    for chunk in buf["chunks"]:
+        chunks.append(pool.submit(store.read_object_into, chunk["id"], view[offset:offset + chunk["size"]]))
+        offset += chunk["size"]
+    return target, chunks
+
+
+def start_read(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> GroupRead:
+    """Queue the reads of a group's objects (its buffers are allocated by the pool too); returns at once."""
     ref = group["pickle"]
-    data_future = pool.submit(store.read_object, ref["id"], ref["size"])
-    buffers: list[Any] = []
-    futures = []
-    for buf in group.get("buffers", []):
-        target = _allocate(buf["size"])
-        view = memoryview(target)
-        offset = 0
-        for chunk in buf["chunks"]:
-            futures.append(pool.submit(store.read_object_into, chunk["id"], view[offset:offset + chunk["size"]]))
-            offset += chunk["size"]
-        buffers.append(target)
-    for f in futures:
-        f.result()
-    data = data_future.result()
-    return data, buffers, len(data) + sum(len(b) for b in buffers)
+    data = pool.submit(store.read_object, ref["id"], ref["size"])
+    buffers = [pool.submit(_fill, store, buf, pool) for buf in group.get("buffers", [])]
+    return GroupRead(group, data, buffers)
+
+
+def read_pool(store: Store) -> ThreadPoolExecutor:
+    """Threads that read (and hash) objects: enough to keep a disk or an object store busy."""
+    workers = max(4, getattr(store, "workers", 4))
+    return ThreadPoolExecutor(max_workers=workers, thread_name_prefix="spotwarp-get")
+
+
+@contextlib.contextmanager
+def collector_paused():
+    """No cyclic garbage collection while unpickling: each collection would scan every object built so far,
+    making a million small objects take six times as long (the time per object grows with their number)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def load_group(group: dict[str, Any], data: bytes, buffers: list[Any]) -> dict[str, Any]:
+    """Unpickle one group's variables (name -> value) from its stream and buffers."""
+    with collector_paused():
+        return pickling.loads(group["codec"], data, buffers)
+
+
+def rebuild(reads: list[GroupRead], main: pickling.main_namespace) -> tuple[list[tuple[str, Any]], int]:
+    """Unpickle each group as its objects arrive; (name, value) pairs in order, and the bytes read."""
+    values: list[tuple[str, Any]] = []
+    total = 0
+    for read in reads:
+        data, buffers, n = read.result()
+        total += n
+        for name, value in load_group(read.group, data, buffers).items():
+            main.bind(name, value)
+            values.append((name, value))
+    return values, total
+
+
+def _import_modules(record: dict[str, Any], variables: list[str] | None, result: RestoreResult) -> list[tuple[str, Any]]:
+    out = []
+    for name, module in (record.get("imports") or {}).items():
+        if variables is not None and name not in variables:
+            continue
+        try:
+            out.append((name, importlib.import_module(module)))
+        except Exception as exc:  # noqa: BLE001
+            result.warnings.append(f"module {module} (as {name}) is not importable here: {exc}")
+            continue
+        result.imports[name] = module
+    return out
+
+
+def _read_and_rebuild(store: Store, groups: list[dict[str, Any]], namespace: dict[str, Any],
+                      device_map: dict[str, str] | None, modules: list[tuple[str, Any]],
+                      moved: set[str]) -> tuple[list[tuple[str, Any]], int]:
+    """Read, check and unpickle `groups` (in order) against a copy of `namespace`; binds nothing."""
+    with read_pool(store) as pool:
+        reads = [start_read(store, g, pool) for g in groups]
+        try:
+            with pickling.main_namespace(dict(namespace)) as main, pickling.device_notes(device_map) as notes:
+                for name, value in modules:
+                    main.bind(name, value)
+                values, total = rebuild(reads, main)
+                moved.update(notes.moved)
+        except BaseException:
+            for read in reads:
+                read.cancel()
+            raise
+    return values, total
+
+
+def restore_groups(
+    store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
+    variables: list[str] | None, device_map: dict[str, str] | None, result: RestoreResult,
+) -> None:
+    """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go."""
+    groups = record.get("groups", [])
+    moved: set[str] = set()
+    try:
+        modules = _import_modules(record, variables, result)
+        values, result.bytes_read = _read_and_rebuild(store, [groups[i] for i in order], namespace,
+                                                      device_map, modules, moved)
+    except SpotWarpError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise SpotWarpError(f"restore failed and changed nothing: {type(exc).__name__}: {exc}") from exc
+    for name, value in modules:
+        namespace[name] = value
+    for name, value in values:
+        if name == EXTRAS_NAME:
+            result.extras = value
+            continue
+        namespace[name] = value
+        result.restored.append(name)
+    result.warnings.extend(change_notes(record, result.restored))
+    result.warnings.extend(moved_notes(moved))
+
+
+def change_notes(record: dict[str, Any], names: list[str]) -> list[str]:
+    """Warnings for restored variables the snapshot saved, but not as they were."""
+    changed = record.get("changed") or {}
+    return [f"{name}: {changed[name]}" for name in sorted(set(names) & set(changed))]
+
+
+def moved_notes(devices: set[str]) -> list[str]:
+    """Warnings for devices missing here, whose tensors were restored to CPU."""
+    return [f"tensors saved on {d} were restored to CPU: {d} is not available here" for d in sorted(devices)]
 
 
 def restore_record(
@@ -98,57 +266,8 @@ def restore_record(
     device_map: dict[str, str] | None = None,
 ) -> RestoreResult:
     """Bring the record's variables (all, or `variables` and what they need) back into `namespace`."""
+    started = time.perf_counter()
     result = RestoreResult(skipped_at_snapshot=dict(record.get("skipped", {})))
-    groups = record.get("groups", [])
-    order = _select_groups(record, variables)
-    with ThreadPoolExecutor(max_workers=4, thread_name_prefix="spotwarp-get") as pool:
-        loaded = {i: _read_group(store, groups[i], pool) for i in order}
-    result.bytes_read = sum(v[2] for v in loaded.values())
-
-    previous: dict[str, Any] = {}
-    try:
-        with pickling.main_namespace(namespace) as main, pickling.device_notes(device_map) as notes:
-            for name, module in (record.get("imports") or {}).items():
-                if variables is not None and name not in variables:
-                    continue
-                try:
-                    value = importlib.import_module(module)
-                except Exception as exc:  # noqa: BLE001
-                    result.warnings.append(f"module {module} (as {name}) is not importable here: {exc}")
-                    continue
-                previous.setdefault(name, namespace.get(name, _MISSING))
-                namespace[name] = value
-                main.bind(name, value)
-                result.imports[name] = module
-            for i in order:
-                data, buffers, _n = loaded[i]
-                group = groups[i]
-                values = pickling.loads(group["codec"], data, buffers)
-                for name, value in values.items():
-                    if name == EXTRAS_NAME:
-                        result.extras = value
-                        continue
-                    previous.setdefault(name, namespace.get(name, _MISSING))
-                    namespace[name] = value
-                    main.bind(name, value)
-                    result.restored.append(name)
-            changed = record.get("changed") or {}
-            for name in sorted(set(result.restored) & set(changed)):
-                result.warnings.append(f"{name}: {changed[name]}")
-            for device in sorted(notes.moved):
-                result.warnings.append(f"tensors saved on {device} were restored to CPU: {device} is not available here")
-    except SpotWarpError:
-        _roll_back(namespace, previous)
-        raise
-    except Exception as exc:  # noqa: BLE001
-        _roll_back(namespace, previous)
-        raise SpotWarpError(f"restore failed and changed nothing: {type(exc).__name__}: {exc}") from exc
+    restore_groups(store, record, _select_groups(record, variables), namespace, variables, device_map, result)
+    result.usable_s = result.complete_s = time.perf_counter() - started
     return result
-
-
-def _roll_back(namespace: dict[str, Any], previous: dict[str, Any]) -> None:
-    for name, value in previous.items():
-        if value is _MISSING:
-            namespace.pop(name, None)
-        else:
-            namespace[name] = value

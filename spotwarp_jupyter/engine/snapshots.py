@@ -22,6 +22,7 @@ from .leases import Lease, WriteLease
 from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
 from .persist import persist_image
 from .restore import RestoreResult, restore_record
+from .restore_background import BackgroundLoad, restore_progressive
 from .reuse import ReusePlan, StaleBaseline
 from .scope import signing_scope
 from .settings import Settings
@@ -279,14 +280,36 @@ class SnapshotEngine:
         device_map: dict[str, str] | None = None,
     ) -> tuple[Manifest, RestoreResult]:
         """Bring a snapshot's kernel variables back into `namespace`; nothing changes if it fails."""
-        manifest = self.get(ref, notebook if ref in ("latest", "", None) and self._has_notebook(notebook) else None)
-        record = self.kernel_record(manifest, notebook)
+        manifest, record = self._restore_source(ref, notebook)
         result = restore_record(self.store, record, namespace, variables, device_map)
+        return manifest, self._with_notes(manifest, record, result)
+
+    def restore_kernel_progressive(
+        self,
+        ref: str,
+        namespace: dict[str, Any],
+        notebook: str = DEFAULT_NOTEBOOK,
+        variables: list[str] | None = None,
+        device_map: dict[str, str] | None = None,
+    ) -> tuple[Manifest, RestoreResult, BackgroundLoad | None]:
+        """Bind the small variables now (nothing changes if that fails); large ones load behind them.
+
+        The caller binds the large ones with `load.bind_ready(namespace)` as they arrive.
+        """
+        manifest, record = self._restore_source(ref, notebook)
+        result, load = restore_progressive(self.store, record, namespace, variables, device_map)
+        return manifest, self._with_notes(manifest, record, result), load
+
+    def _restore_source(self, ref: str, notebook: str) -> tuple[Manifest, dict[str, Any]]:
+        manifest = self.get(ref, notebook if ref in ("latest", "", None) and self._has_notebook(notebook) else None)
+        return manifest, self.kernel_record(manifest, notebook)
+
+    def _with_notes(self, manifest: Manifest, record: dict[str, Any], result: RestoreResult) -> RestoreResult:
         result.warnings[:0] = version_warnings(manifest.env, _modules_used(record))
         warning = trust_warning(self.key)
         if warning:
             result.warnings.insert(0, warning)
-        return manifest, result
+        return result
 
     def _has_notebook(self, notebook: str) -> bool:
         return any(notebook in m.kernels for m in self.manifests())

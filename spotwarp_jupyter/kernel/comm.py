@@ -33,7 +33,7 @@ def _status(request: KernelRequest) -> dict[str, Any]:
 def _restore(request: KernelRequest) -> dict[str, Any]:
     session = session_module.current()
     variables = None if request.variables is None else list(request.variables)
-    manifest, result = session.restore(request.snapshot, variables)
+    manifest, result = session.restore(request.snapshot, variables, wait=True)  # the answer names every variable
     return {"id": manifest.id, "notebook": session.notebook, "restored": result.restored,
             "warnings": result.warnings}
 

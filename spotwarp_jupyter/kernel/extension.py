@@ -24,7 +24,11 @@ def load_ipython_extension(ipython) -> None:
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     safepoints.set_handler(magics.session.at_safe_point)
     access_hook.install(ipython, magics.session.access)  # which variables each cell can touch
+    magics.session.arrivals.transform = ipython.transform_cell
+    if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
+        magics.session.arrivals.running_cell = _cell_source(ipython)
     ipython.events.register("post_run_cell", _post_run_cell)
+    ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
     notices.install(ipython)  # preemption notices reach the kernel even while a cell runs
     if notices.training_resumed not in resume_hooks:
@@ -48,6 +52,14 @@ def _in_a_cell(ipython) -> bool:
         return True
 
 
+def _cell_source(ipython) -> str | None:
+    """The source of the cell running now, from IPython's input history."""
+    try:
+        return ipython.history_manager.input_hist_raw[-1]
+    except Exception:  # noqa: BLE001 - no history: the restore then does not look at its cell
+        return None
+
+
 def _show_widget(magics: SpotWarpMagics) -> None:
     try:
         from IPython.display import display
@@ -67,7 +79,25 @@ def _post_run_cell(result) -> None:
     if session is None:
         safepoints.reached("cell")
         return
+    session.arrivals.running_cell = None
     access_hook.cell_finished(session.access, lambda: safepoints.reached("cell"))
+
+
+def _pre_run_cell(info) -> None:
+    """A restore's large variables: bound as they arrive; a cell that may use one still loading waits for it."""
+    session = session_module._current
+    if session is None:
+        return
+    arrivals = session.arrivals
+    raw = getattr(info, "raw_cell", "") or ""
+    arrivals.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
+    if arrivals.load is None:
+        return
+    try:
+        code = arrivals.transform(raw)
+    except Exception:  # noqa: BLE001 - not transformable: wait for everything
+        code = "globals()"
+    arrivals.before_cell(code, raw)
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -77,10 +107,11 @@ def unload_ipython_extension(ipython) -> None:
         return
     ipython.magics_manager.magics["line"].pop("spotwarp", None)
     ipython.magics_manager.registry.pop(type(magics).__name__, None)
-    try:
-        ipython.events.unregister("post_run_cell", _post_run_cell)
-    except ValueError:
-        pass
+    for event, hook in (("post_run_cell", _post_run_cell), ("pre_run_cell", _pre_run_cell)):
+        try:
+            ipython.events.unregister(event, hook)
+        except ValueError:
+            pass
     safepoints.set_handler(None)
     access_hook.uninstall(ipython)
     comm_target.unregister()

@@ -116,6 +116,12 @@ class SpotWarpMagics(Magics):
             print("  now       a background snapshot is being written")
         if s["last_error"]:
             print(f"  error     {s['last_error']}")
+        restore = s.get("restore")
+        if restore and (restore["loading"] or restore["failed"] or restore["complete_s"] != restore["usable_s"]):
+            done = (f"complete in {format_duration(restore['complete_s'])}" if restore["complete_s"] is not None
+                    else "still loading " + ", ".join(restore["loading"]))
+            print(f"  restore   {restore['id']}: usable in {format_duration(restore['usable_s'])}, {done}"
+                  + (f"; failed: {', '.join(sorted(restore['failed']))}" if restore["failed"] else ""))
         if s["skipped"]:
             print("  skipped   (not saved)")
             for name, reason in sorted(s["skipped"].items()):
@@ -207,6 +213,8 @@ class SpotWarpMagics(Magics):
         print(f"SpotWarp restored {len(result.restored)} variables from {manifest.id} "
               f"({whose}{manifest.host}, {manifest.created_iso}) in {format_duration(took)}: "
               + ", ".join(result.restored[:20]) + (" ..." if len(result.restored) > 20 else ""))
+        if result.loading:
+            print(f"  loading   {', '.join(result.loading)} in the background; a cell that uses them waits for them")
         skipped = result.skipped_at_snapshot
         if skipped and variables is None:
             print("  not in the snapshot: " + "; ".join(f"{n} ({r})" for n, r in sorted(skipped.items())))

@@ -24,6 +24,7 @@ from ..engine.background import (
 from ..engine.capture import select_variables
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
+from .arrivals import Arrivals, restore_status
 from ..engine.reuse import Baseline, ReusePlan, StaleBaseline, plan_reuse
 from .policy import Policy
 from .retention import Pruner
@@ -101,6 +102,7 @@ class KernelSession:
         self.notebook = notebook or notebook_name()
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, RestoreResult] | None = None
+        self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
         self.last_started_at: float | None = None
@@ -178,11 +180,12 @@ class KernelSession:
 
     def snapshot(self, message: str | None = None, requests: list[str] | None = None,
                  full: bool = False) -> Manifest:
-        """A synchronous snapshot of this kernel's variables (waits for one in flight first).
+        """A synchronous snapshot of this kernel's variables (waits for one in flight, and for a restore, first).
 
         `full`: serialize every variable, reusing nothing of the previous snapshot (engine/reuse.py).
         """
         self.wait_in_flight()
+        self.arrivals.finish()
         with self._lock:
             started = time.perf_counter()
             options = self.capture_options()
@@ -300,6 +303,10 @@ class KernelSession:
             return
         if not self.due(reasons, cell_end=where == "cell"):
             return
+        if self.arrivals.load is not None:
+            if not reasons:
+                return  # the state being restored is stored already: the timer waits for the restore to end
+            self.arrivals.finish()  # asked for (a preemption notice): the snapshot must hold every variable
         if self.in_flight is not None:
             self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
             return
@@ -325,12 +332,18 @@ class KernelSession:
             self.pruner.after_commit(lambda: SnapshotEngine(engine.settings, key=engine.key, fence=engine.fence),
                                      self.policy.keep)
 
-    def restore(self, ref: str = "latest", variables: list[str] | None = None) -> tuple[Manifest, RestoreResult]:
-        """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore."""
+    def restore(self, ref: str = "latest", variables: list[str] | None = None,
+                wait: bool = False) -> tuple[Manifest, RestoreResult]:
+        """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore.
+
+        Small variables are bound before this returns; large ones arrive behind them (see arrivals.py),
+        unless `wait`, or the rest of the cell running the restore may use them.
+        """
         with self._lock:
+            self.arrivals.finish()
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest()
-            manifest, result = self.engine.restore_kernel(ref, self.namespace, self.notebook, variables)
+            manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables)
             self._baseline = self._planned = None  # restored values are new objects: the next snapshot is full
             if variables is None:
                 for name, state in (result.extras or {}).items():
@@ -338,6 +351,9 @@ class KernelSession:
                     if provider is not None:
                         provider[1](state)
             self.last_restore = (manifest, result)
+            self.arrivals.started(load)
+            if wait:
+                self.arrivals.finish()
             return manifest, result
 
     def _refuse_another_notebooks_latest(self) -> None:
@@ -394,4 +410,5 @@ class KernelSession:
             "skipped": self.skipped(),
             "changed": self.changed(),
             "last_error": self.last_error,
+            "restore": restore_status(self.last_restore),
         }

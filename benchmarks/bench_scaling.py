@@ -1,0 +1,167 @@
+"""How snapshot and restore scale with the state's size and with the number of small objects.
+
+    python benchmarks/bench_scaling.py                         # sizes 0.25-4 GB, counts 1k-1M
+    python benchmarks/bench_scaling.py --sizes 0.25,0.5 --counts 1000,10000 --reps 3
+    python benchmarks/bench_scaling.py --sizes 4 --counts none --reps 1   # the large end once
+
+Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
+scaled to about that many GB of state; counts are a dict of that many small notebook objects.
+Every figure is the median of --reps runs divided by a raw reference of the same byte count measured
+in the same run: full and unchanged snapshots against a raw fsync'd write, a restore into a fresh
+process (cold cache) against a raw cold read. `usable` is the same restore's time until the small
+variables are bound (a progressive restore); the large ones arrive by `restore`.
+A ratio that grows with size means something does not scale: the last column flags it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent))
+
+from common import drop_cache, median, raw_read, raw_write  # noqa: E402
+import workload  # noqa: E402
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
+
+REFERENCE_GB = 1.89  # state of the reference workload at scale 1
+RESTORE_CHILD = r"""
+import json, sys, time
+sys.path.insert(0, sys.argv[2])  # the workload's code is saved by reference, as any imported module's
+import numpy, pandas, torch
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]), create=False)
+ns = {}
+started = time.perf_counter()
+if hasattr(engine, "restore_kernel_progressive"):
+    _m, result, load = engine.restore_kernel_progressive("latest", ns)
+else:  # an engine from before progressive restores: usable only once complete
+    engine.restore_kernel("latest", ns)
+    load = None
+usable = time.perf_counter() - started
+if load is not None:
+    load.wait()
+    load.bind_ready(ns)
+    assert not load.failure_report(), load.failure_report()
+print(json.dumps({"usable_s": usable, "restore_s": time.perf_counter() - started, "names": len(ns)}))
+"""
+
+
+class Item:
+    """A small object as notebooks hold them by the thousand."""
+
+    def __init__(self, i: int):
+        self.i = i
+        self.name = f"item-{i}"
+        self.tags = (i % 7, i % 11)
+
+
+def small_objects(count: int) -> dict:
+    return {"items": {f"k{i}": Item(i) for i in range(count)}}
+
+
+def measure(ns: dict, scratch: Path, reps: int) -> dict[str, float]:
+    """Full, unchanged and restore times for `ns`, each as a ratio to a raw reference of its bytes."""
+    full, unchanged, restore, usable, writes, reads = [], [], [], [], [], []
+    nbytes = 0
+    for rep in range(reps):
+        store = scratch / f"store-{rep}"
+        engine = SnapshotEngine(Settings(project="bench", storage=str(store)))
+        started = time.perf_counter()
+        manifest = engine.snapshot_kernel(ns)
+        full.append(time.perf_counter() - started)
+        nbytes = manifest.size
+        started = time.perf_counter()
+        engine.snapshot_kernel(ns)
+        unchanged.append(time.perf_counter() - started)
+        writes.append(raw_write(scratch / "raw.bin", max(nbytes, 1)))
+        reads.append(raw_read(scratch / "raw.bin"))
+        drop_cache(store)
+        out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)],
+                             capture_output=True, text=True, check=True)
+        child = json.loads(out.stdout.strip().splitlines()[-1])
+        restore.append(child["restore_s"])
+        usable.append(child["usable_s"])
+        shutil.rmtree(store)
+    w, r = median(writes), median(reads)
+    return {"bytes": nbytes, "raw_write_s": w, "raw_read_s": r, "full_s": median(full), "unchanged_s": median(unchanged),
+            "restore_s": median(restore), "usable_s": median(usable), "full_x": median(full) / w,
+            "unchanged_x": median(unchanged) / w, "restore_x": median(restore) / r, "usable_x": median(usable) / r}
+
+
+def growth(rows: list[dict], key: str) -> str:
+    """'grows' when the ratio at the largest point is clearly above the smallest's (noise allowed)."""
+    if len(rows) < 2:
+        return ""
+    first, last = rows[0][key], rows[-1][key]
+    return "GROWS" if last > first * 1.25 and last - first > 0.1 else "flat"
+
+
+def print_table(title: str, label: str, rows: list[dict], per_object: bool = False) -> None:
+    print(f"\n{title}")
+    header = f"{label:>10} {'bytes':>10} {'raw w/r s':>12} {'full':>14} {'unchanged':>14} {'restore':>14} {'usable':>14}"
+    if per_object:
+        header += f" {'us/object full/unch/restore':>28}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        cell = lambda k: f"{row[k + '_x']:.2f}x {row[k + '_s']:.2f}s"  # noqa: E731
+        print(f"{row['point']:>10} {row['bytes'] / 1e6:>8.1f}MB {row['raw_write_s']:>5.2f}/{row['raw_read_s']:<5.2f} "
+              f"{cell('full'):>14} {cell('unchanged'):>14} {cell('restore'):>14} {cell('usable'):>14}"
+              + (" " + "/".join(f"{row[k + '_s'] / int(row['point']) * 1e6:.1f}" for k in ("full", "unchanged", "restore"))
+                 if per_object else ""))
+    if len(rows) > 1:
+        print(f"{'trend':>10} {'':>10} {'':>12} " + " ".join(f"{growth(rows, k + '_x'):>14}"
+                                                        for k in ("full", "unchanged", "restore", "usable")))
+
+
+def _points(text: str, kind) -> list:
+    if text.strip().lower() in ("", "none"):
+        return []
+    return [kind(p) for p in text.split(",") if p.strip()]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sizes", default="0.25,0.5,1,2,4", help="GB of state, comma separated ('none' for no sizes)")
+    parser.add_argument("--counts", default="1000,10000,100000,1000000", help="numbers of small objects ('none')")
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: a temp dir)")
+    parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    args = parser.parse_args()
+    scratch = Path(args.dir or tempfile.mkdtemp(prefix="spotwarp-scaling-"))
+    scratch.mkdir(parents=True, exist_ok=True)
+    results: dict[str, list[dict]] = {"sizes": [], "counts": []}
+    try:
+        for gb in _points(args.sizes, float):
+            print(f"state of {gb} GB ...", flush=True)
+            ns = workload.build(gb / REFERENCE_GB)
+            results["sizes"].append({"point": f"{gb} GB", **measure(ns, scratch, args.reps)})
+            del ns
+        for count in _points(args.counts, int):
+            print(f"{count} small objects ...", flush=True)
+            results["counts"].append({"point": f"{count}", **measure(small_objects(count), scratch, args.reps)})
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print(f"\nSpotWarp scaling: medians of {args.reps}; each figure as a ratio to a raw reference of its bytes "
+          "(snapshots: fsync'd write; restores: cold read), then seconds")
+    if results["sizes"]:
+        print_table("state size (reference workload scaled)", "state", results["sizes"])
+    if results["counts"]:
+        print_table("number of small objects (fixed costs dominate the small end)", "objects", results["counts"],
+                    per_object=True)
+    if args.json:
+        print(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

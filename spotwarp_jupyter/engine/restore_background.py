@@ -1,0 +1,175 @@
+"""Progressive restore: small variables are bound at once, large ones load behind them in a thread.
+
+The loading thread reads, checks and unpickles the large groups (in dependency order, against a copy
+of the namespace as it was once the small groups were bound) but never touches the namespace: the
+kernel binds each finished group from its main thread, between cells (`bind_ready`), so a group is
+bound only whole and verified, and a running cell never sees the namespace change under it.
+A group that fails (a damaged object, an unpickling error), and every group that needs a name it
+defines, is left unbound and reported once.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from . import pickling
+from .capture import EXTRAS_NAME
+from .errors import SpotWarpError
+from .restore import (
+    RestoreResult, _select_groups, change_notes, group_bytes, load_group, moved_notes, read_pool, restore_groups,
+    start_read,
+)
+from .store import Store
+
+# Groups holding more than this (pickle stream and buffers) load in the background.
+EAGER_BYTES = 16 * 1024 * 1024
+
+
+def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EAGER_BYTES) -> tuple[list[int], list[int]]:
+    """(groups bound at once, groups loaded behind them), each in dependency order.
+
+    A group is deferred when it is large, or when it needs a name a deferred group defines.
+    """
+    groups = record.get("groups", [])
+    eager: list[int] = []
+    deferred: list[int] = []
+    later: set[str] = set()
+    for i in order:
+        group = groups[i]
+        large = group_bytes(group) > eager_bytes and EXTRAS_NAME not in group["names"]
+        if large or later & set(group.get("requires", [])):
+            deferred.append(i)
+            later.update(group["names"])
+        else:
+            eager.append(i)
+    return eager, deferred
+
+
+class BackgroundLoad:
+    """Large groups being read, checked and rebuilt by a thread; bound by the caller with `bind_ready`."""
+
+    def __init__(self, store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
+                 device_map: dict[str, str] | None, result: RestoreResult, started: float):
+        self.record = record
+        self.result = result
+        self.started = started
+        self._groups = [record["groups"][i] for i in order]
+        self._pending = {n for g in self._groups for n in g["names"] if n != EXTRAS_NAME}
+        self._ready: list[list[tuple[str, Any]]] = []
+        self._loaded: set[str] = set()
+        self._failed: dict[str, str] = {}
+        self._moved: set[str] = set()
+        self._reported = False
+        self._lock = threading.Lock()
+        self.done = threading.Event()
+        result.loading = sorted(self._pending)
+        self._thread = threading.Thread(target=self._run, args=(store, dict(namespace), device_map),
+                                        name="spotwarp-restore", daemon=True)
+        self._thread.start()
+
+    # -- the loading thread -------------------------------------------------------------------
+    def _run(self, store: Store, namespace: dict[str, Any], device_map: dict[str, str] | None) -> None:
+        try:
+            with read_pool(store) as pool:
+                reads = [start_read(store, g, pool) for g in self._groups]
+                with pickling.main_namespace(namespace) as main, pickling.device_notes(device_map) as notes:
+                    for read in reads:
+                        self._rebuild(read, main)
+                    self._moved = set(notes.moved)
+        except BaseException as exc:  # noqa: BLE001 - whatever stops the thread is reported, never lost
+            with self._lock:
+                for name in self._pending - set(self._failed) - self._loaded:
+                    self._failed[name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.result.complete_s = time.perf_counter() - self.started
+            self.done.set()
+
+    def _rebuild(self, read: Any, main: pickling.main_namespace) -> None:
+        names = [n for n in read.group["names"] if n != EXTRAS_NAME]
+        missing = sorted(set(read.group.get("requires", [])) & set(self._failed))
+        if missing:
+            read.cancel()
+            self._fail(names, f"it needs {', '.join(missing)}, which could not be restored")
+            return
+        try:
+            data, buffers, n = read.result()
+            values = list(load_group(read.group, data, buffers).items())
+        except Exception as exc:  # noqa: BLE001 - one group's failure leaves the others to load
+            read.cancel()
+            self._fail(names, str(exc) if isinstance(exc, SpotWarpError) else f"{type(exc).__name__}: {exc}")
+            return
+        for name, value in values:
+            main.bind(name, value)
+        with self._lock:
+            self.result.bytes_read += n
+            self._ready.append(values)
+            self._loaded.update(name for name, _v in values)
+
+    def _fail(self, names: list[str], why: str) -> None:
+        with self._lock:
+            for name in names:
+                self._failed[name] = why
+
+    # -- the kernel's side ----------------------------------------------------------------------
+    def pending(self) -> set[str]:
+        """Names not bound yet: still loading, or loaded and waiting for `bind_ready`."""
+        with self._lock:
+            return set(self._pending)
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait until every large group is loaded or failed; False on timeout."""
+        return self.done.wait(timeout)
+
+    def bind_ready(self, namespace: dict[str, Any]) -> list[str]:
+        """Bind every group loaded so far into `namespace` (call from the thread that runs the user's code)."""
+        with self._lock:
+            ready, self._ready = self._ready, []
+        bound = []
+        for values in ready:
+            for name, value in values:
+                namespace[name] = value
+                bound.append(name)
+        with self._lock:
+            self._pending -= set(bound) | set(self._failed)
+            self.result.loading = sorted(self._pending)
+            self.result.failed = dict(self._failed)
+        self.result.restored.extend(bound)
+        self.result.warnings.extend(change_notes(self.record, bound))
+        if self.done.is_set() and not self._ready and not self._pending:
+            self.result.warnings.extend(moved_notes(self._moved))
+            self._moved = set()
+        return bound
+
+    def finished(self) -> bool:
+        """True once every large group is bound or failed."""
+        return self.done.is_set() and not self.pending() and not self._ready
+
+    def failure_report(self) -> str | None:
+        """One line naming what could not be restored, and why: the first time it is asked once loading ended."""
+        if not self.done.is_set() or self._reported or not self._failed:
+            return None
+        self._reported = True
+        reasons: dict[str, list[str]] = {}
+        for name, why in sorted(self._failed.items()):
+            reasons.setdefault(why, []).append(name)
+        parts = [f"{', '.join(names)} ({why})" for why, names in reasons.items()]
+        return "SpotWarp restore: could not restore " + "; ".join(parts) + "; every other variable is restored"
+
+
+def restore_progressive(
+    store: Store, record: dict[str, Any], namespace: dict[str, Any], variables: list[str] | None = None,
+    device_map: dict[str, str] | None = None, eager_bytes: int = EAGER_BYTES,
+) -> tuple[RestoreResult, BackgroundLoad | None]:
+    """Bind the small groups now (all or nothing, as `restore_record`); load the large ones behind them."""
+    started = time.perf_counter()
+    result = RestoreResult(skipped_at_snapshot=dict(record.get("skipped", {})))
+    eager, deferred = split_groups(record, _select_groups(record, variables), eager_bytes)
+    restore_groups(store, record, eager, namespace, variables, device_map, result)
+    result.usable_s = time.perf_counter() - started
+    if not deferred:
+        result.complete_s = result.usable_s
+        return result, None
+    return result, BackgroundLoad(store, record, deferred, namespace, device_map, result, started)
+

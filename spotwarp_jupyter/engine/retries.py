@@ -1,0 +1,131 @@
+"""Storage failures: which are worth retrying, how patiently, and the one-line error when attempts are spent."""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+from datetime import datetime
+from typing import Any, Callable, TypeVar
+
+from .errors import DamagedObjectError, StorageError
+
+log = logging.getLogger("spotwarp")
+T = TypeVar("T")
+
+
+def env_int(name: str, default: int, lowest: int) -> int:
+    """A whole-number setting from the environment (a malformed one is logged and ignored)."""
+    text = os.environ.get(name, "").strip()
+    if not text:
+        return default
+    try:
+        return max(lowest, int(text))
+    except ValueError:
+        log.warning("ignoring %s=%r: not a whole number", name, text)
+        return default
+
+
+def env_float(name: str, default: float) -> float:
+    """A non-negative number setting from the environment (a malformed one is logged and ignored)."""
+    text = os.environ.get(name, "").strip()
+    try:
+        return max(0.0, float(text)) if text else default
+    except ValueError:
+        log.warning("ignoring %s=%r: not a number", name, text)
+        return default
+
+
+def modified(info: dict[str, Any]) -> float | None:
+    """Modification time from an fsspec info dict, whatever the backend calls it."""
+    for key in ("mtime", "LastModified", "updated", "mtime_ns", "created", "timeCreated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value) / (1e9 if key == "mtime_ns" else 1)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        try:
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and its message."""
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+_PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,
+              ValueError, TypeError, KeyError, AttributeError, NotImplementedError, DamagedObjectError, StorageError)
+
+
+_TRANSIENT_WORDS = ("connect", "timeout", "disconnect", "payload", "throttl", "unavailable", "incomplete",
+                    "reset", "protocolerror", "chunkedencoding", "brokenpipe")
+
+
+def is_transient(exc: BaseException) -> bool:
+    """True for failures worth retrying: connection trouble, timeouts, throttling, server errors."""
+    code = getattr(exc, "code", None) or getattr(exc, "status", None)
+    if isinstance(code, int) and 400 <= code < 600:
+        return code in (408, 429) or code >= 500
+    if isinstance(exc, _PERMANENT):
+        return False
+    if isinstance(exc, (OSError, TimeoutError, ConnectionError)):
+        return True  # socket errors, and s3fs's translation of 5xx / SlowDown
+    # backend exception types (botocore, aiohttp, requests) we cannot import without requiring them
+    names = " ".join(t.__name__.lower() for t in type(exc).__mro__)
+    return any(word in names for word in _TRANSIENT_WORDS)
+
+
+class RetryPolicy:
+    """How often and how patiently a storage call is retried (SPOTWARP_STORAGE_RETRIES / _BACKOFF)."""
+
+    def __init__(self, attempts: int = 3, backoff_s: float = 0.5, max_backoff_s: float = 8.0):
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.max_backoff_s = max_backoff_s
+
+    @classmethod
+    def from_env(cls) -> "RetryPolicy":
+        """Attempts per call from SPOTWARP_STORAGE_RETRIES (default 3), first pause from SPOTWARP_STORAGE_BACKOFF."""
+        return cls(env_int("SPOTWARP_STORAGE_RETRIES", 3, 1), env_float("SPOTWARP_STORAGE_BACKOFF", 0.5))
+
+    def pause(self, attempt: int) -> float:
+        """Seconds to wait after failed attempt number `attempt` (1-based): exponential, with jitter."""
+        return min(self.max_backoff_s, self.backoff_s * 2 ** (attempt - 1)) * (0.5 + random.random() / 2)
+
+
+def call_with_retries(url: str, retry: RetryPolicy, what: str, fn: Callable[..., T], *args: Any,
+                      cancel: threading.Event | None = None, failed: str | None = None,
+                      attempts: int | None = None, **kwargs: Any) -> T:
+    """Run one storage operation on `url`, retrying transient failures; StorageError when attempts are spent."""
+    failed = failed or f"failed while {what}"
+    attempt = 0
+    while True:
+        attempt += 1
+        try:
+            return fn(*args, **kwargs)
+        except (FileNotFoundError, DamagedObjectError, StorageError):
+            raise
+        except PermissionError as exc:
+            raise StorageError(f"storage {url!r} refuses access (check credentials) while {what}: "
+                               f"{one_line(exc)}") from None
+        except Exception as exc:  # noqa: BLE001
+            if not is_transient(exc) or attempt >= (attempts or retry.attempts) or (cancel is not None and cancel.is_set()):
+                tries = f" after {attempt} attempts" if attempt > 1 else ""
+                raise StorageError(f"storage {url!r} {failed}{tries}: {one_line(exc)}") from None
+            pause = retry.pause(attempt)
+            log.info("storage %s: %s failed (%s); retry %d in %.1fs", url, what, one_line(exc), attempt, pause)
+            if cancel is not None:
+                if cancel.wait(pause):
+                    raise StorageError(f"storage {url!r} {failed}: {one_line(exc)}") from None
+            else:
+                time.sleep(pause)
