@@ -215,6 +215,32 @@ async def test_answers_match_api_openapi_yaml(jp_fetch, workspace, store_dir):
     assert row["resume_s"] == 4.0
 
 
+async def test_a_stopping_server_answers_in_one_line_and_a_fenced_one_says_why(jp_fetch, jp_serverapp, workspace,
+                                                                                   store_dir):
+    """A request racing the server's shutdown (it stops itself once fenced) gets a reason, never "Unhandled error"."""
+    from spotwarp_jupyter.engine.fence import FENCED, Lease, write_lease
+    from spotwarp_jupyter.server.heartbeat import Heartbeat
+
+    service = jp_serverapp.web_app.settings["spotwarp"]
+    await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    service.close()  # what stop_extension does
+    for method, parts in ENDPOINTS[1:]:
+        code, payload = await fails(jp_fetch, method, *parts)
+        assert code == 503 and payload["message"].startswith("this Jupyter server is stopping"), (parts, payload)
+        assert "\n" not in payload["message"]
+
+    # another host took the lease over: this one learns it from its heartbeat, then stops
+    write_lease(service.engine.store, Lease(generation=1, holder="c-new", time=1.0))
+    fenced: list[str] = []
+    heartbeat = Heartbeat(service.engine.store, service.engine.fence, 60.0, {"port": 1}, asyncio.get_running_loop(),
+                          on_promoted=lambda: None, on_fenced=fenced.append)
+    assert await asyncio.to_thread(heartbeat.beat) == FENCED
+    service.heartbeat = heartbeat
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    assert code == 409 and "lost the lease to c-new (generation 1)" in payload["message"], payload
+    assert len(service.engine.manifests()) == 1  # nothing more was written
+
+
 def record_preemption(store_dir: Path, snapshot_id: str) -> None:
     """What a lost host and its successor write into the journal: a notice, a final snapshot, a restore."""
     from spotwarp_jupyter.engine.journal import (

@@ -293,6 +293,15 @@ export interface components {
                 "application/json": components["schemas"]["Error"];
             };
         };
+        /** @description The Jupyter server is shutting down and takes no more snapshot or restore work; nothing changed */
+        Stopping: {
+            headers: {
+                [name: string]: unknown;
+            };
+            content: {
+                "application/json": components["schemas"]["Error"];
+            };
+        };
         /** @description Storage unreachable or another failure; nothing committed */
         Failed: {
             headers: {
@@ -329,6 +338,7 @@ export interface operations {
                 };
             };
             403: components["responses"]["Forbidden"];
+            503: components["responses"]["Stopping"];
         };
     };
     listSnapshots: {
@@ -352,6 +362,7 @@ export interface operations {
                 };
             };
             403: components["responses"]["Forbidden"];
+            503: components["responses"]["Stopping"];
         };
     };
     createSnapshot: {
@@ -396,6 +407,7 @@ export interface operations {
                 };
             };
             500: components["responses"]["Failed"];
+            503: components["responses"]["Stopping"];
         };
     };
     restoreSnapshot: {
@@ -423,6 +435,7 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["Failed"];
+            503: components["responses"]["Stopping"];
         };
     };
 }

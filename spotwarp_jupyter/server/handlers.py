@@ -16,7 +16,7 @@ from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
 from ..engine.fence import Fenced
 from ..project import SnapshotSummary
 from ..project.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
-from .service import ProjectService
+from .service import ProjectService, ServerStopping
 
 _ID = r"(?P<snapshot_id>[^/]+)"
 
@@ -57,6 +57,8 @@ class SpotWarpHandler(APIHandler):
             raise web.HTTPError(404, str(exc)) from None
         except Fenced as exc:  # standby, or lost the failover lease: this host writes nothing
             raise web.HTTPError(409, str(exc)) from None
+        except ServerStopping as exc:
+            raise web.HTTPError(503, str(exc)) from None
         except ManifestError as exc:  # damaged, tampered or unsafe snapshot: refused, nothing changed
             raise web.HTTPError(400, str(exc)) from None
         except SpotWarpError as exc:

@@ -17,7 +17,8 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from .. import __version__
 from ..engine import Manifest, SnapshotEngine
-from ..engine.fence import SERVING, STANDBY, WRITERS
+from ..engine.errors import SpotWarpError
+from ..engine.fence import FENCED, SERVING, STANDBY, WRITERS, Fenced
 from ..project import (
     VIA_REST,
     KernelAnswer,
@@ -34,6 +35,10 @@ from .kernel_link import KernelUnavailable, ask_kernel
 
 log = logging.getLogger("spotwarp")
 T = TypeVar("T")
+
+
+class ServerStopping(SpotWarpError):
+    """The server is shutting down: it takes no more snapshot or restore work."""
 
 
 class ProjectService:
@@ -56,12 +61,27 @@ class ProjectService:
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
         self._executor = ThreadPoolExecutor(max_workers=3, thread_name_prefix="spotwarp-server")
         self._lock = asyncio.Lock()  # one project snapshot or restore at a time
+        self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
-        """Run blocking engine work off the event loop."""
-        return await asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        """Run blocking engine work off the event loop; refused in one line once the server is stopping."""
+        if self._closed:
+            raise self._why_stopping()
+        try:
+            future = asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
+        except RuntimeError:  # the executor shut down between the check and the call
+            raise self._why_stopping() from None
+        return await future
+
+    def _why_stopping(self) -> SpotWarpError:
+        # a fenced host stops itself: the request that races its shutdown learns why, not "Unhandled error"
+        if self.role == FENCED:
+            return Fenced(self.heartbeat.why if self.heartbeat is not None and self.heartbeat.why
+                          else "this host lost the lease: it writes nothing more")
+        return ServerStopping("this Jupyter server is stopping: it takes no more snapshot or restore requests")
 
     def close(self) -> None:
+        self._closed = True
         self._executor.shutdown(wait=False, cancel_futures=True)
 
     @property
