@@ -21,7 +21,8 @@ from kernels import Kernel
 from server_config import EXPORTED
 
 from spotwarp_jupyter.engine import ConfigError
-from spotwarp_jupyter.engine.resolver import SETTINGS, resolve_setting
+from spotwarp_jupyter.engine.resolver import LOCATION, SERVER, SETTINGS, resolve_setting
+from spotwarp_jupyter.server.app import SpotWarp
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -241,3 +242,10 @@ def test_every_bad_variable_is_named_in_one_line(name: str):
         == setting.default_value() != from_env
     assert resolve_setting(name, env={}, config={name: from_env}) == from_env
     assert resolve_setting(name, env={}) == setting.default_value()
+
+
+@pytest.mark.parametrize("name", LOCATION + SERVER)
+def test_every_server_setting_is_a_config_trait_naming_its_variable(name: str):
+    assert getattr(SpotWarp(), name) is None  # the config layer: None means no config file set it
+    help = SpotWarp.class_traits(config=True)[name].help
+    assert help.endswith(f"). ${SETTINGS[name].env} overrides it; a --SpotWarp.* flag overrides both.")

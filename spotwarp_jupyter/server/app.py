@@ -13,7 +13,7 @@ from traitlets import Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
-from ..engine.resolver import LOCATION, SERVER, SETTINGS, configured, resolve_settings
+from ..engine.resolver import DEFAULT_PROJECT, LOCATION, SERVER, SETTINGS, WATCHER_KINDS, configured, resolve_settings
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
@@ -21,54 +21,67 @@ from .service import ProjectService
 from .watchers import PreemptionResponder, start_watchers
 
 
-def _setting(kind: type, env: str, help: str, **kwargs: Any) -> Any:
-    """A `c.SpotWarp.*` trait of the config layer: None (its default) means no config file set it."""
+def _shown(value: Any) -> str | None:
+    """A declared default as the help says it: numbers without a needless `.0`; None where it says nothing plain."""
+    if isinstance(value, float):
+        return f"{value:g}"
+    return value if isinstance(value, str) else None
+
+
+def _setting(kind: type, name: str, help: str, shown: str | None = None, note: str | None = None,
+             **kwargs: Any) -> Any:
+    """A `c.SpotWarp.*` trait of the config layer: None (its default) means no config file set it.
+
+    Its variable and default come from the setting's row in `SETTINGS`; `shown` words a default that is not a
+    plain value, `note` adds to the parentheses after it.
+    """
+    setting = SETTINGS[name]
+    shown = shown or _shown(setting.default)
+    aside = "; ".join(part for part in (shown and f"default: {shown}", note) if part)
     return kind(default_value=None, allow_none=True, **kwargs,
-                help=f"{help} ${env} overrides it; a --SpotWarp.* flag overrides both.").tag(config=True)
+                help=f"{help}{f' ({aside})' if aside else ''}. ${setting.env} overrides it; "
+                     "a --SpotWarp.* flag overrides both.").tag(config=True)
 
 
 class SpotWarp(Configurable):
     """SpotWarp's server settings: flags, then `SPOTWARP_*` variables, then `c.SpotWarp.*` config, then defaults."""
 
-    project = _setting(Unicode, "SPOTWARP_PROJECT", "Project id: the name of this workspace's snapshots (default: 'default').")
-    storage = _setting(Unicode, "SPOTWARP_STORAGE", "Storage URL, any fsspec URL (default: ~/.spotwarp/store).")
-    storage_options = _setting(Dict, "SPOTWARP_STORAGE_OPTIONS",
-                               "fsspec storage options, e.g. an endpoint (the variable holds a JSON object).")
-    workspace = _setting(Unicode, "SPOTWARP_WORKSPACE",
-                         "The folder whose files are backed up (default: the server's root_dir).")
-    backup_interval = _setting(Float, "SPOTWARP_BACKUP_INTERVAL", "Seconds between automatic file backups when "
-                               "something changed; 0 turns them off (default: 300; the variable may say 5m).")
-    kernel_timeout = _setting(Float, "SPOTWARP_KERNEL_TIMEOUT", "Seconds to wait for a busy kernel to answer a "
-                              "snapshot request before using its newest committed state (default: 60).")
-    restore_on_start = _setting(Unicode, "SPOTWARP_RESTORE_ON_START", "Restore the newest snapshot holding files "
-                                "into a fresh workspace at start: auto (only under JupyterHub), if-empty, never "
-                                "(default: auto).")
+    project = _setting(Unicode, "project", "Project id: the name of this workspace's snapshots",
+                       shown=repr(DEFAULT_PROJECT))
+    storage = _setting(Unicode, "storage", "Storage URL, any fsspec URL", shown="~/.spotwarp/store")
+    storage_options = _setting(Dict, "storage_options", "fsspec storage options, e.g. an endpoint",
+                               note="the variable holds a JSON object")
+    workspace = _setting(Unicode, "workspace", "The folder whose files are backed up", shown="the server's root_dir")
+    backup_interval = _setting(Float, "backup_interval", "Seconds between automatic file backups when something "
+                               "changed; 0 turns them off", note="the variable may say 5m")
+    kernel_timeout = _setting(Float, "kernel_timeout", "Seconds to wait for a busy kernel to answer a snapshot "
+                              "request before using its newest committed state")
+    restore_on_start = _setting(Unicode, "restore_on_start", "Restore the newest snapshot holding files into a "
+                                "fresh workspace at start: auto (only under JupyterHub), if-empty, never")
     fresh_workspace_names = List(Unicode(), default_value=list(FRESH_WORKSPACE_NAMES),
                                  help="Top-level names a fresh home or volume holds before its user writes anything; "
                                       "a workspace holding only these counts as empty.").tag(config=True)
-    heartbeat_interval = _setting(Float, "SPOTWARP_HEARTBEAT_INTERVAL", "Seconds between two heartbeats this "
-                                  "server writes into the store (`hosts/<id>.json`, read by `spotwarp launch --watch` "
-                                  "and `spotwarp hosts`); 0 turns them off (default: 5).")
+    heartbeat_interval = _setting(Float, "heartbeat_interval", "Seconds between two heartbeats this server writes "
+                                  "into the store (`hosts/<id>.json`, read by `spotwarp launch --watch` and "
+                                  "`spotwarp hosts`); 0 turns them off")
 
     # -- preemption watchers (docs/preemption.md) ------------------------------------------------------
-    watchers = _setting(List, "SPOTWARP_WATCHERS", "Preemption watchers to run, among signals, aws, gcp, "
-                        "azure (default: all; each cloud's watcher backs off quietly where its endpoint does not "
-                        "answer; the variable is comma-separated).", trait=Unicode())
-    aws_metadata_url = _setting(Unicode, "SPOTWARP_AWS_METADATA_URL", "AWS instance metadata (IMDSv2) endpoint; "
-                                "'off' disables the AWS watcher (default: http://169.254.169.254).")
-    gcp_metadata_url = _setting(Unicode, "SPOTWARP_GCP_METADATA_URL", "GCP metadata server; 'off' disables the "
-                                "GCP watcher (default: http://169.254.169.254).")
-    azure_metadata_url = _setting(Unicode, "SPOTWARP_AZURE_METADATA_URL", "Azure instance metadata (Scheduled "
-                                  "Events) endpoint; 'off' disables the Azure watcher (default: http://169.254.169.254).")
-    metadata_poll_interval = _setting(Float, "SPOTWARP_METADATA_POLL_INTERVAL", "Seconds between two questions to "
-                                      "a metadata endpoint (GCP long-polls instead) (default: 1).")
-    watcher_max_backoff = _setting(Float, "SPOTWARP_WATCHER_MAX_BACKOFF", "Longest pause, in seconds, of a "
-                                   "watcher whose endpoint does not answer (default: 300).")
-    shutdown_grace = _setting(Float, "SPOTWARP_SHUTDOWN_GRACE", "Seconds the server may take after SIGTERM or "
-                              "SIGINT for the final snapshot and its exit (Kubernetes gives 30 by default, RunPod "
-                              "about 5) (default: 20).")
-    notice_window = _setting(Float, "SPOTWARP_NOTICE_WINDOW", "Seconds a notice that states no deadline leaves "
-                             "for the final snapshot (GCP gives 30) (default: 25).")
+    watchers = _setting(List, "watchers", f"Preemption watchers to run, among {', '.join(WATCHER_KINDS)}",
+                        shown="all", note="each cloud's watcher backs off quietly where its endpoint does not "
+                        "answer; the variable is comma-separated", trait=Unicode())
+    aws_metadata_url = _setting(Unicode, "aws_metadata_url", "AWS instance metadata (IMDSv2) endpoint; 'off' "
+                                "disables the AWS watcher")
+    gcp_metadata_url = _setting(Unicode, "gcp_metadata_url", "GCP metadata server; 'off' disables the GCP watcher")
+    azure_metadata_url = _setting(Unicode, "azure_metadata_url", "Azure instance metadata (Scheduled Events) "
+                                  "endpoint; 'off' disables the Azure watcher")
+    metadata_poll_interval = _setting(Float, "metadata_poll_interval", "Seconds between two questions to a metadata "
+                                      "endpoint (GCP long-polls instead)")
+    watcher_max_backoff = _setting(Float, "watcher_max_backoff", "Longest pause, in seconds, of a watcher whose "
+                                   "endpoint does not answer")
+    shutdown_grace = _setting(Float, "shutdown_grace", "Seconds the server may take after SIGTERM or SIGINT for the "
+                              "final snapshot and its exit (Kubernetes gives 30 by default, RunPod about 5)")
+    notice_window = _setting(Float, "notice_window", "Seconds a notice that states no deadline leaves for the final "
+                             "snapshot (GCP gives 30)")
 
     @validate("watchers")
     def _check_watchers(self, proposal) -> list[str] | None:
