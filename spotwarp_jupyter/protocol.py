@@ -41,8 +41,8 @@ def new_request_id() -> str:
 
 
 def _request_id(data: dict[str, Any]) -> str:
-    value = data.get("request_id")
-    if not isinstance(value, str) or not value or len(value) > _MAX_ID:
+    value = echoed_id(data)
+    if value is None:
         raise ProtocolError(f"request_id must be a non-empty string of at most {_MAX_ID} characters")
     return value
 
@@ -51,6 +51,16 @@ def _object(data: Any, what: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise ProtocolError(f"{what} must be a JSON object, not {type(data).__name__}")
     return data
+
+
+def _addressed(data: Any, what: str, key: str, kinds: tuple[str, ...],
+               kind_name: str) -> tuple[dict[str, Any], str, str]:
+    """A request's object, its kind (`data[key]`, one of `kinds`) and its request id; ProtocolError otherwise."""
+    data = _object(data, what)
+    kind = data.get(key)
+    if kind not in kinds:
+        raise ProtocolError(f"unknown {kind_name} {kind!r}: use one of {', '.join(kinds)}")
+    return data, kind, _request_id(data)
 
 
 def echoed_id(data: Any) -> str | None:
@@ -97,11 +107,7 @@ class KernelRequest:
     @classmethod
     def from_message(cls, data: Any) -> "KernelRequest":
         """Parse a comm's `data`; ProtocolError when it is malformed."""
-        data = _object(data, "a spotwarp request")
-        kind = data.get("request")
-        if kind not in KERNEL_REQUESTS:
-            raise ProtocolError(f"unknown request {kind!r}: use one of {', '.join(KERNEL_REQUESTS)}")
-        request_id = _request_id(data)
+        data, kind, request_id = _addressed(data, "a spotwarp request", "request", KERNEL_REQUESTS, "request")
         message = data.get("message")
         if message is not None and not isinstance(message, str):
             raise ProtocolError("a snapshot request's message must be a string")
@@ -228,11 +234,8 @@ class WidgetAction:
     @classmethod
     def from_message(cls, content: Any) -> "WidgetAction":
         """Parse a widget's custom message; ProtocolError when it is malformed."""
-        content = _object(content, "a widget action")
-        action = content.get("action")
-        if action not in WIDGET_ACTIONS:
-            raise ProtocolError(f"unknown widget action {action!r}: use one of {', '.join(WIDGET_ACTIONS)}")
-        request_id = _request_id(content)
+        content, action, request_id = _addressed(content, "a widget action", "action", WIDGET_ACTIONS,
+                                                 "widget action")
         snapshot = content.get("id") or "latest"
         if not isinstance(snapshot, str):
             raise ProtocolError("a widget restore's id must be a snapshot id")
