@@ -14,6 +14,7 @@ for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWAR
     os.environ.setdefault(_name, "off")
 
 from kernels import Kernel  # noqa: E402
+from server_config import spotwarp_server_config  # noqa: E402
 
 pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixture
 
@@ -22,6 +23,22 @@ pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixtu
 def store_url(tmp_path: Path) -> str:
     """A fresh local store, outside every kernel's folder (durable storage shared by two hosts)."""
     return str(tmp_path / "store")
+
+
+@pytest.fixture
+def store_dir(tmp_path: Path) -> Path:
+    """The store of the in-process (jp_fetch) server's project `api`."""
+    return tmp_path / "store"
+
+
+@pytest.fixture
+def jp_server_config(store_dir: Path, monkeypatch: pytest.MonkeyPatch) -> dict:
+    """pytest-jupyter's server config: SpotWarp on, project `api` in `store_dir`, no automatic backups.
+
+    Only jp_* fixtures ask for it; a module or class that needs more defines its own (asking for this one to
+    extend it), which pytest prefers to this one.
+    """
+    return spotwarp_server_config(store_dir, monkeypatch)
 
 
 @pytest.fixture

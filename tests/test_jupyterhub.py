@@ -485,14 +485,12 @@ def _authorizer(denied: set[str]):
 
 
 @pytest.fixture
-def spotwarp_server_config(tmp_path, monkeypatch):
-    for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS",
-                 "JUPYTERHUB_USER", "SPOTWARP_RESTORE_ON_START"):
+def jp_server_config(jp_server_config, request, monkeypatch):
+    """conftest's server, not under a hub, whose authorizer refuses the test class's `DENIED` spotwarp actions."""
+    for name in ("JUPYTERHUB_USER", "SPOTWARP_RESTORE_ON_START"):
         monkeypatch.delenv(name, raising=False)
-    return {
-        "ServerApp": {"jpserver_extensions": {"spotwarp_jupyter.server": True}, "allow_root": True},
-        "SpotWarp": {"project": "auth", "storage": str(tmp_path / "store"), "backup_interval": 0, "kernel_timeout": 10},
-    }
+    denied = getattr(request.cls, "DENIED", set())
+    return {**jp_server_config, "ServerApp": {**jp_server_config["ServerApp"], "authorizer_class": _authorizer(denied)}}
 
 
 async def _code(jp_fetch, method: str, *parts: str) -> int:
@@ -504,10 +502,7 @@ async def _code(jp_fetch, method: str, *parts: str) -> int:
 
 
 class TestReadOnlyAccess:
-    @pytest.fixture
-    def jp_server_config(self, spotwarp_server_config):
-        return {**spotwarp_server_config,
-                "ServerApp": {**spotwarp_server_config["ServerApp"], "authorizer_class": _authorizer({"write", "execute"})}}
+    DENIED = {"write", "execute"}
 
     async def test_can_list_but_not_snapshot_or_restore(self, jp_fetch, jp_root_dir):
         (jp_root_dir / "a.txt").write_text("a")
@@ -520,10 +515,7 @@ class TestReadOnlyAccess:
 
 
 class TestWriteWithoutExecute:
-    @pytest.fixture
-    def jp_server_config(self, spotwarp_server_config):
-        return {**spotwarp_server_config,
-                "ServerApp": {**spotwarp_server_config["ServerApp"], "authorizer_class": _authorizer({"execute"})}}
+    DENIED = {"execute"}
 
     async def test_can_snapshot_but_not_restore_into_kernels(self, jp_fetch, jp_root_dir):
         (jp_root_dir / "a.txt").write_text("a")

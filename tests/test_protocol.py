@@ -9,10 +9,8 @@ from __future__ import annotations
 import secrets
 import time
 import uuid
-from pathlib import Path
 
 import pytest
-from server_config import spotwarp_server_config
 from test_server_api import execute, open_notebook
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
@@ -32,15 +30,9 @@ pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 
 @pytest.fixture
-def store_dir(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def jp_server_config(store_dir, monkeypatch):
-    config = spotwarp_server_config(store_dir, monkeypatch)
-    config["SpotWarp"]["watchers"] = []
-    return config
+def jp_server_config(jp_server_config):
+    jp_server_config["SpotWarp"]["watchers"] = []
+    return jp_server_config
 
 
 async def test_the_final_snapshot_is_the_one_taken_for_the_notice_even_when_a_user_message_looks_like_it(

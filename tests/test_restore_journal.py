@@ -16,7 +16,6 @@ from typing import Any
 
 import pytest
 from lab_server import LabServer, host_env, tree
-from server_config import spotwarp_server_config
 from test_server_api import call
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
@@ -90,16 +89,6 @@ def test_spotwarp_start_restore_is_journaled(tmp_path):
     finally:
         b.discard()
     assert_resume_reported(store, "start", snapshot, via="spotwarp start")
-
-
-@pytest.fixture
-def store_dir(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def jp_server_config(store_dir, monkeypatch):
-    return spotwarp_server_config(store_dir, monkeypatch)
 
 
 async def test_rest_restore_is_journaled(jp_fetch, jp_root_dir, store_dir):

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 from api_contract import check as check_contract
 from lab_server import Execution
-from server_config import spotwarp_server_config
 from tornado.httpclient import HTTPClientError
 
 from spotwarp_jupyter import __version__
@@ -23,16 +22,6 @@ ENDPOINTS = [
     ("POST", ("spotwarp", "api", "snapshots")),
     ("POST", ("spotwarp", "api", "snapshots", "latest", "restore")),
 ]
-
-
-@pytest.fixture
-def store_dir(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def jp_server_config(store_dir, monkeypatch):
-    return spotwarp_server_config(store_dir, monkeypatch)
 
 
 @pytest.fixture

@@ -18,11 +18,6 @@ KEY = "the-servers-secret"
 
 
 @pytest.fixture
-def store_dir(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
 def jp_server_config(store_dir, monkeypatch):
     return spotwarp_server_config(store_dir, monkeypatch, key=KEY)
 

@@ -247,11 +247,6 @@ def cloud(request):
 
 
 @pytest.fixture
-def store_dir(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
 def jp_server_config(store_dir, cloud, monkeypatch):
     # the variables conftest sets would beat this config (environment > config files)
     for name in ("SPOTWARP_PROJECT", "SPOTWARP_STORAGE", "SPOTWARP_WORKSPACE", "SPOTWARP_STORAGE_OPTIONS",

@@ -7,7 +7,6 @@ import os
 from pathlib import Path
 
 import pytest
-from server_config import spotwarp_server_config
 from tornado.httpclient import HTTPClientError
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
@@ -15,16 +14,6 @@ from spotwarp_jupyter.engine import Settings, SnapshotEngine
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 ODD = [b"caf\xe9.csv", b"\xff\xfe-raw.bin"]
-
-
-@pytest.fixture
-def store_dir(tmp_path: Path) -> Path:
-    return tmp_path / "store"
-
-
-@pytest.fixture
-def jp_server_config(store_dir, monkeypatch):
-    return spotwarp_server_config(store_dir, monkeypatch)
 
 
 @pytest.fixture
