@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import argparse
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 from .. import __version__
 from ..engine import ConfigError
+from ..engine.fence import validate_candidate_id
+from ..engine.units import parse_duration
 from .common import EXIT_USAGE
+
+T = TypeVar("T")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -100,6 +104,20 @@ def _launch_parser(sub: Any, name: str) -> None:
                    metavar="KEY=VALUE", help="an option of the provider (repeatable; see docs/failover.md)")
 
 
+def _flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:
+    """An engine parser as a flag's type: its one-line ConfigError becomes a usage error (exit 2)."""
+    def parse_flag(text: str) -> T:
+        try:
+            return parse(text)
+        except ConfigError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+    return parse_flag
+
+
+_duration = _flag_type(parse_duration)
+_candidate_id = _flag_type(validate_candidate_id)
+
+
 def _port(text: str) -> int:
     if not text.isdigit() or not 0 < int(text) < 65536:
         raise argparse.ArgumentTypeError(f"expected a port number (1-65535), got {text!r}")
@@ -123,29 +141,11 @@ def _price(text: str) -> float:
     return value
 
 
-def _duration(text: str) -> float:
-    from ..engine.units import parse_duration
-
-    try:
-        return parse_duration(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
 def _option(text: str) -> tuple[str, str]:
     key, sep, value = text.partition("=")
     if not sep or not key.strip():
         raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
     return key.strip(), value
-
-
-def _candidate_id(text: str) -> str:
-    from ..engine.fence import validate_candidate_id
-
-    try:
-        return validate_candidate_id(text)
-    except ConfigError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _positive_int(text: str) -> int:
