@@ -14,7 +14,9 @@ from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWar
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
 from ..engine.reuse import StaleBaseline
-from .arrivals import Arrivals, restore_status
+from ..project.records import KernelStatus, RestoreProgress, SnapshotSummary
+from ..project.wire import kernel_status_json
+from .arrivals import Arrivals
 from .automatic import AutomaticSnapshots
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
@@ -196,27 +198,21 @@ class KernelSession(AutomaticSnapshots):
             return {}
         return dict(self.engine.kernel_record(self.last, self.notebook).get("changed", {}))
 
+    def status_record(self) -> KernelStatus:
+        """This session's facts, as a typed record (project/records.py)."""
+        restore = None
+        if self.last_restore is not None:
+            manifest, result = self.last_restore
+            restore = RestoreProgress(manifest.id, result.usable_s, result.complete_s, list(result.loading),
+                                      dict(result.failed))
+        return KernelStatus(
+            project=self.settings.project, storage=self.settings.storage, notebook=self.notebook,
+            policy=self.policy.as_dict(), policy_text=self.policy.describe(),
+            last_snapshot=None if self.last is None else SnapshotSummary.of(self.last),
+            in_flight=self.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
+            changed=self.changed(), last_error=self.last_error, restore=restore,
+        )
+
     def status(self) -> dict[str, Any]:
-        """What `%spotwarp status` and the widget show."""
-        last = self.last
-        return {
-            "project": self.settings.project,
-            "storage": self.settings.storage,
-            "notebook": self.notebook,
-            "policy": self.policy.as_dict(),
-            "last_snapshot": None if last is None else {
-                "id": last.id,
-                "created": last.created_iso,
-                "age_s": round(time.time() - last.created, 1),
-                "size": last.size,
-                "bytes_written": last.stats.get("bytes_written"),
-                "duration_s": last.stats.get("duration_s"),
-                "pause_s": last.stats.get("pause_s"),
-            },
-            "in_flight": self.in_flight is not None,
-            "last_pause_s": None if self.last_pause_s is None else round(self.last_pause_s, 4),
-            "skipped": self.skipped(),
-            "changed": self.changed(),
-            "last_error": self.last_error,
-            "restore": restore_status(self.last_restore),
-        }
+        """What `%spotwarp status`, the widget and the server's status request show (project/wire.py's JSON)."""
+        return kernel_status_json(self.status_record())
