@@ -86,6 +86,11 @@ def test_which_cells_wait():
     assert may_touch("box.size()", ns, pending), "a method of a notebook class"
     assert may_touch("print(globals()['big'])", ns, pending)
     assert may_touch("x = (", ns, pending), "code that does not tokenize"
+    # one analysis with incremental snapshots (engine/code_names.py): frames and output history reach any variable
+    assert may_touch("import inspect\nv = inspect.currentframe().f_globals['big']", ns, pending)
+    assert may_touch("print(Out[3])", ns, pending)
+    assert not may_touch("x = box.big if False else small", {**ns, "box": object()}, pending), \
+        "an attribute named like a pending variable is not that variable"
     assert looks_only("%spotwarp status\n") and not looks_only("%spotwarp snapshot")
     assert after_restore("%load_ext spotwarp\n%spotwarp restore latest\nx = big") == "x = big"
     assert after_restore("import spotwarp\nspotwarp.restore()") == "" and after_restore("x = 1") == ""

@@ -340,7 +340,7 @@ class TestBusyKernel:
 
 def test_a_kernel_names_its_notebook_relative_to_the_workspace(tmp_path):
     """jupyter_server passes an absolute JPY_SESSION_NAME; the key must be the same on every host."""
-    from spotwarp_jupyter.kernel.session import notebook_name
+    from spotwarp_jupyter.kernel.notebooks import notebook_name
 
     ws = tmp_path / "ws"
     assert notebook_name({"JPY_SESSION_NAME": str(ws / "nb" / "a.ipynb"), "SPOTWARP_WORKSPACE": str(ws)}) == "nb/a.ipynb"

@@ -61,7 +61,7 @@ def collect_garbage(engine: "SnapshotEngine", keep: int, grace_s: float = 3600.0
         kept, dropped = _choose(listing, keep)
         for m in dropped:
             store.delete_manifest(m.name)
-            engine._cache.pop(m.name, None)
+            engine.catalog.forget(m.name)
             report.dropped.append(m.id)
         report.kept = [m.id for m in kept]
         if writers:

@@ -6,7 +6,7 @@ import os
 import secrets
 import socket
 import time
-from typing import Iterable, Iterator
+from typing import BinaryIO, Callable, Iterable, Iterator
 
 from .hashing import Buffer
 
@@ -18,21 +18,45 @@ HOST_TAG = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40]
 
 def write_atomic(path: str, data: Buffer) -> None:
     """Write `data` to `path` through a fsync'd temporary renamed into place (then fsync the folder)."""
-    directory = os.path.dirname(path)
-    os.makedirs(directory, exist_ok=True)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
     tmp = f"{path}{TMP_MARK}{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
+    replace_with(tmp, fd, path, lambda f: f.write(data))
+
+
+def replace_with(tmp: str, fd: int, path: str, fill: Callable[[BinaryIO], object], *, mode: int | None = None,
+                 mtime_ns: int | None = None, check: Callable[[str], None] | None = None,
+                 sync_folder: bool = True) -> None:
+    """Fill the temporary `tmp` (open as `fd`), set its mode and times, fsync it, rename it over `path`.
+
+    The rename happens before `fd` closes (a lock on it is held until the file is in place); on any failure
+    the temporary is removed. `check(path)` runs just before the rename; `sync_folder` fsyncs the folder after.
+    """
     try:
-        with open(tmp, "wb") as f:
-            f.write(data)
+        with os.fdopen(fd, "wb") as f:
+            fill(f)
             f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
+            # through the descriptor: never through whatever the name may have been replaced with
+            if mode is not None:
+                os.chmod(fd, mode)
+            if mtime_ns:
+                os.utime(fd, ns=(mtime_ns, mtime_ns))
+            os.fsync(fd)
+            if check is not None:
+                check(path)
+            os.replace(tmp, path)
     except BaseException:
         try:
             os.unlink(tmp)
         except OSError:
             pass
         raise
+    if sync_folder:
+        fsync_folder(os.path.dirname(path))
+
+
+def fsync_folder(directory: str) -> None:
+    """Make a rename in `directory` durable (where the platform allows opening a folder)."""
     try:
         fd = os.open(directory, os.O_RDONLY)
         try:

@@ -1,6 +1,7 @@
 """The snapshot engine: one object that makes, lists, restores, verifies and prunes snapshots.
 
-The kernel extension, the server, and the CLI are thin doors onto this class.
+The kernel extension, the server, and the CLI are thin doors onto this class. Reading manifests is
+catalog.py's job, verifying verify.py's, pruning gc.py's; this class commits and restores.
 """
 
 from __future__ import annotations
@@ -10,12 +11,12 @@ import logging
 import socket
 import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from .capture import CaptureOptions, KernelImage, capture_namespace
+from .catalog import ManifestCatalog
 from .environment import collect_facts, version_warnings
-from .errors import ManifestError, SnapshotNotFound, SpotWarpError, StorageError
+from .errors import SnapshotNotFound, SpotWarpError, StorageError
 from .fence import Fence, Fenced
 from .gc import GcReport, collect_garbage
 from .leases import Lease, WriteLease
@@ -27,33 +28,11 @@ from .reuse import ReusePlan, StaleBaseline
 from .scope import signing_scope
 from .settings import Settings
 from .store import Store
+from .verify import VerifyReport, verify_snapshots
 
 log = logging.getLogger("spotwarp")
 DEFAULT_NOTEBOOK = "default"
-
-
-@dataclass
-class VerifyReport:
-    """The outcome of re-reading and re-hashing snapshots."""
-
-    snapshots: list[str] = field(default_factory=list)
-    objects_checked: int = 0
-    bytes_checked: int = 0
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
-
-
-_OLDER_HINT = "to restore an older snapshot, name it explicitly (its id from `spotwarp list`: --snapshot ID)"
-
-
-def _refusal(exc: ManifestError) -> ManifestError:
-    """The refusal of the newest snapshot, saying how to choose an older one instead of falling back."""
-    if _OLDER_HINT in str(exc):
-        return exc
-    return type(exc)(f"{exc}; {_OLDER_HINT}")
+__all__ = ["DEFAULT_NOTEBOOK", "GcReport", "SnapshotEngine", "VerifyReport"]
 
 
 def _modules_used(record: dict[str, Any]) -> set[str]:
@@ -73,76 +52,26 @@ class SnapshotEngine:
         self.fence = fence if fence is not None else Fence.from_env()
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self.scope = signing_scope(settings)
-        self._cache: dict[str, Manifest] = {}
-        self.rejected: dict[str, str] = {}
-        self._rejections: dict[str, ManifestError] = {}
+        self.catalog = ManifestCatalog(self.store, settings, self.key, self.scope)
         self._lock = threading.Lock()
 
-    # -- reading ----------------------------------------------------------------------------
+    # -- reading: engine/catalog.py ---------------------------------------------------------------
+    @property
+    def rejected(self) -> dict[str, str]:
+        """Manifests refused (damaged, unsigned, foreign), with why."""
+        return self.catalog.rejected
+
     def manifests(self, notebook: str | None = None) -> list[Manifest]:
         """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given)."""
-        names = self.store.manifest_names()
-        for gone in set(self._rejections) - set(names):  # deleted since: no longer a reason to refuse
-            del self._rejections[gone]
-            self.rejected.pop(gone, None)
-        out: list[Manifest] = []
-        for name in names:
-            manifest = self._cache.get(name)
-            if manifest is None and name not in self.rejected:
-                try:
-                    manifest = Manifest.from_bytes(self.store.read_manifest(name), name, self.key,
-                                                  require_signature=bool(self.key), scope=self.scope)
-                except FileNotFoundError:
-                    continue  # dropped by a concurrent gc
-                except ManifestError as exc:
-                    self.rejected[name] = str(exc)
-                    self._rejections[name] = exc
-                    log.warning("%s", exc)
-                    continue
-                if manifest.project != self.settings.project:
-                    exc = ManifestError(f"snapshot {manifest.id} belongs to project {manifest.project!r}, "
-                                        f"not {self.settings.project!r}: refusing it")
-                    self.rejected[name], self._rejections[name] = str(exc), exc
-                    continue
-                self._cache[name] = manifest
-            if manifest is not None and (notebook is None or notebook in manifest.kernels):
-                out.append(manifest)
-        out.sort(key=lambda m: m.order, reverse=True)
-        return out
+        return self.catalog.manifests(notebook)
 
     def get(self, ref: str = "latest", notebook: str | None = None) -> Manifest:
         """A snapshot by `latest`, full id, or unique id prefix."""
-        ref = (ref or "latest").strip()
-        listing = self.manifests(notebook)
-        if ref == "latest":
-            newer_rejected = [n for n in self._rejections if not listing or n > listing[0].name]
-            if newer_rejected:
-                # never fall back silently past a snapshot that fails its checks: say why it was refused
-                raise _refusal(self._rejections[max(newer_rejected)])
-            if not listing:
-                where = f" for notebook {notebook!r}" if notebook else ""
-                raise SnapshotNotFound(f"project {self.settings.project!r} has no snapshot{where} yet in {self.settings.storage}")
-            return listing[0]
-        if not ref.replace("-", "").isalnum() or len(ref) > 64:
-            raise SnapshotNotFound(f"bad snapshot id {ref!r}: use an id from `spotwarp list`, or latest")
-        for name, exc in self._rejections.items():
-            if name.endswith(f"-{ref}.json"):
-                raise exc
-        matches = [m for m in self.manifests() if m.id.startswith(ref)]
-        if not matches:
-            raise SnapshotNotFound(f"no snapshot {ref!r} in project {self.settings.project!r} (see `spotwarp list`)")
-        if len(matches) > 1:
-            raise SnapshotNotFound(f"snapshot id {ref!r} is ambiguous: {', '.join(m.id for m in matches)}")
-        return matches[0]
+        return self.catalog.get(ref, notebook)
 
     def refuse_newer_than(self, manifest: Manifest | None) -> None:
-        """Raise the refusal of a snapshot newer than `manifest` (or any, for None) that fails its checks.
-
-        `latest` never falls back silently past a damaged, unsigned or foreign snapshot: the caller names an older one.
-        """
-        newer = [n for n in self._rejections if manifest is None or n > manifest.name]
-        if newer:
-            raise _refusal(self._rejections[max(newer)])
+        """Raise the refusal of a snapshot newer than `manifest` (or any, for None) that fails its checks."""
+        self.catalog.refuse_newer_than(manifest)
 
     @contextlib.contextmanager
     def writing(self) -> Iterator[WriteLease]:
@@ -246,7 +175,7 @@ class SnapshotEngine:
             self.store.delete_manifest(manifest.name)
             raise
         manifest.signed = bool(self.key)
-        self._cache[manifest.name] = manifest
+        self.catalog.remember(manifest)
         return manifest
 
     def check_lease(self, lease: Lease, manifest: Manifest) -> None:
@@ -329,26 +258,8 @@ class SnapshotEngine:
 
     # -- maintenance --------------------------------------------------------------------------
     def verify(self, ref: str | None = None) -> VerifyReport:
-        """Re-read and re-hash every object of one snapshot (or all); collect every problem found."""
-        report = VerifyReport()
-        manifests = [self.get(ref)] if ref else self.manifests()
-        for name, reason in self.rejected.items():
-            report.problems.append(f"manifest {name}: {reason}")
-        referenced: dict[str, list[str]] = {}
-        for m in manifests:
-            report.snapshots.append(m.id)
-            for oid, size in m.objects.items():
-                referenced.setdefault(oid, []).append(m.id)
-        sizes = {oid: size for m in manifests for oid, size in m.objects.items()}
-        for oid, snapshot_ids in sorted(referenced.items()):
-            try:
-                self.store.read_object(oid, sizes[oid])
-            except SpotWarpError as exc:
-                report.problems.append(f"{exc} [snapshots {', '.join(sorted(set(snapshot_ids)))}]")
-                continue
-            report.objects_checked += 1
-            report.bytes_checked += sizes[oid]
-        return report
+        """Re-read and re-hash every object of one snapshot (or all); collect every problem found (engine/verify.py)."""
+        return verify_snapshots(self, ref)
 
     def gc(self, keep: int, grace_s: float = 3600.0) -> GcReport:
         """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names.

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import os
 import stat
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
 from . import restore_temporaries
 from .errors import SpotWarpError
 from .hashing import fingerprint
+from .local_files import replace_with
 from .store import Store
 from .workspace_checks import UnsafePathError
 
@@ -58,33 +59,22 @@ def holds(path: str, entry: dict[str, Any]) -> bool:
 
 def write_file(store: Store, folder: str, name: str, entry: dict[str, Any], on_bytes: Callable[[int], None]) -> None:
     """Write one file's chunks (each checked against its hash) to a temporary, then rename it into place."""
-    target = os.path.join(folder, name)
     tmp, fd = restore_temporaries.create_locked(folder)  # short name: any name the filesystem allows fits
-    try:
-        with os.fdopen(fd, "wb") as f:  # closing it releases the lock: only after the rename below
-            for chunk in entry["chunks"]:
-                data = store.read_object(chunk["id"], chunk["size"])  # checked against its hash
-                f.write(data)
-                on_bytes(len(data))
-            f.flush()
-            # through the descriptor: never through whatever the name may have been replaced with
-            os.chmod(fd, entry.get("mode", 0o644) & 0o777)
-            if entry.get("mtime_ns"):
-                os.utime(fd, ns=(entry["mtime_ns"], entry["mtime_ns"]))
-            os.fsync(fd)
-            _rename(tmp, target)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        raise
+
+    def fill(f: BinaryIO) -> None:
+        for chunk in entry["chunks"]:
+            data = store.read_object(chunk["id"], chunk["size"])  # checked against its hash
+            f.write(data)
+            on_bytes(len(data))
+
+    # the lock on the temporary is released when it closes: only after the rename
+    replace_with(tmp, fd, os.path.join(folder, name), fill, mode=entry.get("mode", 0o644) & 0o777,
+                 mtime_ns=entry.get("mtime_ns"), check=_no_folder_in_the_way, sync_folder=False)
 
 
-def _rename(tmp: str, target: str) -> None:
+def _no_folder_in_the_way(target: str) -> None:
     if os.path.isdir(target) and not os.path.islink(target):
         raise SpotWarpError(f"cannot restore file {target}: a folder is in the way")
-    os.replace(tmp, target)  # replaces a symlink itself, never what it points to
 
 
 def write_link(folder: str, name: str, target: str) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..engine import Manifest
-from ..engine.restore import RestoreResult
 from ..engine.restore_background import BackgroundLoad
 from .cell_names import after_restore, looks_only, may_touch
 
@@ -64,13 +62,3 @@ class Arrivals:
             print(report, file=sys.stderr)
         if load.finished():
             self.load = None
-
-
-def restore_status(last_restore: tuple[Manifest, RestoreResult] | None) -> dict[str, Any] | None:
-    """The `restore` field of a kernel's status: snapshot id, usable_s, complete_s, loading, failed."""
-    if last_restore is None:
-        return None
-    manifest, result = last_restore
-    rounded = lambda v: None if v is None else round(v, 3)  # noqa: E731
-    return {"id": manifest.id, "usable_s": rounded(result.usable_s), "complete_s": rounded(result.complete_s),
-            "loading": list(result.loading), "failed": dict(result.failed)}

@@ -2,25 +2,24 @@
 
 Used while a restore still loads large variables: a cell that may touch one of them waits for it;
 any other cell runs at once. When in doubt (code that does not parse, magics, `globals()`,
-`eval`), the answer is "every name".
+`eval`), the answer is "every name". The analysis of the code is engine/code_names.py's (shared with
+incremental snapshots); this module knows the cell's magic lines.
 """
 
 from __future__ import annotations
 
-import io
 import re
-import tokenize
-import types
-from typing import Any, Iterable
+from typing import Any
 
-# names through which code can reach any variable: a cell using them waits for everything
-_ANY_NAME = frozenset({"globals", "vars", "locals", "dir", "eval", "exec", "get_ipython", "__import__",
-                       "__main__", "sys", "pickle", "dill", "spotwarp", "spotwarp_jupyter"})
+from ..engine import code_names
+
+# names through which a cell may read any variable while a restore loads, besides those through which code
+# may change any (code_names' `dynamic`): listing the namespace, modules that reach it, SpotWarp itself
+_READS_ANY = frozenset({"dir", "sys", "pickle", "dill", "spotwarp", "spotwarp_jupyter"})
 # `%spotwarp` lines that only look at the session (and the status that reports the loading)
 _LOOKS_ONLY = re.compile(r"^\s*%spotwarp(\s+(status|list|on|off|widget))?\s*$")
 # the line of a cell that starts a restore (the rest of the cell is what may need its variables)
 _RESTORE_LINE = re.compile(r"^\s*(%spotwarp\s+restore\b|.*\bspotwarp\.restore\s*\()")
-_DEPTH = 4
 
 
 def looks_only(raw_cell: str) -> bool:
@@ -36,63 +35,6 @@ def after_restore(raw_cell: str) -> str:
     return "\n".join(lines[starts[-1] + 1:]) if starts else ""
 
 
-def code_names(code: str) -> set[str] | None:
-    """Every identifier in `code` (Python after IPython's transforms); None when it does not tokenize."""
-    try:
-        return {t.string for t in tokenize.generate_tokens(io.StringIO(code).readline) if t.type == tokenize.NAME}
-    except (tokenize.TokenError, IndentationError, SyntaxError):
-        return None
-
-
-def _code_objects(value: Any) -> Iterable[types.CodeType]:
-    """The code a notebook-defined function, class or instance can run."""
-    if isinstance(value, types.FunctionType):
-        yield value.__code__
-        return
-    cls = value if isinstance(value, type) else type(value)
-    if getattr(cls, "__module__", None) != "__main__":
-        return
-    for klass in cls.__mro__:
-        if getattr(klass, "__module__", None) != "__main__":
-            continue
-        for member in vars(klass).values():
-            for fn in (member, getattr(member, "__func__", None), getattr(member, "fget", None),
-                       getattr(member, "fset", None)):
-                if isinstance(fn, types.FunctionType):
-                    yield fn.__code__
-
-
-def _global_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):
-            names |= _global_names(const)
-    return names
-
-
-def reachable_names(names: set[str], namespace: dict[str, Any]) -> set[str]:
-    """`names` plus the global names notebook code they refer to can use, a few calls deep."""
-    seen = set(names)
-    frontier = set(names)
-    for _ in range(_DEPTH):
-        found: set[str] = set()
-        for name in frontier:
-            value = namespace.get(name)
-            if value is None:
-                continue
-            for code in _code_objects(value):
-                found |= _global_names(code)
-        frontier = found - seen
-        seen |= frontier
-        if not frontier:
-            break
-    return seen
-
-
 def may_touch(code: str, namespace: dict[str, Any], pending: set[str]) -> bool:
-    """True when running `code` may read or rebind one of the `pending` names (or any name at all)."""
-    names = code_names(code)
-    if names is None:
-        return True
-    names = reachable_names(names, namespace)
-    return bool(names & pending) or bool(names & _ANY_NAME)
+    """True when running `code` (Python after IPython's transforms) may read or rebind a `pending` name, or any."""
+    return code_names.may_touch(code, namespace, pending, reads_any=_READS_ANY)

@@ -13,6 +13,7 @@ from traitlets import Bool, Dict, Int, Unicode
 from ..engine import Settings, SpotWarpError
 from ..engine.resolver import LOCATION, POLICY, configured, resolve_settings
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
+from ..project.wire import kernel_status_text
 from . import session as session_module
 from .policy import Policy
 from .session import KernelSession
@@ -101,35 +102,7 @@ class SpotWarpMagics(Magics):
     # -- subcommands --------------------------------------------------------------------------
     def _do_status(self, rest: str) -> None:
         self._no_args("status", rest)
-        s = self.session.status()
-        print(f"SpotWarp: project {s['project']} · notebook {s['notebook']}")
-        print(f"  storage   {s['storage']}")
-        print(f"  policy    {self.session.policy.describe()}")
-        last = s["last_snapshot"]
-        if last:
-            pause = f" · paused the kernel {format_duration(last['pause_s'])}" if last.get("pause_s") is not None else ""
-            print(f"  last      {last['id']} · {format_duration(last['age_s'])} ago · {format_size(last['size'])}"
-                  f" · wrote {format_size(last['bytes_written'] or 0)} in {format_duration(last['duration_s'] or 0)}{pause}")
-        else:
-            print("  last      no snapshot from this kernel yet")
-        if s.get("in_flight"):
-            print("  now       a background snapshot is being written")
-        if s["last_error"]:
-            print(f"  error     {s['last_error']}")
-        restore = s.get("restore")
-        if restore and (restore["loading"] or restore["failed"] or restore["complete_s"] != restore["usable_s"]):
-            done = (f"complete in {format_duration(restore['complete_s'])}" if restore["complete_s"] is not None
-                    else "still loading " + ", ".join(restore["loading"]))
-            print(f"  restore   {restore['id']}: usable in {format_duration(restore['usable_s'])}, {done}"
-                  + (f"; failed: {', '.join(sorted(restore['failed']))}" if restore["failed"] else ""))
-        if s["skipped"]:
-            print("  skipped   (not saved)")
-            for name, reason in sorted(s["skipped"].items()):
-                print(f"    {name}: {reason}")
-        if s["changed"]:
-            print("  changed   (saved, but not as they were)")
-            for name, reason in sorted(s["changed"].items()):
-                print(f"    {name}: {reason}")
+        print(kernel_status_text(self.session.status_record()))
 
     @magic_arguments()
     @argument("--every", help="interval between automatic snapshots, e.g. 30s, 5m, 1h")

@@ -1,31 +1,25 @@
 """The SpotWarp state of one kernel: settings, policy, the engine, and what the last snapshot did.
 
 Magics, the Python API, the widget and the server's requests all go through one KernelSession.
+Automatic and background snapshots are automatic.py's part of it; what a snapshot reuses, increments.py's.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-import warnings
 from typing import Any, Callable, Mapping
 
-from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
-from ..engine.access import AccessTracker
-from ..engine.background import (
-    BackgroundSnapshot,
-    fork_unavailable_reason,
-    release_pages,
-    start_background,
-    start_in_thread,
-)
-from ..engine.capture import select_variables
 from ..engine.environment import package_versions
 from ..engine.restore import RestoreResult
-from .arrivals import Arrivals, restore_status
-from ..engine.reuse import Baseline, ReusePlan, StaleBaseline, plan_reuse
+from ..engine.reuse import StaleBaseline
+from ..project.records import KernelStatus, RestoreProgress, SnapshotSummary
+from ..project.wire import kernel_status_json
+from .arrivals import Arrivals
+from .automatic import AutomaticSnapshots
+from .increments import Increments
+from .notebooks import describe_notebooks, notebook_name
 from .policy import Policy
 from .retention import Pruner
 
@@ -34,46 +28,6 @@ StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
 STATE_PROVIDERS: dict[str, StateProvider] = {}
 
 _current: "KernelSession | None" = None
-DEFAULT_FULL_EVERY = 20
-
-
-def full_every(env: Mapping[str, str] | None = None) -> int:
-    """Every how many snapshots one is a full pass regardless of tracking (`SPOTWARP_FULL_EVERY`; 0: never)."""
-    text = ((os.environ if env is None else env).get("SPOTWARP_FULL_EVERY") or "").strip()
-    if not text:
-        return DEFAULT_FULL_EVERY
-    try:
-        return max(0, int(text))
-    except ValueError:  # a bad setting must not stop the extension from loading: say so, keep the default
-        warnings.warn(f"SPOTWARP_FULL_EVERY={text!r} is not a whole number of snapshots (0: never); "
-                      f"using {DEFAULT_FULL_EVERY}", stacklevel=2)
-        return DEFAULT_FULL_EVERY
-
-
-_SCALARS = (int, float, complex, bool, type(None))
-
-
-def _small_scalar(value: Any) -> bool:
-    """A value pickled in microseconds, whatever it is bound to (numbers, short strings)."""
-    return type(value) in _SCALARS or (type(value) in (str, bytes) and len(value) <= 65536)
-
-
-def notebook_name(env: Mapping[str, str] | None = None) -> str:
-    """Which notebook this kernel belongs to: `JPY_SESSION_NAME` (set by jupyter_server), else `default`."""
-    env = os.environ if env is None else env
-    name = (env.get("JPY_SESSION_NAME") or "").strip()
-    workspace = (env.get("SPOTWARP_WORKSPACE") or "").strip()
-    if name and workspace and os.path.isabs(name):
-        # the server passes an absolute path; key notebooks by their place in the workspace, same on every host
-        relative = os.path.relpath(os.path.realpath(name), os.path.realpath(workspace))
-        if relative != ".." and not relative.startswith(".." + os.sep):
-            name = relative.replace(os.sep, "/")
-    return name.lstrip("/") if name else "default"
-
-
-def _notebooks(manifest: Manifest) -> str:
-    names = sorted(manifest.kernels)
-    return ("notebook " + repr(names[0])) if len(names) == 1 else ("notebooks " + ", ".join(map(repr, names)))
 
 
 def current() -> "KernelSession":
@@ -90,7 +44,7 @@ def set_current(session: "KernelSession | None") -> None:
     _current = session
 
 
-class KernelSession:
+class KernelSession(AutomaticSnapshots):
     """Everything SpotWarp knows and does inside one kernel."""
 
     def __init__(self, namespace: dict[str, Any], hidden: Mapping[str, Any] | None, settings: Settings,
@@ -107,23 +61,19 @@ class KernelSession:
         self.last_snapshot_at: float | None = None
         self.last_started_at: float | None = None
         self.last_pause_s: float | None = None
-        self.in_flight: BackgroundSnapshot | None = None
-        self._flight_done = threading.Event()
-        self._flight_done.set()
-        self._deferred: list[str] = []
-        self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
-        self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
-        self.started_at = time.time()
+        self._init_automatic()
         self._engine: SnapshotEngine | None = None
         self.pruner = Pruner()  # --keep, off the user's cell
-        self.access = AccessTracker()  # fed each cell's code by the extension (kernel/extension.py)
-        self.full_every = full_every()
-        self._baseline: Baseline | None = None  # our last committed snapshot, for groups no code touched since
-        self._since_full = 0
-        self._planned: tuple[Any, dict[str, int], CaptureOptions, bool] | None = None
+        self.increments = Increments()
+        self.access = self.increments.access  # fed each cell's code by the extension (kernel/extension.py)
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
+
+    @property
+    def full_every(self) -> int:
+        """Every how many snapshots one is a full pass (`SPOTWARP_FULL_EVERY`)."""
+        return self.increments.full_every
 
     @property
     def engine(self) -> SnapshotEngine:
@@ -142,7 +92,7 @@ class KernelSession:
         )
         engine = SnapshotEngine(settings)
         self.settings, self._engine = settings, engine
-        self._baseline = None
+        self.increments.baseline = None
 
     def capture_options(self) -> CaptureOptions:
         return CaptureOptions(include=self.policy.include, exclude=self.policy.exclude,
@@ -153,30 +103,6 @@ class KernelSession:
         for name, (capture, _restore) in STATE_PROVIDERS.items():
             out[name] = capture()
         return out
-
-    def _plan(self, options: CaptureOptions, full: bool) -> tuple[ReusePlan | None, dict[str, Any]]:
-        """What the next snapshot may reuse (engine/reuse.py), and the stats saying why it is full if so."""
-        mark, touched, why = self.access.begin()
-        if full:
-            why = why or "a full snapshot was asked for"
-        elif self.full_every and self._since_full + 1 >= self.full_every:
-            why = why or f"one snapshot in {self.full_every} is a full pass (SPOTWARP_FULL_EVERY)"
-        plan, why = plan_reuse(self._baseline, touched, why, options)
-        ids = {name: id(value) for name, value in self.namespace.items()}
-        self._planned = (mark, ids, options, plan is None)
-        return plan, ({"full_reason": why} if why else {})
-
-    def _remember(self, manifest: Manifest) -> None:
-        """A snapshot this kernel planned is committed: it is the baseline of the next one."""
-        planned, self._planned = self._planned, None
-        record = manifest.kernels.get(self.notebook)
-        if planned is None or record is None:
-            self._baseline = None
-            return
-        mark, ids, options, full = planned
-        self._baseline = Baseline(manifest.id, record, ids, options)
-        self.access.committed(mark)
-        self._since_full = 0 if full else self._since_full + 1
 
     def snapshot(self, message: str | None = None, requests: list[str] | None = None,
                  full: bool = False) -> Manifest:
@@ -189,7 +115,7 @@ class KernelSession:
         with self._lock:
             started = time.perf_counter()
             options = self.capture_options()
-            plan, stats = self._plan(options, full)
+            plan, stats = self.increments.plan(self.namespace, options, full)
             try:
                 manifest = self.engine.snapshot_kernel(
                     self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats,
@@ -198,129 +124,13 @@ class KernelSession:
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
                 if isinstance(exc, StaleBaseline):
-                    self._baseline = None
+                    self.increments.baseline = None
                 raise
             self.last_pause_s = time.perf_counter() - started
             manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
-            self._remember(manifest)
+            self.increments.remember(manifest, self.notebook)
             self._committed(manifest)
             return manifest
-
-    def snapshot_in_background(self, message: str | None = None,
-                               requests: list[str] | None = None) -> BackgroundSnapshot | Manifest | None:
-        """Start a snapshot the kernel does not wait for; None if one is already in flight.
-
-        Falls back to a synchronous snapshot where fork is unavailable.
-        """
-        if fork_unavailable_reason():
-            return self.snapshot(message, requests)
-        with self._lock:
-            if self.in_flight is not None:
-                return None
-            engine, notebook = self.engine, self.notebook
-            started = time.perf_counter()
-            self.last_started_at = time.time()
-            self._flight_done.clear()
-            options = self.capture_options()
-            plan, stats = self._plan(options, full=False)
-
-            def commit(image):
-                return engine.commit_image(image, notebook, message, started=started,
-                                           stats={"mode": "background", **stats}, on_written=release_pages, requests=requests)
-
-            start = start_in_thread if self._little_left(plan, options) else start_background
-            try:
-                self.in_flight = start(commit, self.namespace, self.hidden, options,
-                                       self.extras, on_done=self._background_done, reuse=plan)
-            except BaseException:
-                self._flight_done.set()
-                raise
-            self.last_pause_s = self.in_flight.pause_s
-            return self.in_flight
-
-    def _little_left(self, plan: ReusePlan | None, options: CaptureOptions) -> bool:
-        """Whether the plan leaves only small scalars to serialize (then no fork: a writer thread is cheaper)."""
-        if plan is None:
-            return False
-        values, _imports, _skipped = select_variables(self.namespace, self.hidden, options)
-        reused, _changed = plan.split(values)
-        taken = {n for g in reused for n in g["names"]}
-        return all(_small_scalar(v) for n, v in values.items() if n not in taken)
-
-    def _background_done(self, job: BackgroundSnapshot) -> None:
-        """Runs in the reaper thread once the child has exited."""
-        try:
-            result = job.result
-            if result is not None and result.ok and result.snapshot_id:
-                manifest = self.engine.get(result.snapshot_id)
-                manifest.stats["pause_s"] = round(job.pause_s, 4)
-                self._remember(manifest)
-                self._committed(manifest)
-            else:
-                self.last_error = (result.error if result else None) or "background snapshot failed"
-                if self.last_error.startswith(StaleBaseline.__name__):
-                    self._baseline = None
-        except Exception as exc:  # noqa: BLE001 - a reaper thread must not die silently
-            self.last_error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.in_flight = None
-            deferred, self._deferred = self._deferred, []
-            self._flight_done.set()
-            for reason in deferred:
-                safepoints.request(reason)
-
-    def wait_in_flight(self, timeout: float | None = None) -> bool:
-        """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
-        return self._flight_done.wait(timeout)
-
-    def due(self, reasons: list[str], cell_end: bool = False) -> bool:
-        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
-        if reasons:
-            return True
-        if not self.policy.enabled:
-            return False
-        if cell_end and self._first_cell:
-            self._first_cell = False
-            if self.last_snapshot_at is None and self.last_started_at is None and not self._first_cell_waits():
-                return True
-        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
-        return time.time() - last >= self.policy.every_s
-
-    def _first_cell_waits(self) -> bool:
-        """Whether the first cell must not snapshot: this kernel restored one (its state is already stored),
-        or its notebook has one this kernel has not restored (an empty session must not become its newest
-        at once: the widget offers it, and the interval gives time to restore)."""
-        if self.last_restore is not None:
-            return True
-        try:
-            return bool(self.engine.manifests(self.notebook))
-        except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
-            return False
-
-    def at_safe_point(self, where: str, reasons: list[str]) -> None:
-        """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due."""
-        if where == "cell" and not reasons and not self.policy.after_cell:
-            return
-        if not self.due(reasons, cell_end=where == "cell"):
-            return
-        if self.arrivals.load is not None:
-            if not reasons:
-                return  # the state being restored is stored already: the timer waits for the restore to end
-            self.arrivals.finish()  # asked for (a preemption notice): the snapshot must hold every variable
-        if self.in_flight is not None:
-            self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
-            return
-        message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
-        requests, self._requests = self._requests, []
-        try:
-            self.snapshot_in_background(message, requests)
-        except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self._requests[:0] = requests  # the next one answers them
-
-    def answer_with_next_snapshot(self, request_id: str) -> None:
-        """Name `request_id` in the next snapshot started at a safe point (how a notice finds its snapshot)."""
-        self._requests.append(request_id)
 
     def _committed(self, manifest: Manifest) -> None:
         self.last = manifest
@@ -344,7 +154,7 @@ class KernelSession:
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest()
             manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables)
-            self._baseline = self._planned = None  # restored values are new objects: the next snapshot is full
+            self.increments.restart()  # restored values are new objects: the next snapshot is full
             if variables is None:
                 for name, state in (result.extras or {}).items():
                     provider = STATE_PROVIDERS.get(name)
@@ -366,7 +176,7 @@ class KernelSession:
         newest = others[0]
         raise SpotWarpError(
             f"notebook {self.notebook!r} has no snapshot of its own yet; the newest in project "
-            f"{self.settings.project!r} is {newest.id} of {_notebooks(newest)} ({newest.host}, {newest.created_iso}): "
+            f"{self.settings.project!r} is {newest.id} of {describe_notebooks(newest)} ({newest.host}, {newest.created_iso}): "
             f"pass its id to load that notebook's variables here (restore {newest.id})"
         )
 
@@ -388,27 +198,21 @@ class KernelSession:
             return {}
         return dict(self.engine.kernel_record(self.last, self.notebook).get("changed", {}))
 
+    def status_record(self) -> KernelStatus:
+        """This session's facts, as a typed record (project/records.py)."""
+        restore = None
+        if self.last_restore is not None:
+            manifest, result = self.last_restore
+            restore = RestoreProgress(manifest.id, result.usable_s, result.complete_s, list(result.loading),
+                                      dict(result.failed))
+        return KernelStatus(
+            project=self.settings.project, storage=self.settings.storage, notebook=self.notebook,
+            policy=self.policy.as_dict(), policy_text=self.policy.describe(),
+            last_snapshot=None if self.last is None else SnapshotSummary.of(self.last),
+            in_flight=self.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
+            changed=self.changed(), last_error=self.last_error, restore=restore,
+        )
+
     def status(self) -> dict[str, Any]:
-        """What `%spotwarp status` and the widget show."""
-        last = self.last
-        return {
-            "project": self.settings.project,
-            "storage": self.settings.storage,
-            "notebook": self.notebook,
-            "policy": self.policy.as_dict(),
-            "last_snapshot": None if last is None else {
-                "id": last.id,
-                "created": last.created_iso,
-                "age_s": round(time.time() - last.created, 1),
-                "size": last.size,
-                "bytes_written": last.stats.get("bytes_written"),
-                "duration_s": last.stats.get("duration_s"),
-                "pause_s": last.stats.get("pause_s"),
-            },
-            "in_flight": self.in_flight is not None,
-            "last_pause_s": None if self.last_pause_s is None else round(self.last_pause_s, 4),
-            "skipped": self.skipped(),
-            "changed": self.changed(),
-            "last_error": self.last_error,
-            "restore": restore_status(self.last_restore),
-        }
+        """What `%spotwarp status`, the widget and the server's status request show (project/wire.py's JSON)."""
+        return kernel_status_json(self.status_record())

@@ -7,8 +7,10 @@ from .records import (
     VIA_START,
     KernelAnswer,
     KernelRestore,
+    KernelStatus,
     LiveKernel,
     ProjectStatus,
+    RestoreProgress,
     RestoreResult,
     ServerFacts,
     SnapshotSummary,
@@ -17,6 +19,7 @@ from .service import KernelRestorer, Project
 from .wire import manifest_summary
 
 __all__ = [
-    "VIA_CLI", "VIA_HUB", "VIA_REST", "VIA_START", "KernelAnswer", "KernelRestore", "KernelRestorer", "LiveKernel",
-    "Project", "ProjectStatus", "RestoreResult", "ServerFacts", "SnapshotSummary", "manifest_summary",
+    "VIA_CLI", "VIA_HUB", "VIA_REST", "VIA_START", "KernelAnswer", "KernelRestore", "KernelRestorer", "KernelStatus",
+    "LiveKernel", "Project", "ProjectStatus", "RestoreProgress", "RestoreResult", "ServerFacts", "SnapshotSummary",
+    "manifest_summary",
 ]

@@ -1,4 +1,4 @@
-"""Typed records of what the project service answers: snapshot summaries, status, restore results.
+"""Typed records of what the project service and a kernel's session answer: snapshot summaries, status, restore results.
 
 They hold facts only; `wire.py` turns them into the JSON of api/openapi.yaml and of `--json`.
 """
@@ -129,3 +129,33 @@ class RestoreResult:
     kernels: list[KernelRestore]
     duration_s: float
     journaled: bool
+
+
+@dataclass(frozen=True)
+class RestoreProgress:
+    """A kernel's last restore: the snapshot, when its variables were usable and complete, what loads or failed."""
+
+    snapshot: str
+    usable_s: float | None
+    complete_s: float | None
+    loading: list[str]
+    failed: dict[str, str]
+
+
+@dataclass(frozen=True)
+class KernelStatus:
+    """One kernel's SpotWarp session: what `%spotwarp status`, the widget and the server's status request show."""
+
+    project: str
+    storage: str
+    notebook: str
+    policy: dict[str, Any]
+    policy_text: str
+    last_snapshot: SnapshotSummary | None  # this kernel's last committed snapshot
+    in_flight: bool
+    last_pause_s: float | None
+    skipped: dict[str, str]
+    changed: dict[str, str]
+    last_error: str | None
+    restore: RestoreProgress | None
+    read_at: float = field(default_factory=time.time)  # when these facts were read: ages count from here

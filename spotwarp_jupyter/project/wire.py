@@ -1,4 +1,5 @@
-"""The one place records become JSON: the answers of api/openapi.yaml and of `spotwarp ... --json`.
+"""The one place records become JSON: the answers of api/openapi.yaml, of `spotwarp ... --json`, and of a
+kernel's status (`%spotwarp status`, the widget, the server's status request), with that status's text.
 
 Keys here are public (SPEC.md, docs/cli.md, the panel's types generated from openapi.yaml): add, never rename.
 """
@@ -8,7 +9,16 @@ from __future__ import annotations
 from typing import Any, Sequence
 
 from ..engine.manifest import Manifest
-from .records import KernelRestore, ProjectStatus, RestoreResult, ServerFacts, SnapshotSummary
+from ..engine.units import format_duration, format_size
+from .records import (
+    KernelRestore,
+    KernelStatus,
+    ProjectStatus,
+    RestoreProgress,
+    RestoreResult,
+    ServerFacts,
+    SnapshotSummary,
+)
 
 
 def summary_json(s: SnapshotSummary) -> dict[str, Any]:
@@ -103,3 +113,61 @@ def hub_restore_json(r: RestoreResult) -> dict[str, Any]:
             "files_unchanged": files.files_unchanged if files else 0,
             "bytes_restored": files.bytes_restored if files else 0, "notebooks": list(r.snapshot.notebooks),
             "duration_s": round(r.duration_s, 3)}
+
+
+def _rounded(value: float | None, digits: int) -> float | None:
+    return None if value is None else round(value, digits)
+
+
+def restore_progress_json(r: RestoreProgress) -> dict[str, Any]:
+    """`restore` in a kernel's status: snapshot id, usable_s, complete_s, loading, failed."""
+    return {"id": r.snapshot, "usable_s": _rounded(r.usable_s, 3), "complete_s": _rounded(r.complete_s, 3),
+            "loading": list(r.loading), "failed": dict(r.failed)}
+
+
+def kernel_last_snapshot_json(s: SnapshotSummary, now: float) -> dict[str, Any]:
+    """`last_snapshot` in a kernel's status: the kernel's own last snapshot and what taking it cost."""
+    return {"id": s.id, "created": s.created, "age_s": s.age_s(now), "size": s.size,
+            "bytes_written": s.stats.get("bytes_written"), "duration_s": s.duration_s,
+            "pause_s": s.stats.get("pause_s")}
+
+
+def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
+    """A kernel's status: `%spotwarp status`, the widget's `status`, the kernel's answer to a status request."""
+    return {
+        "project": k.project, "storage": k.storage, "notebook": k.notebook, "policy": dict(k.policy),
+        "last_snapshot": None if k.last_snapshot is None else kernel_last_snapshot_json(k.last_snapshot, k.read_at),
+        "in_flight": k.in_flight, "last_pause_s": _rounded(k.last_pause_s, 4),
+        "skipped": dict(k.skipped), "changed": dict(k.changed), "last_error": k.last_error,
+        "restore": None if k.restore is None else restore_progress_json(k.restore),
+    }
+
+
+def kernel_status_text(k: KernelStatus) -> str:
+    """What `%spotwarp status` prints."""
+    s = kernel_status_json(k)
+    lines = [f"SpotWarp: project {s['project']} · notebook {s['notebook']}", f"  storage   {s['storage']}",
+             f"  policy    {k.policy_text}"]
+    last = s["last_snapshot"]
+    if last:
+        pause = f" · paused the kernel {format_duration(last['pause_s'])}" if last.get("pause_s") is not None else ""
+        lines.append(f"  last      {last['id']} · {format_duration(last['age_s'])} ago · {format_size(last['size'])}"
+                     f" · wrote {format_size(last['bytes_written'] or 0)} in {format_duration(last['duration_s'] or 0)}"
+                     f"{pause}")
+    else:
+        lines.append("  last      no snapshot from this kernel yet")
+    if s.get("in_flight"):
+        lines.append("  now       a background snapshot is being written")
+    if s["last_error"]:
+        lines.append(f"  error     {s['last_error']}")
+    restore = s.get("restore")
+    if restore and (restore["loading"] or restore["failed"] or restore["complete_s"] != restore["usable_s"]):
+        done = (f"complete in {format_duration(restore['complete_s'])}" if restore["complete_s"] is not None
+                else "still loading " + ", ".join(restore["loading"]))
+        lines.append(f"  restore   {restore['id']}: usable in {format_duration(restore['usable_s'])}, {done}"
+                     + (f"; failed: {', '.join(sorted(restore['failed']))}" if restore["failed"] else ""))
+    for key, title in (("skipped", "  skipped   (not saved)"), ("changed", "  changed   (saved, but not as they were)")):
+        if s[key]:
+            lines.append(title)
+            lines += [f"    {name}: {reason}" for name, reason in sorted(s[key].items())]
+    return "\n".join(lines)

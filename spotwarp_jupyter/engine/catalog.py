@@ -1,0 +1,113 @@
+"""The committed snapshots of one project as a reader sees them: checked, cached, newest first, found by id.
+
+A manifest that fails its checks (damaged, unsigned where a key is set, signed for another scope, of
+another project) is never listed; it is remembered as rejected, with why, so that `latest` never
+falls back silently past it: the caller is told, and names an older snapshot instead.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from .errors import ManifestError, SnapshotNotFound
+from .manifest import Manifest
+from .settings import Settings
+from .store import Store
+
+log = logging.getLogger("spotwarp")
+
+_OLDER_HINT = "to restore an older snapshot, name it explicitly (its id from `spotwarp list`: --snapshot ID)"
+
+
+def _refusal(exc: ManifestError) -> ManifestError:
+    """The refusal of the newest snapshot, saying how to choose an older one instead of falling back."""
+    if _OLDER_HINT in str(exc):
+        return exc
+    return type(exc)(f"{exc}; {_OLDER_HINT}")
+
+
+class ManifestCatalog:
+    """The manifests of one store, read once each and checked against the key, scope and project."""
+
+    def __init__(self, store: Store, settings: Settings, key: bytes, scope: dict[str, Any]):
+        self.store, self.settings, self.key, self.scope = store, settings, key, scope
+        self._cache: dict[str, Manifest] = {}
+        self.rejected: dict[str, str] = {}  # manifest name -> why it was refused
+        self._rejections: dict[str, ManifestError] = {}
+
+    def remember(self, manifest: Manifest) -> None:
+        """A manifest this process committed: listed without reading it back."""
+        self._cache[manifest.name] = manifest
+
+    def forget(self, name: str) -> None:
+        """A manifest this process deleted (gc)."""
+        self._cache.pop(name, None)
+
+    def manifests(self, notebook: str | None = None) -> list[Manifest]:
+        """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given)."""
+        names = self.store.manifest_names()
+        for gone in set(self._rejections) - set(names):  # deleted since: no longer a reason to refuse
+            del self._rejections[gone]
+            self.rejected.pop(gone, None)
+        out: list[Manifest] = []
+        for name in names:
+            manifest = self._cache.get(name)
+            if manifest is None and name not in self.rejected:
+                manifest = self._read(name)
+            if manifest is not None and (notebook is None or notebook in manifest.kernels):
+                out.append(manifest)
+        out.sort(key=lambda m: m.order, reverse=True)
+        return out
+
+    def _read(self, name: str) -> Manifest | None:
+        """The manifest `name`, checked; None (remembering why) when refused or gone."""
+        try:
+            manifest = Manifest.from_bytes(self.store.read_manifest(name), name, self.key,
+                                           require_signature=bool(self.key), scope=self.scope)
+        except FileNotFoundError:
+            return None  # dropped by a concurrent gc
+        except ManifestError as exc:
+            self.rejected[name] = str(exc)
+            self._rejections[name] = exc
+            log.warning("%s", exc)
+            return None
+        if manifest.project != self.settings.project:
+            exc = ManifestError(f"snapshot {manifest.id} belongs to project {manifest.project!r}, "
+                                f"not {self.settings.project!r}: refusing it")
+            self.rejected[name], self._rejections[name] = str(exc), exc
+            return None
+        self._cache[name] = manifest
+        return manifest
+
+    def get(self, ref: str = "latest", notebook: str | None = None) -> Manifest:
+        """A snapshot by `latest`, full id, or unique id prefix."""
+        ref = (ref or "latest").strip()
+        listing = self.manifests(notebook)
+        if ref == "latest":
+            # never fall back silently past a snapshot that fails its checks: say why it was refused
+            self.refuse_newer_than(listing[0] if listing else None)
+            if not listing:
+                where = f" for notebook {notebook!r}" if notebook else ""
+                raise SnapshotNotFound(f"project {self.settings.project!r} has no snapshot{where} yet in {self.settings.storage}")
+            return listing[0]
+        if not ref.replace("-", "").isalnum() or len(ref) > 64:
+            raise SnapshotNotFound(f"bad snapshot id {ref!r}: use an id from `spotwarp list`, or latest")
+        for name, exc in self._rejections.items():
+            if name.endswith(f"-{ref}.json"):
+                raise exc
+        matches = [m for m in self.manifests() if m.id.startswith(ref)]
+        if not matches:
+            raise SnapshotNotFound(f"no snapshot {ref!r} in project {self.settings.project!r} (see `spotwarp list`)")
+        if len(matches) > 1:
+            raise SnapshotNotFound(f"snapshot id {ref!r} is ambiguous: {', '.join(m.id for m in matches)}")
+        return matches[0]
+
+    def refuse_newer_than(self, manifest: Manifest | None) -> None:
+        """Raise the refusal of a snapshot newer than `manifest` (or any, for None) that fails its checks.
+
+        `latest` never falls back silently past a damaged, unsigned or foreign snapshot: the caller names an older one.
+        """
+        newer = [n for n in self._rejections if manifest is None or n > manifest.name]
+        if newer:
+            raise _refusal(self._rejections[max(newer)])
