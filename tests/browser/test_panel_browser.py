@@ -88,7 +88,7 @@ def test_panel_snapshot_restore_and_notebook_widget(lab, page, tmp_path):
 
     # The notebook: %load_ext spotwarp shows the widget, which renders the kernel's status live.
     open_notebook_and_wait_for_kernel(page, "train.ipynb")
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    run_cells(page)
     widget = page.locator(".spotwarp-widget")
     expect(widget).to_be_visible(timeout=120_000)
     expect(widget.locator(".spotwarp-w-where")).to_have_text("browser · train.ipynb")
@@ -125,13 +125,37 @@ def open_notebook_and_wait_for_kernel(page, path: str) -> None:
     page.locator(".jp-NotebookPanel .jp-Cell").first.click()
 
 
+RUN_CELLS = """async ([command, path]) => {
+  // A notebook command acts on the tracker's current notebook, which follows focus: on a loaded machine it
+  // can run before that is set and do nothing. Issue it until the notebook's kernel was sent an
+  // execute_request (the command's promise resolves once its cells ran), never again once one was.
+  const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === path);
+  if (!panel) throw new Error(`${path} is not open`);
+  let sent = 0;
+  panel.sessionContext.session.kernel.anyMessage.connect((_, m) => {
+    if (m.direction === 'send' && m.msg.header.msg_type === 'execute_request') sent += 1;
+  });
+  for (let tries = 0; sent === 0; tries++) {
+    if (tries === 50) throw new Error(`${command} never ran a cell of ${path}`);
+    window.jupyterapp.shell.activateById(panel.id);
+    await window.jupyterapp.commands.execute(command);
+  }
+  return sent;
+}"""
+
+
+def run_cells(page, command: str = "notebook:run-all-cells", path: str = "train.ipynb") -> None:
+    """Run the open notebook's cells with `command`, as its toolbar button would."""
+    page.evaluate(RUN_CELLS, [command, path])
+
+
 def test_new_host_restores_the_session_from_the_widget(lab, start_lab, page, tmp_path):
     """Host A is preempted; on host B the notebook's widget offers its newest snapshot, and one click restores it."""
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
     page.goto(f"{lab.url}lab?token={TOKEN}")
     open_notebook_and_wait_for_kernel(page, "train.ipynb")
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-all-cells')")
+    run_cells(page)
     widget = page.locator(".spotwarp-widget")
     expect(widget.locator(".spotwarp-w-state")).to_have_text("protected", timeout=120_000)
     # The server's snapshot of files and live kernels (what its timer and a preemption notice take).
@@ -145,7 +169,7 @@ def test_new_host_restores_the_session_from_the_widget(lab, start_lab, page, tmp
     assert (b.workspace / "train.ipynb").exists(), "spotwarp start restores the workspace on a new host"
     page.goto(f"{b.url}lab?token={TOKEN}")
     open_notebook_and_wait_for_kernel(page, "train.ipynb")
-    page.evaluate("window.jupyterapp.commands.execute('notebook:run-cell')")  # only %load_ext spotwarp
+    run_cells(page, "notebook:run-cell")  # only %load_ext spotwarp
     widget = page.locator(".spotwarp-widget")
     expect(widget.locator(".spotwarp-w-state")).to_contain_text("not protected")
     restore = widget.locator(".spotwarp-w-restore")
