@@ -6,6 +6,7 @@ multipart upload), visible only when complete.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import posixpath
 import threading
@@ -27,6 +28,12 @@ GCS_RESUMABLE_THRESHOLD = 1024 * 1024
 GCS_CHUNK_SIZE = 8 * 1024 * 1024
 # Local reads go in pieces this size, each hashed right after it lands (while the CPU's cache holds it).
 READ_PIECE = 2 * 1024 * 1024
+# Objects from this size up, read into page-aligned memory, bypass the page cache (O_DIRECT) in pieces this size.
+DIRECT_MIN = 4 * 1024 * 1024
+DIRECT_PIECE = 8 * 1024 * 1024
+DIRECT_ALIGN = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 
 
 class ObjectIO:
@@ -185,10 +192,20 @@ class ObjectIO:
 
 
 def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
-    """Read a local object into `target` piece by piece, hashing each piece while it is still in cache."""
+    """Read a local object into `target`, hashing each piece right after it lands.
+
+    A large object not in the page cache is read with O_DIRECT straight into `target` (page-aligned, as
+    restore's arrays are): no copy through the page cache, a third of the CPU of a buffered read. What
+    O_DIRECT cannot read (an unaligned tail, a filesystem without it) is read buffered, from where it stopped.
+    """
     hasher = object_hasher()
-    got = 0
     with open(path, "rb", buffering=0) as f:
+        got = 0
+        if _direct_candidate(target):
+            got = _read_cached_start(f.fileno(), target, hasher)
+            if not got:
+                got = _read_direct(path, target, hasher)
+        f.seek(got)
         while got < target.nbytes:
             piece = target[got:got + READ_PIECE]
             n = f.readinto(piece)
@@ -201,6 +218,58 @@ def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
         raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
     if hasher.hexdigest() != oid:
         raise DamagedObjectError(oid, "content does not match its hash")
+
+
+def _direct_candidate(target: memoryview) -> bool:
+    """True when `target` is large and page-aligned, so O_DIRECT can read into it."""
+    if not _O_DIRECT or target.nbytes < DIRECT_MIN or target.readonly or not target.c_contiguous:
+        return False
+    try:
+        address = ctypes.addressof(ctypes.c_char.from_buffer(target))
+    except (TypeError, ValueError):
+        return False
+    return address % DIRECT_ALIGN == 0
+
+
+def _read_cached_start(fd: int, target: memoryview, hasher: Any) -> int:
+    """Read the first piece only if the page cache holds it (then the object is read buffered); else 0.
+
+    O_DIRECT would go to the disk for an object just written or read: the cache is faster then.
+    """
+    if not _RWF_NOWAIT:
+        return 0
+    piece = target[:READ_PIECE]
+    try:
+        n = os.preadv(fd, [piece], 0, _RWF_NOWAIT)
+    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: cannot tell
+        return 0
+    if n != piece.nbytes:
+        return 0
+    hasher.update(piece)
+    return n
+
+
+def _read_direct(path: str, target: memoryview, hasher: Any) -> int:
+    """Read the aligned part of the object with O_DIRECT into `target`; the bytes read (and hashed)."""
+    aligned = target.nbytes - target.nbytes % DIRECT_ALIGN
+    got = 0
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+    except OSError:  # the filesystem has no O_DIRECT (tmpfs, some network filesystems)
+        return 0
+    try:
+        while got < aligned:
+            piece = target[got:min(got + DIRECT_PIECE, aligned)]
+            n = os.preadv(fd, [piece], got)
+            hasher.update(piece[:n])
+            got += n
+            if n != piece.nbytes:  # the file is shorter: the buffered read finds out by how much
+                break
+    except OSError:  # EINVAL: this filesystem's alignment differs; the buffered read takes over
+        pass
+    finally:
+        os.close(fd)
+    return got
 
 
 def check_content(oid: str, data: Buffer, size: int | None) -> None:
