@@ -7,8 +7,10 @@ multipart upload), visible only when complete.
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import posixpath
+import sys
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Iterable
@@ -33,7 +35,26 @@ DIRECT_MIN = 4 * 1024 * 1024
 DIRECT_PIECE = 8 * 1024 * 1024
 DIRECT_ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
-_RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
+
+
+def _load_libc() -> Any:
+    """libc's mmap, mincore and munmap (to ask the page cache without reading); None where unavailable."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_libc = _load_libc()
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_LOW_BIT = bytes(i & 1 for i in range(256))
 
 
 class ObjectIO:
@@ -202,8 +223,7 @@ def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
     with open(path, "rb", buffering=0) as f:
         got = 0
         if _direct_candidate(target):
-            got = _read_cached_start(f.fileno(), target, hasher)
-            if not got:
+            if not _in_page_cache(f.fileno(), target.nbytes):
                 got = _read_direct(path, target, hasher)
         f.seek(got)
         while got < target.nbytes:
@@ -231,22 +251,25 @@ def _direct_candidate(target: memoryview) -> bool:
     return address % DIRECT_ALIGN == 0
 
 
-def _read_cached_start(fd: int, target: memoryview, hasher: Any) -> int:
-    """Read the first piece only if the page cache holds it (then the object is read buffered); else 0.
+def _in_page_cache(fd: int, size: int) -> bool:
+    """True when the page cache holds every page of the file's first `size` bytes (mincore; nothing is read).
 
-    O_DIRECT would go to the disk for an object just written or read: the cache is faster then.
+    O_DIRECT would go to the disk for an object just written or read: the cache is faster then. Where the
+    kernel will not tell (another user's file), mincore says "cached" and the object is read buffered.
     """
-    if not _RWF_NOWAIT:
-        return 0
-    piece = target[:READ_PIECE]
+    if _libc is None or size <= 0:
+        return False
+    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if addr is None or addr == _MAP_FAILED:
+        return False
     try:
-        n = os.preadv(fd, [piece], 0, _RWF_NOWAIT)
-    except OSError:  # EAGAIN: not cached; EOPNOTSUPP: cannot tell
-        return 0
-    if n != piece.nbytes:
-        return 0
-    hasher.update(piece)
-    return n
+        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = (ctypes.c_ubyte * pages)()
+        if _libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
+            return False
+        return 0 not in bytes(vec).translate(_LOW_BIT)  # bit 0: resident; the others are reserved
+    finally:
+        _libc.munmap(ctypes.c_void_p(addr), size)
 
 
 def _read_direct(path: str, target: memoryview, hasher: Any) -> int:

@@ -1,0 +1,117 @@
+"""Reading large objects from a local store: straight into the caller's buffer, every byte checked.
+
+A restore reads an object that is not in the page cache with O_DIRECT (in pieces, into page-aligned
+memory), one that is cached through the cache, and anything O_DIRECT cannot take (an unaligned tail, an
+unaligned buffer) buffered. Whatever the route, a damaged, shortened or lengthened object is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spotwarp_jupyter.engine import DamagedObjectError
+from spotwarp_jupyter.engine.object_io import _in_page_cache
+from spotwarp_jupyter.engine.restore import _allocate
+from spotwarp_jupyter.engine.store import Store
+
+SIZE = 24 * 1024 * 1024 + 1234  # several O_DIRECT pieces and an unaligned tail
+
+
+def _evict(path: Path) -> None:
+    """Drop the file's pages from the page cache (it was fsync'd when stored, so they are clean)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def _cached(path: Path) -> bool:
+    """True when the page cache holds every page of the file (mincore: asked without reading it)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return _in_page_cache(fd, path.stat().st_size)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def stored(store_url: str) -> tuple[Store, str, bytes, Path]:
+    store = Store(store_url, "proj")
+    data = os.urandom(SIZE)
+    oid, _size = store.put_object(data)
+    return store, oid, data, Path(store.object_path(oid))
+
+
+def _read(store: Store, oid: str, size: int = SIZE) -> bytes:
+    target = _allocate(size)
+    store.read_object_into(oid, memoryview(target))
+    return bytes(target)
+
+
+@pytest.mark.parametrize("cold", [True, False], ids=["cold", "cached"])
+def test_large_object_reads_back_whole(stored, cold):
+    store, oid, data, path = stored
+    if cold:
+        _evict(path)
+    else:
+        path.read_bytes()
+    assert _read(store, oid) == data
+
+
+def test_cold_read_bypasses_the_page_cache(stored):
+    store, oid, data, path = stored
+    path.read_bytes()
+    assert _cached(path)
+    _evict(path)
+    assert not _cached(path)
+    assert _read(store, oid) == data
+    # the bytes went straight into the buffer: no second copy of the state left in the page cache
+    assert not _cached(path)
+
+
+def test_unaligned_buffer_is_read_buffered(stored):
+    store, oid, data, path = stored
+    _evict(path)
+    backing = bytearray(SIZE + 1)
+    store.read_object_into(oid, memoryview(backing)[1:])
+    assert bytes(backing[1:]) == data
+
+
+@pytest.mark.parametrize("cold", [True, False], ids=["cold", "cached"])
+@pytest.mark.parametrize("damage", ["first-page", "middle", "last-aligned-byte", "tail", "shortened-to-aligned",
+                                    "shortened-by-one", "lengthened-by-one", "lengthened-by-a-page"])
+def test_damaged_large_object_is_refused(stored, cold, damage):
+    store, oid, data, path = stored
+    body = bytearray(data)
+    aligned = SIZE - SIZE % 4096
+    if damage == "first-page":
+        body[100] ^= 0xFF
+    elif damage == "middle":
+        body[SIZE // 2] ^= 0xFF
+    elif damage == "last-aligned-byte":
+        body[aligned - 1] ^= 0xFF
+    elif damage == "tail":
+        body[-1] ^= 0xFF
+    elif damage == "shortened-to-aligned":
+        del body[aligned:]
+    elif damage == "shortened-by-one":
+        del body[-1:]
+    elif damage == "lengthened-by-one":
+        body += b"\0"
+    else:
+        body += os.urandom(4096)
+    os.chmod(path, 0o644)
+    with open(path, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    if cold:
+        _evict(path)
+    else:
+        path.read_bytes()
+    with pytest.raises(DamagedObjectError):
+        _read(store, oid)
