@@ -1,8 +1,7 @@
-"""Reading large objects from a local store: straight into the caller's buffer, every byte checked.
+"""Reading large objects from a local store straight into restore's buffers, every byte checked.
 
-A restore reads an object that is not in the page cache with O_DIRECT (in pieces, into page-aligned
-memory), one that is cached through the cache, and anything O_DIRECT cannot take (an unaligned tail, an
-unaligned buffer) buffered. Whatever the route, a damaged, shortened or lengthened object is refused.
+Whether the object comes from the disk or the page cache, and wherever the damage is (first page,
+middle, last piece, tail), a damaged, shortened or lengthened object is refused.
 """
 
 from __future__ import annotations
@@ -13,11 +12,10 @@ from pathlib import Path
 import pytest
 
 from spotwarp_jupyter.engine import DamagedObjectError
-from spotwarp_jupyter.engine.object_io import _in_page_cache
 from spotwarp_jupyter.engine.restore import _allocate
 from spotwarp_jupyter.engine.store import Store
 
-SIZE = 24 * 1024 * 1024 + 1234  # several O_DIRECT pieces and an unaligned tail
+SIZE = 24 * 1024 * 1024 + 1234  # several read pieces and a partial one
 
 
 def _evict(path: Path) -> None:
@@ -25,15 +23,6 @@ def _evict(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-    finally:
-        os.close(fd)
-
-
-def _cached(path: Path) -> bool:
-    """True when the page cache holds every page of the file (mincore: asked without reading it)."""
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        return _in_page_cache(fd, path.stat().st_size)
     finally:
         os.close(fd)
 
@@ -62,18 +51,7 @@ def test_large_object_reads_back_whole(stored, cold):
     assert _read(store, oid) == data
 
 
-def test_cold_read_bypasses_the_page_cache(stored):
-    store, oid, data, path = stored
-    path.read_bytes()
-    assert _cached(path)
-    _evict(path)
-    assert not _cached(path)
-    assert _read(store, oid) == data
-    # the bytes went straight into the buffer: no second copy of the state left in the page cache
-    assert not _cached(path)
-
-
-def test_unaligned_buffer_is_read_buffered(stored):
+def test_unaligned_buffer_reads_back_whole(stored):
     store, oid, data, path = stored
     _evict(path)
     backing = bytearray(SIZE + 1)

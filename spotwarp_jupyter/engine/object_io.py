@@ -6,11 +6,8 @@ multipart upload), visible only when complete.
 
 from __future__ import annotations
 
-import ctypes
-import mmap
 import os
 import posixpath
-import sys
 import threading
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from typing import Any, Iterable
@@ -30,31 +27,6 @@ GCS_RESUMABLE_THRESHOLD = 1024 * 1024
 GCS_CHUNK_SIZE = 8 * 1024 * 1024
 # Local reads go in pieces this size, each hashed right after it lands (while the CPU's cache holds it).
 READ_PIECE = 2 * 1024 * 1024
-# Objects from this size up, read into page-aligned memory, bypass the page cache (O_DIRECT) in pieces this size.
-DIRECT_MIN = 4 * 1024 * 1024
-DIRECT_PIECE = 8 * 1024 * 1024
-DIRECT_ALIGN = 4096
-_O_DIRECT = getattr(os, "O_DIRECT", 0)
-
-
-def _load_libc() -> Any:
-    """libc's mmap, mincore and munmap (to ask the page cache without reading); None where unavailable."""
-    if not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.mmap.restype = ctypes.c_void_p
-        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_void_p]
-        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-        return libc
-    except (OSError, AttributeError):
-        return None
-
-
-_libc = _load_libc()
-_MAP_FAILED = ctypes.c_void_p(-1).value
-_LOW_BIT = bytes(i & 1 for i in range(256))
 
 
 class ObjectIO:
@@ -213,19 +185,10 @@ class ObjectIO:
 
 
 def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
-    """Read a local object into `target`, hashing each piece right after it lands.
-
-    A large object not in the page cache is read with O_DIRECT straight into `target` (page-aligned, as
-    restore's arrays are): no copy through the page cache, a third of the CPU of a buffered read. What
-    O_DIRECT cannot read (an unaligned tail, a filesystem without it) is read buffered, from where it stopped.
-    """
+    """Read a local object into `target` piece by piece, hashing each piece while it is still in cache."""
     hasher = object_hasher()
+    got = 0
     with open(path, "rb", buffering=0) as f:
-        got = 0
-        if _direct_candidate(target):
-            if not _in_page_cache(f.fileno(), target.nbytes):
-                got = _read_direct(path, target, hasher)
-        f.seek(got)
         while got < target.nbytes:
             piece = target[got:got + READ_PIECE]
             n = f.readinto(piece)
@@ -238,61 +201,6 @@ def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
         raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
     if hasher.hexdigest() != oid:
         raise DamagedObjectError(oid, "content does not match its hash")
-
-
-def _direct_candidate(target: memoryview) -> bool:
-    """True when `target` is large and page-aligned, so O_DIRECT can read into it."""
-    if not _O_DIRECT or target.nbytes < DIRECT_MIN or target.readonly or not target.c_contiguous:
-        return False
-    try:
-        address = ctypes.addressof(ctypes.c_char.from_buffer(target))
-    except (TypeError, ValueError):
-        return False
-    return address % DIRECT_ALIGN == 0
-
-
-def _in_page_cache(fd: int, size: int) -> bool:
-    """True when the page cache holds every page of the file's first `size` bytes (mincore; nothing is read).
-
-    O_DIRECT would go to the disk for an object just written or read: the cache is faster then. Where the
-    kernel will not tell (another user's file), mincore says "cached" and the object is read buffered.
-    """
-    if _libc is None or size <= 0:
-        return False
-    addr = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
-    if addr is None or addr == _MAP_FAILED:
-        return False
-    try:
-        pages = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
-        vec = (ctypes.c_ubyte * pages)()
-        if _libc.mincore(ctypes.c_void_p(addr), size, vec) != 0:
-            return False
-        return 0 not in bytes(vec).translate(_LOW_BIT)  # bit 0: resident; the others are reserved
-    finally:
-        _libc.munmap(ctypes.c_void_p(addr), size)
-
-
-def _read_direct(path: str, target: memoryview, hasher: Any) -> int:
-    """Read the aligned part of the object with O_DIRECT into `target`; the bytes read (and hashed)."""
-    aligned = target.nbytes - target.nbytes % DIRECT_ALIGN
-    got = 0
-    try:
-        fd = os.open(path, os.O_RDONLY | _O_DIRECT)
-    except OSError:  # the filesystem has no O_DIRECT (tmpfs, some network filesystems)
-        return 0
-    try:
-        while got < aligned:
-            piece = target[got:min(got + DIRECT_PIECE, aligned)]
-            n = os.preadv(fd, [piece], got)
-            hasher.update(piece[:n])
-            got += n
-            if n != piece.nbytes:  # the file is shorter: the buffered read finds out by how much
-                break
-    except OSError:  # EINVAL: this filesystem's alignment differs; the buffered read takes over
-        pass
-    finally:
-        os.close(fd)
-    return got
 
 
 def check_content(oid: str, data: Buffer, size: int | None) -> None:

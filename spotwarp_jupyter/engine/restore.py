@@ -16,21 +16,18 @@ import contextlib
 import gc
 import importlib
 import mmap
-import sys
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import pickling
+from . import pages, pickling
 from .capture import EXTRAS_NAME
 from .errors import SpotWarpError
 from .store import Store
 
 _MISSING = object()
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
-# madvise(MADV_POPULATE_WRITE) (Linux 5.14): fault a range in, writable, in one call; Python 3.11 lacks the name
-_MADV_POPULATE_WRITE = getattr(mmap, "MADV_POPULATE_WRITE", 23 if sys.platform == "linux" else 0)
 
 
 @dataclass
@@ -92,36 +89,21 @@ def _allocate(size: int) -> Any:
     """A writable buffer for a restored array.
 
     Large ones are anonymous maps populated in one call: faulting fresh pages in one by one while
-    reading into them costs about three times as much CPU as the read itself. They ask for huge pages
-    first (a 2 MiB page is cleared and mapped for the price of a few 4 KiB ones: a quarter of the CPU);
-    the kernel gives 4 KiB pages where it has none to spare.
+    reading into them costs about three times as much CPU as the read itself. The call is made with
+    the GIL released (pages.py), so unpickling the groups already read goes on meanwhile.
     """
     if size < (1 << 20):
         return bytearray(size)
-    buf = _huge_populated(size)
-    if buf is not None:
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if pages.populate(buf):
         return buf
+    buf.close()  # a kernel before 5.14: populated when mapped, holding the GIL
     if _POPULATE:
         try:
             return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
         except OSError:
             pass
     return mmap.mmap(-1, size)
-
-
-def _huge_populated(size: int) -> mmap.mmap | None:
-    """An anonymous map advised to use huge pages, then populated; None where the kernel cannot (Linux < 5.14)."""
-    if not _MADV_POPULATE_WRITE or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return None
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    try:
-        with contextlib.suppress(OSError):  # THP off: 4 KiB pages, still populated in one call below
-            buf.madvise(mmap.MADV_HUGEPAGE)
-        buf.madvise(_MADV_POPULATE_WRITE)
-    except OSError:
-        buf.close()
-        return None
-    return buf
 
 
 @dataclass
