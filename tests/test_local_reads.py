@@ -93,3 +93,24 @@ def test_damaged_large_object_is_refused(stored, cold, damage):
         path.read_bytes()
     with pytest.raises(DamagedObjectError):
         _read(store, oid)
+
+
+def _resident_kib(start: int) -> int:
+    """Resident KiB of this process's mapping that begins at `start` (from /proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}":
+            for detail in lines[i + 1:]:
+                if detail.startswith("Rss:"):
+                    return int(detail.split()[1])
+    raise AssertionError(f"no mapping starts at {start:x}")
+
+
+def test_large_buffers_are_populated_when_allocated():
+    import ctypes
+
+    size = 64 * 1024 * 1024
+    buf = _allocate(size)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    # every page is faulted in before the read (one call), not one by one while reading into it
+    assert _resident_kib(start) * 1024 >= size
