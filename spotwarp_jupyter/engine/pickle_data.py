@@ -49,7 +49,7 @@ def _reduce_str_array(arr: Any):
 def _rebuild_str_array(buf: Any, shape: tuple, order: str) -> Any:
     import numpy
 
-    items = bytes(memoryview(buf)).decode("utf-8", "surrogatepass").split(_STR_SEPARATOR)
+    items = str(memoryview(buf), "utf-8", "surrogatepass").split(_STR_SEPARATOR)  # decoded in place: no copy
     out = numpy.empty(len(items), dtype=object)
     out[:] = items
     return out.reshape(shape, order=order)

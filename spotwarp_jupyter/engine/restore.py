@@ -21,7 +21,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import pickling
+from . import pages, pickling
 from .capture import EXTRAS_NAME
 from .errors import SpotWarpError
 from .store import Store
@@ -89,10 +89,15 @@ def _allocate(size: int) -> Any:
     """A writable buffer for a restored array.
 
     Large ones are anonymous maps populated in one call: faulting fresh pages in one by one while
-    reading into them costs about three times as much CPU as the read itself.
+    reading into them costs about three times as much CPU as the read itself. The call is made with
+    the GIL released (pages.py), so unpickling the groups already read goes on meanwhile.
     """
     if size < (1 << 20):
         return bytearray(size)
+    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    if pages.populate(buf):
+        return buf
+    buf.close()  # a kernel before 5.14: populated when mapped, holding the GIL
     if _POPULATE:
         try:
             return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
