@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import shutil
 import subprocess
 import sys
@@ -241,10 +242,16 @@ def main() -> None:
     width = model[0].in_features
     batch = torch.randn(8, width)
 
-    def train(seconds: float, session: KernelSession | None) -> float:
-        """Steps per second over `seconds` of training; with a session, its policy snapshots at the steps."""
+    def cpu_seconds() -> float:
+        """CPU time of this process and its reaped children (the forked snapshot writers), user and system."""
+        own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+        return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+    def train(seconds: float, session: KernelSession | None) -> tuple[float, float]:
+        """Steps per second over `seconds` of training, and CPU seconds per step, snapshot writers included;
+        with a session, its policy snapshots at the steps."""
         safepoints.set_handler(session.at_safe_point if session else None)
-        steps, started = 0, time.perf_counter()
+        steps, started, cpu = 0, time.perf_counter(), cpu_seconds()
         while time.perf_counter() - started < seconds:
             loss = model(batch).square().mean()
             opt.zero_grad()
@@ -256,7 +263,7 @@ def main() -> None:
             session.wait_in_flight()  # a snapshot still writing counts against this window
         elapsed = time.perf_counter() - started
         safepoints.set_handler(None)
-        return steps / elapsed
+        return steps / elapsed, (cpu_seconds() - cpu) / steps
 
     trained = session_for(ns, store, every=args.every, tracked=True)
     trained.snapshot()  # the running session's last snapshot, before the training cell starts
@@ -265,20 +272,29 @@ def main() -> None:
                         "    loss.backward()\n    opt.step()\n    sched.step()")
     # Interleaved windows of one snapshot interval each, off then on: a machine whose load changes over
     # minutes slows both arms of a pair alike, where one long run of each would compare different loads.
-    off_rates, on_rates = [], []
+    off, on = [], []
     for _pair in range(args.train_pairs):
-        off_rates.append(train(args.every, None))
+        off.append(train(args.every, None))
         trained.last_started_at = time.time() - args.every  # due at the window's first step: one per interval
-        on_rates.append(train(args.every, trained))
-    off_rates.append(train(args.every, None))  # each on-window sits between two off-windows
-    slowdowns = [1 - on / ((before + after) / 2) for on, before, after in zip(on_rates, off_rates, off_rates[1:])]
+        on.append(train(args.every, trained))
+    off.append(train(args.every, None))  # each on-window sits between two off-windows
+    slowdowns = [1 - o[0] / ((a[0] + b[0]) / 2) for o, a, b in zip(on, off, off[1:])]
+    # CPU per step counts the work snapshots add (the writer, copy-on-write faults) whatever else loads the
+    # machine; the wall-clock slowdown also carries the load's swings between windows
+    cpu_costs = [o[1] / ((a[1] + b[1]) / 2) - 1 for o, a, b in zip(on, off, off[1:])]
     figures["train_slowdown"] = median(slowdowns)
     figures["train_slowdowns"] = slowdowns
+    figures["train_cpu_per_step_added"] = median(cpu_costs)
+    figures["train_cpu_per_step_s"] = median([o[1] for o in off])
     rows.append((f"training throughput, snapshots every {args.every:.0f} s",
                  f"{figures['train_slowdown'] * 100:+.1f}% slower (median of {len(slowdowns)} interleaved pairs: "
                  + ", ".join(f"{x * 100:+.1f}%" for x in slowdowns)
-                 + f"; {median(off_rates):.2f} -> {median(on_rates):.2f} steps/s)",
+                 + f"; {median([o[0] for o in off]):.2f} -> {median([o[0] for o in on]):.2f} steps/s)",
                  "within 2%", "ok" if figures["train_slowdown"] <= 0.02 else "MISSED"))
+    rows.append(("training CPU per step added by snapshots (writer included)",
+                 f"{figures['train_cpu_per_step_added'] * 100:+.1f}% ("
+                 + ", ".join(f"{x * 100:+.1f}%" for x in cpu_costs)
+                 + f"; {figures['train_cpu_per_step_s']:.2f} s of CPU per step without)", "", ""))
 
     print()
     print(f"SpotWarp snapshot benchmark: state {state / 1e9:.2f} GB, raw write {raw_w:.2f} s, raw cold read "
