@@ -52,7 +52,11 @@ def _fsync_folder(directory: str) -> None:
         pass  # a folder that cannot be opened or synced (some filesystems): its entries are as durable as it allows
 
 
-_fdatasync = getattr(os, "fdatasync", os.fsync)
+def _fdatasync(fd: int) -> None:
+    """A file's data durable (and what is needed to read it back); fsync where there is no fdatasync."""
+    getattr(os, "fdatasync", os.fsync)(fd)
+
+
 _SYNC_FILE_RANGE_WRITE = 2
 
 
