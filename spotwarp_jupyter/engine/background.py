@@ -177,7 +177,7 @@ def start_in_thread(
     extras: Callable[[], Mapping[str, Any]],
     on_done: Callable[[BackgroundSnapshot], None] | None = None,
     reuse: ReusePlan | None = None,
-    urgent: bool = False,  # noqa: ARG001 - a thread of this process runs at its priority anyway
+    urgent: bool = False,  # unused: a thread of this process runs at its priority anyway
 ) -> BackgroundSnapshot:
     """Serialize now, in this thread, and commit from a writer thread: for snapshots whose plan leaves only a
     few small values to serialize (the rest reused), cheaper than forking a copy of the whole process."""
