@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -91,10 +92,18 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=0.1, help="workload scale: 1.0 is about 2 GB, 0.1 about 200 MB")
     parser.add_argument("--repeat", type=int, default=3, help="AWS notices (a SIGTERM follows them)")
     parser.add_argument("--interval", type=float, default=20.0, help="seconds between automatic snapshots")
-    parser.add_argument("--keep", help="folder to work in (default: a temporary one)")
+    parser.add_argument("--keep", help="folder to work in, kept afterwards (default: a temporary one, removed)")
     args = parser.parse_args()
 
     root = Path(args.keep or tempfile.mkdtemp(prefix="bench-preempt-"))
+    try:
+        return _run(args, root)
+    finally:
+        if not args.keep:  # several GB of store: never left behind on a shared disk
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _run(args: argparse.Namespace, root: Path) -> int:
     store = str(root / "store")
     ws = root / "ws"
     ws.mkdir(parents=True, exist_ok=True)

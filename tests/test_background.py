@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 import time
 
@@ -175,3 +176,50 @@ def test_a_failing_prune_is_reported_once_and_clears_when_it_works_again(tmp_pat
     locks.mkdir()
     pruner.after_commit(lambda: _engine(str(tmp_path / "store")), 1)
     assert pruner.wait(60) and pruner.last_error is None and len(_engine(str(tmp_path / "store")).manifests()) == 1
+
+
+PRIORITY = ("import json, numpy as np, os, threading, time\n"
+            "from spotwarp_jupyter import safepoints\nfrom spotwarp_jupyter.kernel import notices\n"
+            "x = np.random.default_rng(0).random(20_000_000)\n"
+            "def below(pid):\n"
+            "    return os.getpriority(os.PRIO_PROCESS, pid) - os.getpriority(os.PRIO_PROCESS, 0)\n")
+
+
+def test_a_periodic_writer_runs_below_the_kernel_an_urgent_one_at_its_priority(start_kernel):
+    k = start_kernel("host")
+    k.run("%load_ext spotwarp\n%spotwarp off\n" + SESSION + PRIORITY)
+    periodic = k.run("job = s.snapshot_in_background()\nprint(below(job.pid))\nok = s.wait_in_flight(120)")
+    assert int(periodic.split()[-1]) > 0, periodic  # training keeps the CPU
+    k.run("x += 1")
+    urgent = k.run("job = s.snapshot_in_background(urgent=True)\nprint(job.pid is not None, below(job.pid))\n"
+                   "ok = s.wait_in_flight(120)\nprint(s.last_error)")
+    # set from the kernel at fork: lowering it back later needs a privilege a user's kernel rarely has
+    assert urgent.split() == ["True", "0", "None"], urgent
+
+
+def test_a_notices_writer_is_never_set_below_the_kernels_priority(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run("%load_ext spotwarp\n%spotwarp off\n" + SESSION + PRIORITY)
+    # every priority the kernel gives a process, and the writer's own as the kernel's other threads see it
+    k.run("calls, seen = [], []\nreal_setpriority = os.setpriority\n"
+          "def setpriority(which, who, value):\n"
+          "    calls.append((who, value - os.getpriority(os.PRIO_PROCESS, 0)))\n"
+          "    real_setpriority(which, who, value)\n"
+          "os.setpriority = setpriority\n"
+          "def watch():\n"
+          "    while not seen:\n"
+          "        job = s.in_flight\n"
+          "        if job is not None and job.pid:\n"
+          "            seen.append((job.pid, below(job.pid)))\n"
+          "        time.sleep(0.001)\n"
+          "s.snapshot()")
+    out = k.run("x += 1\nthreading.Thread(target=watch, daemon=True).start()\n"
+                "notices._hold_at_safe_point(s, 'preemption', time.time() + 120)\n"
+                "safepoints.request('preemption')\nsafepoints.reached('step')  # a training step's safe point\n"
+                "os.setpriority = real_setpriority\n"
+                "print(s.last.message, s.last_error)\nprint(json.dumps([seen, calls]))")
+    assert "requested: preemption None" in out, out
+    seen, calls = json.loads(out.splitlines()[-1])
+    assert len(seen) == 1 and seen[0][1] == 0, out  # the writer ran at the kernel's priority from the start
+    writer = seen[0][0]
+    assert all(delta <= 0 for pid, delta in calls if pid == writer), calls  # and was never set below it

@@ -81,7 +81,7 @@ class BackgroundSnapshot:
 
 
 def _quiet_child() -> None:
-    """Detach the child from the kernel's I/O: no prints over zmq, default signals, low priority, one torch thread."""
+    """Detach the child from the kernel's I/O: no prints over zmq, default signals, one torch thread."""
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
         try:
             signal.signal(sig, signal.SIG_DFL)
@@ -92,10 +92,6 @@ def _quiet_child() -> None:
     try:
         os.dup2(devnull.fileno(), 1)
         os.dup2(devnull.fileno(), 2)
-    except OSError:
-        pass
-    try:
-        os.nice(10)  # the training loop in the parent keeps priority over the writer
     except OSError:
         pass
     torch = sys.modules.get("torch")
@@ -130,12 +126,15 @@ def start_background(
     extras: Callable[[], Mapping[str, Any]],
     on_done: Callable[[BackgroundSnapshot], None] | None = None,
     reuse: ReusePlan | None = None,
+    urgent: bool = False,
 ) -> BackgroundSnapshot:
     """Fork a child that captures (unless CUDA forces staging first) and commits; return at once.
 
     `commit(image)` persists the image and returns the committed manifest (run in the child; it may
     pass `release_pages` as the writer's `on_written` hook).
     `on_done` runs in a reaper thread of the parent once the child has exited.
+    The child runs below this process's priority (the training loop keeps the CPU), unless `urgent`
+    (a preemption notice's snapshot, with the loop held until it commits).
     """
     paused = time.perf_counter()
     staged_image: KernelImage | None = None
@@ -154,9 +153,20 @@ def start_background(
 
         _child(write_fd, lambda: commit(image()), _as_dict(namespace))
     os.close(write_fd)
+    if not urgent:
+        _lower_priority(pid)
     job = BackgroundSnapshot(pid=pid, started=time.time(), pause_s=time.perf_counter() - paused, staged=staged)
     threading.Thread(target=_reap, args=(job, read_fd, on_done), name=f"spotwarp-reap-{pid}", daemon=True).start()
     return job
+
+
+def _lower_priority(pid: int) -> None:
+    """Set the writer 10 below this process (done from here: raising a child's niceness needs no privilege,
+    while lowering it again, for a notice, would; so an urgent writer is never lowered in the first place)."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, pid, min(19, os.getpriority(os.PRIO_PROCESS, 0) + 10))
+    except (OSError, AttributeError):
+        pass
 
 
 def start_in_thread(
@@ -167,6 +177,7 @@ def start_in_thread(
     extras: Callable[[], Mapping[str, Any]],
     on_done: Callable[[BackgroundSnapshot], None] | None = None,
     reuse: ReusePlan | None = None,
+    urgent: bool = False,  # unused: a thread of this process runs at its priority anyway
 ) -> BackgroundSnapshot:
     """Serialize now, in this thread, and commit from a writer thread: for snapshots whose plan leaves only a
     few small values to serialize (the rest reused), cheaper than forking a copy of the whole process."""

@@ -19,7 +19,7 @@ HOST_TAG = "".join(c if c.isalnum() else "_" for c in socket.gethostname())[:40]
 def write_atomic(path: str, data: Buffer) -> None:
     """Write `data` to `path` through a fsync'd temporary renamed into place (then fsync the folder)."""
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}{TMP_MARK}{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
+    tmp = temporary_name(path)
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_CLOEXEC", 0), 0o666)
     replace_with(tmp, fd, path, lambda f: f.write(data))
 
@@ -46,10 +46,7 @@ def replace_with(tmp: str, fd: int, path: str, fill: Callable[[BinaryIO], object
                 check(path)
             os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        unlink_quietly(tmp)
         raise
     if sync_folder:
         fsync_folder(os.path.dirname(path))
@@ -63,6 +60,18 @@ def fsync_folder(directory: str) -> None:
             os.fsync(fd)
         finally:
             os.close(fd)
+    except OSError:
+        pass
+
+
+def temporary_name(path: str) -> str:
+    """A temporary beside `path`, named so that `writer_gone` can tell whether its writer still runs."""
+    return f"{path}{TMP_MARK}{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def unlink_quietly(path: str) -> None:
+    try:
+        os.unlink(path)
     except OSError:
         pass
 

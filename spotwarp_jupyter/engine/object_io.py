@@ -1,7 +1,9 @@
 """Content-addressed objects: written once under their blake3 hash, checked against it on every read.
 
 On object stores there is no atomic rename, and none is needed: every object is one PUT (or one
-multipart upload), visible only when complete.
+multipart upload), visible only when complete. On a local disk the objects of one snapshot are written
+as a batch (pending_writes.PendingWrites): each to a temporary, then one pass syncs them all, renames
+them into place and syncs their folders, before the manifest naming them is committed.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any, Iterable
 
 from .errors import DamagedObjectError, StorageError
 from .hashing import Buffer, is_object_id, object_hasher, object_id
-from .retries import modified
+from .pending_writes import PendingWrites
+from .retries import modified, one_line
 
 # On S3, objects above this size go up as multipart uploads in parts of PART_SIZE, sent in parallel.
 # Chunks of large buffers are 64 MiB (persist.CHUNK_SIZE), so this catches big pickle streams.
@@ -60,13 +63,42 @@ class ObjectIO:
         with ThreadPoolExecutor(max_workers=min(16, len(ordered)), thread_name_prefix="spotwarp-check") as pool:
             return {o for o, ok in zip(ordered, pool.map(self.has_object, ordered)) if ok}
 
-    def put_object(self, data: Buffer, oid: str | None = None, cancel: threading.Event | None = None) -> tuple[str, int]:
-        """Store `data` under its hash unless already there; return (id, size)."""
+    def batch(self) -> PendingWrites | None:
+        """A batch for `put_object(pending=...)` on a local disk (None on object stores: every PUT is final)."""
+        return PendingWrites() if self.local else None
+
+    def sync_batch(self, pending: PendingWrites | None) -> None:
+        """Make every object written into `pending` durable under its name; on failure none of them gets it."""
+        if pending is None:
+            return
+        try:
+            pending.sync()
+        except OSError as exc:
+            pending.discard()
+            raise StorageError(f"storage {self.url!r} failed while syncing objects: {exc.strerror or one_line(exc)}") from None
+        except BaseException:
+            pending.discard()
+            raise
+
+    def put_object(self, data: Buffer, oid: str | None = None, cancel: threading.Event | None = None,
+                   pending: PendingWrites | None = None) -> tuple[str, int]:
+        """Store `data` under its hash unless already there; return (id, size).
+
+        With `pending` (a local `batch()`), the object is durable under its name only after `sync_batch(pending)`.
+        """
         oid = oid or object_id(data)
         size = memoryview(data).nbytes
         path = self.object_path(oid)
         if self.local:
-            if not os.path.exists(path):
+            if os.path.exists(path):
+                pass
+            elif pending is not None:
+                try:
+                    pending.write(path, data)
+                except OSError as exc:
+                    raise StorageError(f"storage {self.url!r} failed while writing an object: "
+                                       f"{exc.strerror or one_line(exc)}") from None
+            else:
                 self._write_local("writing an object", path, data)
         elif size < ASK_BEFORE_UPLOAD or self._stored_size(path, cancel) != size:
             # A small object is simply written: one idempotent PUT of identical bytes costs no more than
@@ -111,8 +143,19 @@ class ObjectIO:
         if not buffers:
             return []
         workers = workers or self.workers
+        pending = self.batch()
+        try:
+            results = self._put_all(buffers, workers, pending)
+        except BaseException:
+            if pending is not None:
+                pending.discard()
+            raise
+        self.sync_batch(pending)
+        return results
+
+    def _put_all(self, buffers: list[Buffer], workers: int, pending: PendingWrites | None) -> list[tuple[str, int]]:
         if len(buffers) == 1 or workers == 1:
-            return [self.put_object(b) for b in buffers]
+            return [self.put_object(b, pending=pending) for b in buffers]
         cancel = threading.Event()
         failures: list[BaseException] = []
 
@@ -120,7 +163,7 @@ class ObjectIO:
             if cancel.is_set():
                 raise StorageError(f"storage {self.url!r}: upload abandoned after an earlier failure")
             try:
-                return self.put_object(data, cancel=cancel)
+                return self.put_object(data, cancel=cancel, pending=pending)
             except BaseException as exc:
                 if not cancel.is_set():
                     failures.append(exc)

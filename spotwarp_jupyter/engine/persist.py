@@ -3,7 +3,8 @@
 Large buffers are cut into fixed chunks, each fingerprinted with xxh3; a chunk whose fingerprint
 the previous snapshot already stored is named again without being hashed or written. New chunks
 go to a pool of writer threads as soon as their group is serialized, so hashing and disk or
-network I/O overlap with serializing the next groups.
+network I/O overlap with serializing the next groups. On a local disk they are written as one batch
+(Store.batch): no sync per object, one pass at the end makes them all durable before the commit.
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ class PersistStats:
     groups_reused: int = 0  # groups whose previous record was named again untouched (reuse.py)
     serialize_s: float = 0.0  # pickling and fingerprinting, in this thread, while writes ran behind
     write_wait_s: float = 0.0  # then waiting for the last writes to be durable
+    sync_s: float = 0.0  # of which the final pass making a local batch durable (sync, rename, folders)
 
 
 def _span(view: memoryview) -> tuple[int, int] | None:
@@ -79,6 +81,8 @@ class _Writer:
         self.pool = ThreadPoolExecutor(max_workers=getattr(store, "workers", None) or 2,
                                        thread_name_prefix="spotwarp-persist")
         self.writes: dict[str, Future] = {}
+        batch = getattr(store, "batch", None)
+        self.pending = batch() if batch is not None else None
         self.slots: list[tuple[dict[str, Any], str]] = []
         self._checked: dict[str, bool] | None = None
         self._views: dict[str, memoryview] = {}
@@ -104,7 +108,7 @@ class _Writer:
     def _put(self, view: memoryview) -> tuple[str, int]:
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
-        oid, size = self.store.put_object(view, cancel=self.cancel)
+        oid, size = self.store.put_object(view, cancel=self.cancel, pending=self.pending)
         if self.on_written is not None:
             with self._lock:
                 self._written.append(view)
@@ -149,7 +153,7 @@ class _Writer:
         return self._checked.get(oid, False) or self.store.has_object(oid)
 
     def finish(self) -> None:
-        """Wait for every write; fill the slots; raise the first failure (nothing is committed then)."""
+        """Wait for every write and make them durable; fill the slots; raise the first failure (nothing is committed then)."""
         try:
             results = {}
             for fp, future in self.writes.items():
@@ -158,6 +162,9 @@ class _Writer:
                 except BaseException:
                     self.cancel.set()
                     raise self._first_failure() from None
+            if self.pending is not None:
+                self.store.sync_batch(self.pending)
+                self.stats.sync_s = round(self.pending.sync_s, 4)
             for oid, size in results.values():
                 self.stats.bytes_written += size
                 self.stats.objects_written += 1
@@ -166,6 +173,8 @@ class _Writer:
         finally:
             self.cancel.set()
             self.pool.shutdown(wait=True, cancel_futures=True)
+            if self.pending is not None:
+                self.pending.discard()  # after a failure: temporaries nothing will name (a no-op once synced)
 
 
 def persist_image(
@@ -174,7 +183,8 @@ def persist_image(
 ) -> tuple[dict[str, Any], dict[str, int], PersistStats]:
     """Write what is new; return (kernel record for the manifest, objects it names, stats).
 
-    `on_written(view)` runs after each new buffer is durable (a forked writer releases its pages).
+    `on_written(view)` runs after each new buffer is stored (written to storage, or to a local batch's
+    temporary: its memory is no longer needed; a forked writer releases its pages).
     """
     writer = _Writer(store, known_fingerprints(previous), on_written)
     groups: list[dict[str, Any]] = []

@@ -130,6 +130,7 @@ class SnapshotEngine:
                 "groups_reused": pstats.groups_reused,
                 "serialize_s": pstats.serialize_s,
                 "write_wait_s": pstats.write_wait_s,
+                "sync_s": pstats.sync_s,
                 "variables": len(kernel["variables"]),
                 "skipped": len(kernel["skipped"]),
                 **(stats or {}),

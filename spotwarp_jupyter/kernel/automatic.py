@@ -44,11 +44,12 @@ class AutomaticSnapshots:
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
 
-    def snapshot_in_background(self: "KernelSession", message: str | None = None,
-                               requests: list[str] | None = None) -> BackgroundSnapshot | Manifest | None:
+    def snapshot_in_background(self: "KernelSession", message: str | None = None, requests: list[str] | None = None,
+                               urgent: bool = False) -> BackgroundSnapshot | Manifest | None:
         """Start a snapshot the kernel does not wait for; None if one is already in flight.
 
-        Falls back to a synchronous snapshot where fork is unavailable.
+        Falls back to a synchronous snapshot where fork is unavailable. `urgent` (a preemption notice's
+        snapshot, the kernel held until it commits): the writer keeps the kernel's CPU priority.
         """
         if fork_unavailable_reason():
             return self.snapshot(message, requests)
@@ -70,7 +71,7 @@ class AutomaticSnapshots:
             start = start_in_thread if little else start_background
             try:
                 self.in_flight = start(commit, self.namespace, self.hidden, options,
-                                       self.extras, on_done=self._background_done, reuse=plan)
+                                       self.extras, on_done=self._background_done, reuse=plan, urgent=urgent)
             except BaseException:
                 self._flight_done.set()
                 raise
@@ -127,8 +128,11 @@ class AutomaticSnapshots:
         except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
             return False
 
-    def at_safe_point(self: "KernelSession", where: str, reasons: list[str]) -> None:
-        """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due."""
+    def at_safe_point(self: "KernelSession", where: str, reasons: list[str], urgent: bool = False) -> None:
+        """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due.
+
+        `urgent`: the caller holds the kernel here until the snapshot commits (snapshot_in_background).
+        """
         if where == "cell" and not reasons and not self.policy.after_cell:
             return
         if not self.due(reasons, cell_end=where == "cell"):
@@ -143,7 +147,7 @@ class AutomaticSnapshots:
         message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
         requests, self._requests = self._requests, []
         try:
-            self.snapshot_in_background(message, requests)
+            self.snapshot_in_background(message, requests, urgent=urgent)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._requests[:0] = requests  # the next one answers them

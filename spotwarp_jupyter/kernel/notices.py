@@ -59,7 +59,7 @@ def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
     def start(where: str, reasons: list[str]) -> bool:
         """Start the snapshot; False when it was deferred behind one already in flight."""
         busy = session.in_flight is not None
-        session.at_safe_point(where, reasons)
+        session.at_safe_point(where, reasons, urgent=True)  # its writer keeps the kernel's priority
         return not busy
 
     def at_safe_point(where: str, reasons: list[str]) -> None:

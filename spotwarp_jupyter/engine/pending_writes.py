@@ -1,0 +1,155 @@
+"""A batch of local files made durable together: one pass of syncs before a commit, not two per file."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+from .hashing import Buffer
+from .local_files import fsync_folder, temporary_name, unlink_quietly
+
+
+def _fdatasync(fd: int) -> None:
+    """A file's data durable (and what is needed to read it back); fsync where there is no fdatasync."""
+    getattr(os, "fdatasync", os.fsync)(fd)
+
+
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def _writeback_starter():
+    """sync_file_range(fd, 0, 0, SYNC_FILE_RANGE_WRITE) where Linux has it: start a file's writeback, not wait for it."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        fn = ctypes.CDLL(None, use_errno=True).sync_file_range
+    except (OSError, AttributeError):
+        return None
+    fn.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
+    fn.restype = ctypes.c_int
+    return fn
+
+
+_start_writeback = _writeback_starter()
+
+
+class PendingWrites:
+    """Files written now and made durable together by `sync()`: one pass of syncs instead of two per file.
+
+    Each file goes to a temporary beside its name and its writeback starts at once (the disk works while
+    the next files are prepared). `sync()` waits for every temporary's data, and only then renames each
+    into place and syncs each folder: a file is never under its name before its bytes are durable, and
+    once `sync()` returns every name is. Until then nothing is visible; `discard()` removes the temporaries.
+    """
+
+    MAX_OPEN = 128  # temporaries held open for the final pass; older ones are synced early beyond that
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._open: list[tuple[int, str, str]] = []  # (fd, temporary, final name), not synced yet
+        self._synced: list[tuple[str, str]] = []  # (temporary, final name): data durable, not renamed yet
+        self._names: set[str] = set()
+        self._folders: set[str] = set()  # folders created here: their parents' entries must be synced too
+        self.sync_s = 0.0
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+    def write(self, path: str, data: Buffer) -> None:
+        """Write `data` to a temporary for `path` (once per name); it gets its name in `sync()`."""
+        with self._lock:
+            if path in self._names:
+                return
+            self._names.add(path)
+        directory = os.path.dirname(path)
+        if not os.path.isdir(directory):
+            created = []
+            missing = directory
+            while missing and not os.path.isdir(missing):
+                created.append(missing)
+                missing = os.path.dirname(missing)
+            os.makedirs(directory, exist_ok=True)
+            with self._lock:
+                self._folders.update(created)
+        tmp = temporary_name(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            view = memoryview(data).cast("B")
+            done = 0
+            while done < view.nbytes:
+                done += os.write(fd, view[done:])
+            if _start_writeback is not None:
+                _start_writeback(fd, 0, 0, _SYNC_FILE_RANGE_WRITE)  # a hint: a failure shows in the sync
+        except BaseException:
+            os.close(fd)
+            unlink_quietly(tmp)
+            with self._lock:
+                self._names.discard(path)
+            raise
+        with self._lock:
+            self._open.append((fd, tmp, path))
+            early = self._open[:-self.MAX_OPEN] if len(self._open) > self.MAX_OPEN else []
+            del self._open[:len(early)]
+        for entry in early:  # bounded open files: the oldest are synced now (their writeback has had time)
+            self._sync_one(entry)
+
+    def _sync_one(self, entry: tuple[int, str, str]) -> None:
+        fd, tmp, path = entry
+        try:
+            _fdatasync(fd)
+        except BaseException:
+            with self._lock:
+                self._open.append(entry)  # discard() closes and removes it
+            raise
+        os.close(fd)
+        with self._lock:
+            self._synced.append((tmp, path))
+
+    def sync(self, workers: int = 8) -> None:
+        """Make every file durable under its name: data synced, then renamed into place, then folders synced."""
+        started = time.perf_counter()
+        with self._lock:
+            entries, self._open = self._open, []
+        if len(entries) > 1 and workers > 1:
+            # syncs in parallel: the filesystem serves them with few journal commits, not one each
+            with ThreadPoolExecutor(max_workers=min(workers, len(entries)), thread_name_prefix="spotwarp-sync") as pool:
+                futures = [pool.submit(self._sync_one, e) for e in entries]
+                errors = [f.exception() for f in futures if f.exception() is not None]
+            if errors:
+                raise errors[0]
+        else:
+            for entry in entries:
+                self._sync_one(entry)
+        with self._lock:
+            synced, self._synced = self._synced, []
+            folders, self._folders = self._folders, set()
+        try:
+            for i, (tmp, path) in enumerate(synced):
+                os.replace(tmp, path)
+        except BaseException:
+            with self._lock:
+                self._synced.extend(synced[i:])
+            raise
+        # each file's entry lives in its folder; a folder created here has its own entry in its parent
+        targets = {os.path.dirname(path) for _tmp, path in synced} | {os.path.dirname(f) for f in folders}
+        for folder in sorted(targets, key=len, reverse=True):
+            fsync_folder(folder)
+        self.sync_s += time.perf_counter() - started
+
+    def discard(self) -> None:
+        """Remove every temporary not yet renamed (after a failure: nothing of this batch gets its name)."""
+        with self._lock:
+            entries, self._open = self._open, []
+            synced, self._synced = self._synced, []
+        for fd, tmp, _path in entries:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+            unlink_quietly(tmp)
+        for tmp, _path in synced:
+            unlink_quietly(tmp)
