@@ -156,7 +156,9 @@ def _run(args: argparse.Namespace, root: Path) -> int:
                             "posted_to_commit_s": round(done.time - posted, 3), "written": written,
                             "age_s": round(posted - automatic.created, 1), "exit_s": round(exit_s, 2) if sigterm else None,
                             "groups_reused": kernel_snapshot.stats.get("groups_reused"),
-                            "full_reason": kernel_snapshot.stats.get("full_reason")})
+                            "full_reason": kernel_snapshot.stats.get("full_reason"),
+                            # inside the kernel write: pickling and fingerprinting, then the writes' tail, of it the sync
+                            **{k: kernel_snapshot.stats.get(k) for k in ("serialize_s", "write_wait_s", "sync_s")}})
             print(json.dumps(results[-1]), flush=True)
     finally:
         (root / "stop").write_text("stop")

@@ -121,3 +121,60 @@ def test_a_batch_of_workspace_objects_is_durable_before_put_objects_returns(stor
         assert calls.synced_between(rename[1], -1, at)
         assert calls.synced_between(os.path.dirname(path), at, len(calls.events))
         assert Path(path).read_bytes() in blobs
+
+
+def _object_sizes() -> list[int]:
+    from spotwarp_jupyter.engine.pending_writes import DIRECT_MIN, DIRECT_PIECE
+    # below and at the direct threshold, unaligned tails, exact multiples of the staging buffer
+    return [DIRECT_MIN - 1, DIRECT_MIN, DIRECT_MIN + 1, 2 * DIRECT_PIECE + 4095, 3 * DIRECT_PIECE]
+
+
+def _unaligned_buffers() -> list[memoryview]:
+    raw = np.frombuffer(os.urandom(sum(_object_sizes()) + 7), dtype=np.uint8)
+    views, at = [], 3  # odd offsets: no view starts on a block boundary
+    for size in _object_sizes():
+        views.append(memoryview(raw[at:at + size]))
+        at += size + 1
+    return views
+
+
+def _opened_direct(monkeypatch: pytest.MonkeyPatch, refuse: str | None = None) -> list[str]:
+    """Paths opened with O_DIRECT; `refuse` ('open' or 'write') makes the OS refuse it there with EINVAL."""
+    import fcntl
+    opened: list[str] = []
+    real_open, real_write = os.open, os.write
+
+    def open_(path, flags, *args, **kwargs):
+        if flags & os.O_DIRECT:
+            opened.append(os.fspath(path))
+            if refuse == "open":
+                real_open(path, flags & ~os.O_DIRECT, *args, **kwargs)  # as some kernels do: created, then refused
+                raise OSError(errno.EINVAL, "Invalid argument")
+        return real_open(path, flags, *args, **kwargs)
+
+    def write(fd, data):
+        if refuse == "write" and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT:
+            raise OSError(errno.EINVAL, "Invalid argument")
+        return real_write(fd, data)
+
+    monkeypatch.setattr(os, "open", open_)
+    monkeypatch.setattr(os, "write", write)
+    return opened
+
+
+@pytest.mark.parametrize("refuse", [None, "open", "write"])
+def test_large_objects_bypass_the_page_cache_and_keep_every_byte(store_url, monkeypatch, refuse):
+    store = _engine(store_url).store
+    buffers = _unaligned_buffers()
+    opened = _opened_direct(monkeypatch, refuse)
+    calls = SyscallLog(monkeypatch)
+    results = store.put_objects(buffers)
+    monkeypatch.undo()
+    assert opened, "no object was written past the page cache"
+    for (oid, size), data in zip(results, buffers):
+        path = store.object_path(oid)
+        assert Path(path).read_bytes() == bytes(data) and size == data.nbytes
+        rename = next(e for e in calls.events if e[0] == "rename" and e[2] == path)
+        assert calls.synced_between(rename[1], -1, calls.index(*rename))  # still synced before its rename
+    leftovers = [p for p in Path(store.objects_dir).rglob("*") if TMP_MARK in p.name]
+    assert not leftovers
