@@ -123,7 +123,8 @@ def _reply(kernel, msg_id: str, timeout: float) -> dict | None:
         return None
 
 
-def test_kernel_is_usable_while_the_large_variable_loads(start_kernel, tmp_path, store_url):
+def _gated_host_b(start_kernel, tmp_path, store_url):
+    """Host A snapshots MAKE and dies; host B reads the store through a gate that holds large objects back."""
     a = start_kernel("host-a")
     a.run(MAKE)
     a.close()
@@ -131,6 +132,11 @@ def test_kernel_is_usable_while_the_large_variable_loads(start_kernel, tmp_path,
     os.mkfifo(fifo)
     b = start_kernel("host-b", SPOTWARP_STORAGE="gated://" + store_url, GATED_FS_FIFO=fifo,
                      PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    return b, fifo
+
+
+def test_kernel_is_usable_while_the_large_variable_loads(start_kernel, tmp_path, store_url):
+    b, fifo = _gated_host_b(start_kernel, tmp_path, store_url)
     out = b.run("import gated_fs\n%load_ext spotwarp\n%spotwarp restore latest", timeout=60)
     assert "loading   big in the background" in out, out
     assert b.value("[n, words, n * 2]") == [5, ["a", "b"], 10]
@@ -169,13 +175,7 @@ def test_kernel_reports_a_damaged_large_object_and_keeps_the_rest(start_kernel, 
 
 
 def test_code_after_the_restore_in_the_same_cell_gets_the_large_variable(start_kernel, tmp_path, store_url):
-    a = start_kernel("host-a")
-    a.run(MAKE)
-    a.close()
-    fifo = str(tmp_path / "gate")
-    os.mkfifo(fifo)
-    b = start_kernel("host-b", SPOTWARP_STORAGE="gated://" + store_url, GATED_FS_FIFO=fifo,
-                     PYTHONPATH=os.pathsep.join([TESTS, os.environ.get("PYTHONPATH", "")]))
+    b, fifo = _gated_host_b(start_kernel, tmp_path, store_url)
     b.run("import gated_fs")
     cell = b.kc.execute("%load_ext spotwarp\n%spotwarp restore latest\nlast = float(big[-1])")
     assert _reply(b, cell, 1.0) is None, "the restore returned before the variable its own cell uses"
