@@ -235,3 +235,29 @@ def test_the_cell_loading_spotwarp_is_not_tracked_so_what_it_does_after_a_snapsh
     k.run("%load_ext spotwarp\n%spotwarp off\nx = [1]\nother = [0]\n%spotwarp snapshot\nx.append(2)")
     k.run("%spotwarp snapshot")
     assert _latest(store_url)["x"] == [1, 2]
+
+
+def test_functions_defined_in_the_cell_loading_spotwarp_count_at_every_snapshot(start_kernel, store_url):
+    k = start_kernel("host")
+    # no hook saw this cell: its functions' globals come from their code, found in the namespace
+    k.run(SETUP + "import numpy as np\nx = np.zeros(10)\nkept = np.ones(10)\n"
+          "def fill():\n    x[:] = 5\n"
+          "class Filler:\n    def run(self):\n        kept[:] = 7\n"
+          "filler = Filler()\n")
+    _snapshot(k)
+    k.run("fill()\nfiller.run()")  # the cell names neither array
+    stats = _snapshot(k)
+    ns = _latest(store_url)
+    assert ns["x"].tolist() == [5.0] * 10, "a stale group was reused"
+    assert ns["kept"].tolist() == [7.0] * 10, "a stale group was reused"
+    assert stats["groups_reused"] >= 1, stats  # the functions and the class themselves were not re-pickled
+
+
+def test_a_function_of_the_loading_cell_using_globals_makes_snapshots_full(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run(SETUP + "x = [1]\ndef sneaky():\n    globals()['x'].append(2)\n")
+    _snapshot(k)
+    k.run("sneaky()")
+    stats = _snapshot(k)
+    assert "globals" in stats.get("full_reason", ""), stats
+    assert _latest(store_url)["x"] == [1, 2]

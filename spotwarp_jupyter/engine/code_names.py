@@ -196,6 +196,19 @@ def _global_names(code: types.CodeType) -> set[str]:
     return names
 
 
+def notebook_code_names(namespace: dict[str, Any]) -> tuple[set[str], str | None]:
+    """Global names any function or class bound in `namespace` can use when it runs, wherever it was defined
+    (a cell no hook saw, such as the one that loaded SpotWarp), and why one of them may reach every variable."""
+    names: set[str] = set()
+    for value in list(namespace.values()):
+        if isinstance(value, types.FunctionType) and value.__globals__ is not namespace:
+            continue  # a library's function: its globals are its module's
+        for code in _code_objects(value):
+            names |= _global_names(code)
+    dynamic = sorted(names & (_DYNAMIC_NAMES | _DYNAMIC_ATTRS))
+    return names, (f"a notebook function uses {dynamic[0]}" if dynamic else None)
+
+
 def reachable_names(names: set[str], namespace: dict[str, Any]) -> set[str]:
     """`names` plus the global names notebook code they refer to can use, a few calls deep."""
     seen = set(names)

@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from ..engine import CaptureOptions, Manifest
 from ..engine.access import AccessTracker, Mark
+from ..engine.code_names import notebook_code_names
 from ..engine.capture import select_variables
 from ..engine.reuse import Baseline, ReusePlan, plan_reuse
 
@@ -52,6 +53,8 @@ class Increments:
              full: bool) -> tuple[ReusePlan | None, dict[str, Any]]:
         """What the next snapshot may reuse (engine/reuse.py), and the stats saying why it is full if so."""
         mark, touched, why = self.access.begin()
+        used, dynamic = notebook_code_names(namespace if isinstance(namespace, dict) else dict(namespace))
+        touched, why = touched | used, why or dynamic
         if full:
             why = why or "a full snapshot was asked for"
         elif self.full_every and self.since_full + 1 >= self.full_every:
