@@ -92,6 +92,8 @@ def main() -> None:
     parser.add_argument("--train-pairs", type=int, default=3,
                         help="training windows of one interval each, without then with snapshots, interleaved")
     parser.add_argument("--train-only", action="store_true", help="measure only the training throughput figure")
+    parser.add_argument("--cost-trials", type=int, default=4, help="snapshots timed for the training time lost per snapshot")
+    parser.add_argument("--cost-steps", type=int, default=3, help="steps timed before and after each of them for the pace")
     parser.add_argument("--every", type=float, default=60.0, help="snapshot interval during the training run")
     parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
@@ -295,6 +297,45 @@ def main() -> None:
                  f"{figures['train_cpu_per_step_added'] * 100:+.1f}% ("
                  + ", ".join(f"{x * 100:+.1f}%" for x in cpu_costs)
                  + f"; {figures['train_cpu_per_step_s']:.2f} s of CPU per step without)", "", ""))
+
+    # -- training time lost per snapshot, staged (the loop's writer) against forked --------------------
+    # Each snapshot's cost directly: the steps run from its start (its pause included) until its writer is
+    # done, against the same number of steps at the pace of the steps just before and after it, alternating
+    # writers; this sees a 1 s cost that the load's swings between 60 s windows hide.
+    lost: dict[str, list[float]] = {"staged": [], "fork": []}
+    trained.access.note("for step in loader:\n    loss = model(batch).square().mean()\n    opt.zero_grad()\n"
+                        "    loss.backward()\n    opt.step()\n    sched.step()")
+
+    def one_step() -> None:
+        loss = model(batch).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    def pace() -> float:
+        started = time.perf_counter()
+        for _ in range(args.cost_steps):
+            one_step()
+        return (time.perf_counter() - started) / args.cost_steps
+
+    for trial in range(args.cost_trials):
+        for writer in ("staged", "fork") if trial % 2 == 0 else ("fork", "staged"):
+            before = pace()
+            started, steps = time.perf_counter(), 0
+            job = trained.snapshot_in_background(in_loop=writer == "staged")
+            assert job is not None and job.writer == writer, (job, writer)
+            while steps == 0 or not job.done.is_set():
+                one_step()
+                steps += 1
+            during = time.perf_counter() - started
+            trained.wait_in_flight()
+            lost[writer].append(during - steps * (before + pace()) / 2)
+    for writer, label in (("staged", "staged copy (a loop's step)"), ("fork", "forked writer (as before)")):
+        figures[f"train_lost_per_snapshot_{writer}_s"] = median(lost[writer])
+        rows.append((f"training time lost per snapshot, {label}",
+                     f"{median(lost[writer]):.2f} s = {median(lost[writer]) / args.every * 100:.1f}% of {args.every:.0f} s ("
+                     + ", ".join(f"{x:.2f}" for x in lost[writer]) + " s)", "within 2%" if writer == "staged" else "",
+                     ("ok" if median(lost[writer]) / args.every <= 0.02 else "MISSED") if writer == "staged" else ""))
 
     print()
     print(f"SpotWarp snapshot benchmark: state {state / 1e9:.2f} GB, raw write {raw_w:.2f} s, raw cold read "

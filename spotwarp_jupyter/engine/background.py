@@ -63,6 +63,7 @@ class BackgroundSnapshot:
     started: float
     pause_s: float
     staged: bool
+    writer: str = "fork"  # "fork": a child process; "thread": few small values; "staged": a copy (engine/staging.py)
     done: threading.Event = field(default_factory=threading.Event)
     result: BackgroundResult | None = None
 
@@ -127,8 +128,9 @@ def start_background(
     on_done: Callable[[BackgroundSnapshot], None] | None = None,
     reuse: ReusePlan | None = None,
     urgent: bool = False,
+    captured: KernelImage | None = None,
 ) -> BackgroundSnapshot:
-    """Fork a child that captures (unless CUDA forces staging first) and commits; return at once.
+    """Fork a child that captures (unless CUDA forces staging first, or `captured` is the image) and commits.
 
     `commit(image)` persists the image and returns the committed manifest (run in the child; it may
     pass `release_pages` as the writer's `on_written` hook).
@@ -137,10 +139,10 @@ def start_background(
     (a preemption notice's snapshot, with the loop held until it commits).
     """
     paused = time.perf_counter()
-    staged_image: KernelImage | None = None
-    staged = cuda_in_use()
-    extra_state = dict(extras())  # RNG states and loop positions: taken at this very safe point
-    if staged:
+    staged_image: KernelImage | None = captured
+    staged = captured is not None or cuda_in_use()
+    extra_state = dict(extras()) if captured is None else {}  # RNG states, loop positions: taken at this safe point
+    if staged and staged_image is None:
         with main_namespace(_as_dict(namespace)):
             staged_image = capture_namespace(namespace, hidden, options, extra_state, reuse=reuse)
     read_fd, write_fd = os.pipe()
@@ -184,11 +186,20 @@ def start_in_thread(
     paused = time.perf_counter()
     with main_namespace(_as_dict(namespace)):
         image = capture_namespace(namespace, hidden, options, dict(extras()), reuse=reuse)
-    job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True)
+    job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True,
+                             writer="thread")
+    run_writer_thread(job, lambda: commit(image), on_done)
+    return job
+
+
+def run_writer_thread(job: BackgroundSnapshot, run: Callable[[], Any],
+                      on_done: Callable[[BackgroundSnapshot], None] | None = None) -> None:
+    """Commit from a thread of this process (`run` returns the manifest), at the kernel's priority: a thread
+    set below it would hold the GIL while descheduled on a busy machine, and the kernel would wait on it."""
 
     def write() -> None:
         try:
-            manifest = commit(image)
+            manifest = run()
             job.result = BackgroundResult(True, manifest.id, stats=manifest.stats, exit_status=0)
         except BaseException as exc:  # noqa: BLE001 - reported like a child's failure
             job.result = BackgroundResult(False, error=f"{type(exc).__name__}: {exc}")
@@ -197,7 +208,6 @@ def start_in_thread(
             on_done(job)
 
     threading.Thread(target=write, name="spotwarp-writer", daemon=True).start()
-    return job
 
 
 def _as_dict(namespace: Mapping[str, Any]) -> dict[str, Any]:

@@ -38,3 +38,10 @@ def populate(buf: mmap.mmap) -> bool:
     except (TypeError, ValueError):
         return False
     return _libc.madvise(start, len(buf), MADV_POPULATE_WRITE) == 0
+
+
+def populate_range(address: int, nbytes: int) -> bool:
+    """`populate` for part of a map, by address (pieces of one map are faulted in by several threads)."""
+    if _libc is None or nbytes <= 0:
+        return False
+    return _libc.madvise(address, nbytes, MADV_POPULATE_WRITE) == 0

@@ -58,6 +58,16 @@ def _staging_buffer() -> memoryview:
     return buf
 
 
+def _page_aligned(view: memoryview) -> bool:
+    """Whether `view` starts on a page (a staged copy does), so O_DIRECT can take it as it is."""
+    if view.readonly:
+        return False
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view)) % _DIRECT_ALIGN == 0
+    except (TypeError, ValueError):
+        return False
+
+
 def _write_all(fd: int, view: memoryview) -> None:
     done = 0
     while done < view.nbytes:
@@ -69,14 +79,15 @@ def _write_direct(fd: int, view: memoryview) -> bool:
 
     False (nothing written, O_DIRECT cleared) when the filesystem refuses direct writes.
     """
-    staging = _staging_buffer()
+    staging = None if _page_aligned(view) else _staging_buffer()  # an aligned view is written from where it is
     aligned = view.nbytes - view.nbytes % _DIRECT_ALIGN
     done = 0
     try:
         while done < aligned:
             n = min(DIRECT_PIECE, aligned - done)
-            staging[:n] = view[done:done + n]
-            written = os.write(fd, staging[:n])
+            if staging is not None:
+                staging[:n] = view[done:done + n]
+            written = os.write(fd, staging[:n] if staging is not None else view[done:done + n])
             if written != n:  # a short direct write: the rest goes buffered, from where it stopped
                 done += written
                 break

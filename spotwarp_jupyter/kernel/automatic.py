@@ -12,15 +12,17 @@ import time
 from typing import TYPE_CHECKING
 
 from .. import safepoints
-from ..engine import Manifest
+from ..engine import CaptureOptions, Manifest
 from ..engine.background import (
     BackgroundSnapshot,
+    cuda_in_use,
     fork_unavailable_reason,
     release_pages,
     start_background,
     start_in_thread,
 )
-from ..engine.reuse import StaleBaseline
+from ..engine.reuse import ReusePlan, StaleBaseline
+from ..engine.staging import start_staged
 
 if TYPE_CHECKING:
     from .session import KernelSession
@@ -45,11 +47,13 @@ class AutomaticSnapshots:
         self.started_at = time.time()
 
     def snapshot_in_background(self: "KernelSession", message: str | None = None, requests: list[str] | None = None,
-                               urgent: bool = False) -> BackgroundSnapshot | Manifest | None:
+                               urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:
         """Start a snapshot the kernel does not wait for; None if one is already in flight.
 
         Falls back to a synchronous snapshot where fork is unavailable. `urgent` (a preemption notice's
         snapshot, the kernel held until it commits): the writer keeps the kernel's CPU priority.
+        `in_loop` (taken at a loop's step): what changed is copied and written from a thread (engine/staging.py)
+        when that is cheap to serialize, since the next step would rewrite it under a forked writer.
         """
         if fork_unavailable_reason():
             return self.snapshot(message, requests)
@@ -67,8 +71,7 @@ class AutomaticSnapshots:
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=release_pages, requests=requests)
 
-            little = self.increments.little_left(self.namespace, self.hidden, plan, options)
-            start = start_in_thread if little else start_background
+            start = self._writer_for(plan, options, in_loop and not urgent)
             try:
                 self.in_flight = start(commit, self.namespace, self.hidden, options,
                                        self.extras, on_done=self._background_done, reuse=plan, urgent=urgent)
@@ -78,6 +81,14 @@ class AutomaticSnapshots:
             self.last_pause_s = self.in_flight.pause_s
             return self.in_flight
 
+    def _writer_for(self: "KernelSession", plan: ReusePlan | None, options: CaptureOptions, in_loop: bool):
+        """How to take this snapshot: a writer thread, a staged copy (in a loop), or a forked writer."""
+        if self.increments.little_left(self.namespace, self.hidden, plan, options):
+            return start_in_thread
+        if in_loop and not cuda_in_use() and self.increments.quick_to_serialize(self.namespace, self.hidden, plan, options):
+            return start_staged
+        return start_background
+
     def _background_done(self: "KernelSession", job: BackgroundSnapshot) -> None:
         """Runs in the reaper thread once the child has exited."""
         try:
@@ -85,6 +96,7 @@ class AutomaticSnapshots:
             if result is not None and result.ok and result.snapshot_id:
                 manifest = self.engine.get(result.snapshot_id)
                 manifest.stats["pause_s"] = round(job.pause_s, 4)
+                manifest.stats["writer"] = job.writer
                 self.increments.remember(manifest, self.notebook)
                 self._committed(manifest)
             else:
@@ -147,7 +159,7 @@ class AutomaticSnapshots:
         message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
         requests, self._requests = self._requests, []
         try:
-            self.snapshot_in_background(message, requests, urgent=urgent)
+            self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._requests[:0] = requests  # the next one answers them

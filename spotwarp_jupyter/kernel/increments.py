@@ -14,10 +14,11 @@ from typing import Any, Mapping
 from ..engine import CaptureOptions, Manifest
 from ..engine.access import AccessTracker, Mark
 from ..engine.code_names import notebook_code_names
-from ..engine.capture import select_variables
+from ..engine.capture import _cheap_size, select_variables
 from ..engine.reuse import Baseline, ReusePlan, plan_reuse
 
 DEFAULT_FULL_EVERY = 20
+QUICK_INBAND = 1 << 20  # in-band bytes a staged snapshot may pickle at a loop's step (~10 ms)
 _SCALARS = (int, float, complex, bool, type(None))
 
 
@@ -89,3 +90,32 @@ class Increments:
         reused, _changed = plan.split(values)
         taken = {n for g in reused for n in g["names"]}
         return all(_small_scalar(v) for n, v in values.items() if n not in taken)
+
+    def quick_to_serialize(self, namespace: Mapping[str, Any], hidden: Mapping[str, Any], plan: ReusePlan | None,
+                           options: CaptureOptions) -> bool:
+        """Whether what the plan leaves to serialize is known, from the baseline, to pickle in a few milliseconds:
+        at most QUICK_INBAND bytes in band (arrays' and tensors' bytes go out of band and are copied, not pickled)."""
+        if self.baseline is None:
+            return False
+        values, _imports, _skipped = select_variables(namespace, hidden, options)
+        taken = {n for g in (plan.split(values)[0] if plan is not None else []) for n in g["names"]}
+        groups = self.baseline.record.get("groups", [])
+        index = {n: i for i, g in enumerate(groups) for n in g.get("names", [])}
+        skipped = self.baseline.record.get("skipped") or {}  # not picklable then: refused again, quickly
+        inband, counted = 0, set()
+        for name, value in values.items():
+            if name in taken or name in skipped or _small_scalar(value) or _out_of_band(value):
+                continue
+            if name not in index:
+                return False  # never pickled by this kernel: its size is unknown
+            if index[name] not in counted:
+                counted.add(index[name])
+                inband += int((groups[index[name]].get("pickle") or {}).get("size", QUICK_INBAND + 1))
+        return inband <= QUICK_INBAND
+
+
+def _out_of_band(value: Any) -> bool:
+    """An array or tensor of plain numbers: a few hundred bytes in band, whatever its size (object arrays pickle in band)."""
+    if getattr(getattr(value, "dtype", None), "hasobject", False):
+        return False
+    return _cheap_size(value) is not None and type(value).__module__.split(".")[0] in ("numpy", "torch")

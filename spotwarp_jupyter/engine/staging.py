@@ -1,0 +1,130 @@
+"""Staged snapshots: copy a serialized image's buffers into memory of its own, then store it from a thread.
+
+In a training loop the next step rewrites every parameter and optimizer buffer within a second. Behind
+a forked writer each of those 4 KiB pages is then a copy-on-write fault in the kernel, and with two
+compute threads every fault also interrupts the other core: 2.7 s of stalled training for 1.6 GB on
+the reference machine, against 0.14-0.32 s for one bulk copy at the safe point. So at a loop's step
+the kernel serializes the groups that changed (the rest are reused), copies their buffers in parallel
+threads into fresh anonymous memory, and a writer thread below the kernel's priority stores the copy
+while training runs on; no fork, no faults afterwards. The writer gives pages back as each buffer is
+stored. Only bytes objects, which nothing can change, are written from where they are.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Mapping
+
+from . import pages
+from .background import BackgroundSnapshot, run_writer_thread, start_background
+from .capture import CaptureOptions, KernelImage, capture_namespace
+from .pickling import main_namespace
+from .reuse import ReusePlan
+
+_ALIGN = 4096  # each copy starts on a page: a stored buffer's pages can be given back alone
+_PIECE = 32 << 20  # copies are cut into pieces so both cores share a single large tensor
+
+
+def staged_bytes(image: KernelImage) -> int:
+    """Bytes `stage` would copy: every out-of-band buffer not backed by an immutable bytes object."""
+    return sum(_aligned(v.nbytes) for v in _mutable_views(image))
+
+
+def memory_for_staging(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
+    """Half of the memory this process may still take (the host's MemAvailable, within a cgroup's limit); 0 if unknown."""
+    available = None
+    try:
+        for line in meminfo.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                available = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return 0
+    try:
+        limit = (cgroup / "memory.max").read_text().strip()
+        if limit != "max":
+            used = int((cgroup / "memory.current").read_text().strip())
+            available = min(available if available is not None else int(limit), int(limit) - used)
+    except (OSError, ValueError):
+        pass
+    return max(0, available // 2) if available is not None else 0
+
+
+def stage(image: KernelImage) -> int:
+    """Replace every mutable buffer of `image` by a copy in fresh private memory; return the bytes copied."""
+    views = [(group.pickled.buffers, index, view) for group in image.groups
+             for index, view in enumerate(group.pickled.buffers) if _is_mutable(view)]
+    total = sum(_aligned(view.nbytes) for _, _, view in views)
+    if not total:
+        return 0
+    region = mmap.mmap(-1, total, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    base = memoryview(region)
+    jobs, offset = [], 0
+    for buffers, index, view in views:
+        target = base[offset:offset + view.nbytes]
+        source = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        jobs.extend((target[lo:lo + _PIECE], source[lo:lo + _PIECE]) for lo in range(0, view.nbytes, _PIECE))
+        buffers[index] = target
+        offset += _aligned(view.nbytes)
+    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="spotwarp-stage") as pool:
+        for _ in pool.map(_copy, jobs):
+            pass
+    return total
+
+
+def start_staged(
+    commit: Callable[[KernelImage], Any],
+    namespace: Mapping[str, Any],
+    hidden: Mapping[str, Any] | None,
+    options: CaptureOptions | None,
+    extras: Callable[[], Mapping[str, Any]],
+    on_done: Callable[[BackgroundSnapshot], None] | None = None,
+    reuse: ReusePlan | None = None,
+    urgent: bool = False,
+) -> BackgroundSnapshot:
+    """Serialize and copy the image now, then commit it from a writer thread (see the module's docstring).
+
+    When the copy would take more than half the memory left, the image (already serialized) goes to a
+    forked writer instead, as a GPU-staged one does.
+    """
+    paused = time.perf_counter()
+    as_dict = namespace if isinstance(namespace, dict) else dict(namespace)
+    with main_namespace(as_dict):
+        image = capture_namespace(namespace, hidden, options, dict(extras()), reuse=reuse)
+    if staged_bytes(image) > memory_for_staging():
+        return start_background(commit, namespace, hidden, options, extras, on_done, reuse, urgent, captured=image)
+    try:
+        stage(image)
+    except OSError:  # no memory map to be had: the forked writer copies only what the kernel then writes
+        return start_background(commit, namespace, hidden, options, extras, on_done, reuse, urgent, captured=image)
+    job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True,
+                             writer="staged")
+    run_writer_thread(job, lambda: commit(image), on_done)
+    return job
+
+
+def _is_mutable(view: memoryview) -> bool:
+    return view.nbytes > 0 and not isinstance(view.obj, bytes)
+
+
+def _mutable_views(image: KernelImage) -> list[memoryview]:
+    return [view for group in image.groups for view in group.pickled.buffers if _is_mutable(view)]
+
+
+def _aligned(nbytes: int) -> int:
+    return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _copy(job: tuple[memoryview, memoryview]) -> None:
+    """One piece: its pages faulted in by the kernel in one call, then a memmove; the GIL is let go for both."""
+    target, source = job
+    address = ctypes.addressof(ctypes.c_char.from_buffer(target))
+    pages.populate_range(address, target.nbytes)  # faulted in by the kernel: the copy below takes no page faults
+    if source.readonly:  # from_buffer needs a writable exporter; a read-only one is copied by the buffer protocol
+        target[:] = source
+        return
+    ctypes.memmove(address, ctypes.addressof(ctypes.c_char.from_buffer(source)), target.nbytes)
