@@ -83,6 +83,21 @@ def test_background_snapshot_writes_to_object_storage(object_storage: StorageTar
     assert ns["big"].shape == (3_000_000,) and ns["big"][0] >= 1 and ns["big"][1] == 1
 
 
+def test_a_loops_staged_snapshot_writes_to_object_storage(object_storage: StorageTarget, start_kernel):
+    # at a loop's step the copy is written by a thread of the kernel, through the kernel's own connection
+    a = start_kernel("hostA", **object_storage.kernel_env())
+    a.run("%load_ext spotwarp\n%spotwarp off\nimport numpy as np\n"
+          "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
+          "big = np.ones(3_000_000)\njob = None\ns.snapshot()")
+    out = a.run("big += 1\njob = s.snapshot_in_background(in_loop=True)\nbig += 1\n"
+                "s.wait_in_flight(120)\nprint(job.writer, s.last_error)")
+    assert out.split() == ["staged", "None"], out
+    a.kill()
+    ns: dict = {}
+    engine_for(object_storage).restore_kernel("latest", ns)
+    assert np.all(ns["big"] == 2.0), "the snapshot is not the state at its step"
+
+
 # -- a storage server that stops in the middle of a large snapshot -------------------------------------
 def big_namespace() -> dict:
     rng = np.random.default_rng(1)

@@ -3,11 +3,11 @@
 In a training loop the next step rewrites every parameter and optimizer buffer within a second. Behind
 a forked writer each of those 4 KiB pages is then a copy-on-write fault in the kernel, and with two
 compute threads every fault also interrupts the other core: 2.7 s of stalled training for 1.6 GB on
-the reference machine, against 0.14-0.32 s for one bulk copy at the safe point. So at a loop's step
+the reference machine, against about 0.3 s for one bulk copy at the safe point. So at a loop's step
 the kernel serializes the groups that changed (the rest are reused), copies their buffers in parallel
-threads into fresh anonymous memory, and a writer thread below the kernel's priority stores the copy
-while training runs on; no fork, no faults afterwards. The writer gives pages back as each buffer is
-stored. Only bytes objects, which nothing can change, are written from where they are.
+threads into fresh anonymous memory, and a writer thread stores the copy while training runs on; no
+fork, no faults afterwards. The writer gives pages back as each buffer is stored. Only bytes objects,
+which nothing can change, are written from where they are.
 """
 
 from __future__ import annotations
@@ -27,7 +27,10 @@ from .pickling import main_namespace
 from .reuse import ReusePlan
 
 _ALIGN = 4096  # each copy starts on a page: a stored buffer's pages can be given back alone
-_PIECE = 32 << 20  # copies are cut into pieces so both cores share a single large tensor
+_PIECE = 32 << 20  # copies are cut into pieces so every core shares a single large tensor
+# at least 4 copiers even on 2 cores: on a busy machine the kernel's share of the CPU during the pause
+# grows with its runnable threads (the training threads wait meanwhile)
+_COPIERS = min(8, max(4, os.cpu_count() or 1))
 
 
 def staged_bytes(image: KernelImage) -> int:
@@ -70,7 +73,7 @@ def stage(image: KernelImage) -> int:
         jobs.extend((target[lo:lo + _PIECE], source[lo:lo + _PIECE]) for lo in range(0, view.nbytes, _PIECE))
         buffers[index] = target
         offset += _aligned(view.nbytes)
-    with ThreadPoolExecutor(max_workers=max(1, min(4, os.cpu_count() or 1)), thread_name_prefix="spotwarp-stage") as pool:
+    with ThreadPoolExecutor(max_workers=_COPIERS, thread_name_prefix="spotwarp-stage") as pool:
         for _ in pool.map(_copy, jobs):
             pass
     return total
