@@ -11,6 +11,8 @@ other routes (`exec`, `globals()`, frames, IPython's output history...) is repor
 from __future__ import annotations
 
 import ast
+import dis
+import functools
 import io
 import re
 import symtable
@@ -200,13 +202,33 @@ def notebook_code_names(namespace: dict[str, Any]) -> tuple[set[str], str | None
     """Global names any function or class bound in `namespace` can use when it runs, wherever it was defined
     (a cell no hook saw, such as the one that loaded SpotWarp), and why one of them may reach every variable."""
     names: set[str] = set()
+    why = None
     for value in list(namespace.values()):
         if isinstance(value, types.FunctionType) and value.__globals__ is not namespace:
             continue  # a library's function: its globals are its module's
         for code in _code_objects(value):
             names |= _global_names(code)
-    dynamic = sorted(names & (_DYNAMIC_NAMES | _DYNAMIC_ATTRS))
-    return names, (f"a notebook function uses {dynamic[0]}" if dynamic else None)
+            why = why or _dynamic_code(code)
+    return names, why
+
+
+_NAME_OPS = frozenset({"LOAD_GLOBAL", "STORE_GLOBAL", "DELETE_GLOBAL", "LOAD_NAME", "STORE_NAME", "DELETE_NAME"})
+_ATTR_OPS = frozenset({"LOAD_ATTR", "LOAD_METHOD", "STORE_ATTR", "DELETE_ATTR"})
+
+
+@functools.lru_cache(maxsize=4096)
+def _dynamic_code(code: types.CodeType) -> str | None:
+    """Why compiled code may reach any variable (as the cell scanner judges source), or None: `eval` read as
+    a global counts, `model.eval()` does not."""
+    for instruction in dis.get_instructions(code):
+        if instruction.opname in _NAME_OPS and instruction.argval in _DYNAMIC_NAMES:
+            return f"a notebook function uses {instruction.argval}"
+        if instruction.opname in _ATTR_OPS and instruction.argval in _DYNAMIC_ATTRS:
+            return f"a notebook function uses .{instruction.argval}"
+    if "__main__" in code.co_consts:
+        return "a notebook function names __main__"
+    return next((why for const in code.co_consts if isinstance(const, types.CodeType)
+                 for why in [_dynamic_code(const)] if why), None)
 
 
 def reachable_names(names: set[str], namespace: dict[str, Any]) -> set[str]:
