@@ -338,6 +338,8 @@ def main() -> None:
             trained.wait_in_flight()
             lost[writer].append(during - steps * (before + pace()) / 2)
     for writer, label in (("staged", "staged copy (a loop's step)"), ("fork", "forked writer (as before)")):
+        if not lost[writer]:  # --cost-trials 0
+            continue
         figures[f"train_lost_per_snapshot_{writer}_s"] = median(lost[writer])
         rows.append((f"training time lost per snapshot, {label}",
                      f"{median(lost[writer]):.2f} s = {median(lost[writer]) / args.every * 100:.1f}% of {args.every:.0f} s ("
