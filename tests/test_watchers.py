@@ -223,7 +223,8 @@ for step in spotwarp.resumable(range(100000), name="train"):
     if first is None:
         first = step
     done = step + 1
-    progress.write_text(str(done))
+    progress.with_suffix(".tmp").write_text(str(done))
+    progress.with_suffix(".tmp").replace(progress)  # never read half-written (empty) by the test
     if step == 5:
         safepoints.request("timer")  # the last periodic snapshot: taken at the next step
     if stop.exists():
