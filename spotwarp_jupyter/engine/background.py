@@ -143,8 +143,7 @@ def start_background(
     staged = captured is not None or cuda_in_use()
     extra_state = dict(extras()) if captured is None else {}  # RNG states, loop positions: taken at this safe point
     if staged and staged_image is None:
-        with main_namespace(_as_dict(namespace)):
-            staged_image = capture_namespace(namespace, hidden, options, extra_state, reuse=reuse)
+        staged_image = capture_now(namespace, hidden, options, extra_state, reuse)
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child: never returns
@@ -184,8 +183,7 @@ def start_in_thread(
     """Serialize now, in this thread, and commit from a writer thread: for snapshots whose plan leaves only a
     few small values to serialize (the rest reused), cheaper than forking a copy of the whole process."""
     paused = time.perf_counter()
-    with main_namespace(_as_dict(namespace)):
-        image = capture_namespace(namespace, hidden, options, dict(extras()), reuse=reuse)
+    image = capture_now(namespace, hidden, options, extras(), reuse)
     job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True,
                              writer="thread")
     run_writer_thread(job, lambda: commit(image), on_done)
@@ -208,6 +206,13 @@ def run_writer_thread(job: BackgroundSnapshot, run: Callable[[], Any],
             on_done(job)
 
     threading.Thread(target=write, name="spotwarp-writer", daemon=True).start()
+
+
+def capture_now(namespace: Mapping[str, Any], hidden: Mapping[str, Any] | None, options: CaptureOptions | None,
+                extras: Mapping[str, Any], reuse: ReusePlan | None) -> KernelImage:
+    """Serialize the image in this process, at this safe point (what the thread, staged and GPU writers start from)."""
+    with main_namespace(_as_dict(namespace)):
+        return capture_namespace(namespace, hidden, options, dict(extras), reuse=reuse)
 
 
 def _as_dict(namespace: Mapping[str, Any]) -> dict[str, Any]:

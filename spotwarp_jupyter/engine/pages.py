@@ -37,7 +37,7 @@ def populate(buf: mmap.mmap) -> bool:
         start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
     except (TypeError, ValueError):
         return False
-    return _libc.madvise(start, len(buf), MADV_POPULATE_WRITE) == 0
+    return populate_range(start, len(buf))
 
 
 def populate_range(address: int, nbytes: int) -> bool:

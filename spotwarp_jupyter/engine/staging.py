@@ -21,9 +21,8 @@ from pathlib import Path
 from typing import Any, Callable, Mapping
 
 from . import pages
-from .background import BackgroundSnapshot, run_writer_thread, start_background
-from .capture import CaptureOptions, KernelImage, capture_namespace
-from .pickling import main_namespace
+from .background import BackgroundSnapshot, capture_now, run_writer_thread, start_background
+from .capture import CaptureOptions, KernelImage
 from .reuse import ReusePlan
 
 _ALIGN = 4096  # each copy starts on a page: a stored buffer's pages can be given back alone
@@ -95,9 +94,7 @@ def start_staged(
     forked writer instead, as a GPU-staged one does.
     """
     paused = time.perf_counter()
-    as_dict = namespace if isinstance(namespace, dict) else dict(namespace)
-    with main_namespace(as_dict):
-        image = capture_namespace(namespace, hidden, options, dict(extras()), reuse=reuse)
+    image = capture_now(namespace, hidden, options, extras(), reuse)
     if staged_bytes(image) > memory_for_staging():
         return start_background(commit, namespace, hidden, options, extras, on_done, reuse, urgent, captured=image)
     try:

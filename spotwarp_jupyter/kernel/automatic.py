@@ -83,9 +83,10 @@ class AutomaticSnapshots:
 
     def _writer_for(self: "KernelSession", plan: ReusePlan | None, options: CaptureOptions, in_loop: bool):
         """How to take this snapshot: a writer thread, a staged copy (in a loop), or a forked writer."""
-        if self.increments.little_left(self.namespace, self.hidden, plan, options):
+        left = self.increments.left_to_serialize(self.namespace, self.hidden, plan, options)
+        if self.increments.little_left(left, plan):
             return start_in_thread
-        if in_loop and not cuda_in_use() and self.increments.quick_to_serialize(self.namespace, self.hidden, plan, options):
+        if in_loop and not cuda_in_use() and self.increments.quick_to_serialize(left):
             return start_staged
         return start_background
 

@@ -81,30 +81,31 @@ class Increments:
         """After a restore: its values are new objects, so the next snapshot is full."""
         self.baseline = self.planned = None
 
-    def little_left(self, namespace: Mapping[str, Any], hidden: Mapping[str, Any], plan: ReusePlan | None,
-                    options: CaptureOptions) -> bool:
-        """Whether the plan leaves only small scalars to serialize (then no fork: a writer thread is cheaper)."""
-        if plan is None:
-            return False
+    @staticmethod
+    def left_to_serialize(namespace: Mapping[str, Any], hidden: Mapping[str, Any], plan: ReusePlan | None,
+                          options: CaptureOptions) -> dict[str, Any]:
+        """The variables the next snapshot will serialize: every saveable one but those of groups the plan reuses."""
         values, _imports, _skipped = select_variables(namespace, hidden, options)
-        reused, _changed = plan.split(values)
+        reused = plan.split(values)[0] if plan is not None else []
         taken = {n for g in reused for n in g["names"]}
-        return all(_small_scalar(v) for n, v in values.items() if n not in taken)
+        return {n: v for n, v in values.items() if n not in taken}
 
-    def quick_to_serialize(self, namespace: Mapping[str, Any], hidden: Mapping[str, Any], plan: ReusePlan | None,
-                           options: CaptureOptions) -> bool:
-        """Whether what the plan leaves to serialize is known, from the baseline, to pickle in a few milliseconds:
+    @staticmethod
+    def little_left(left: Mapping[str, Any], plan: ReusePlan | None) -> bool:
+        """Whether the plan leaves only small scalars to serialize (then no fork: a writer thread is cheaper)."""
+        return plan is not None and all(_small_scalar(v) for v in left.values())
+
+    def quick_to_serialize(self, left: Mapping[str, Any]) -> bool:
+        """Whether the variables `left` to serialize are known, from the baseline, to pickle in a few milliseconds:
         at most QUICK_INBAND bytes in band (arrays' and tensors' bytes go out of band and are copied, not pickled)."""
         if self.baseline is None:
             return False
-        values, _imports, _skipped = select_variables(namespace, hidden, options)
-        taken = {n for g in (plan.split(values)[0] if plan is not None else []) for n in g["names"]}
         groups = self.baseline.record.get("groups", [])
         index = {n: i for i, g in enumerate(groups) for n in g.get("names", [])}
         skipped = self.baseline.record.get("skipped") or {}  # not picklable then: refused again, quickly
         inband, counted = 0, set()
-        for name, value in values.items():
-            if name in taken or name in skipped or _small_scalar(value) or _out_of_band(value):
+        for name, value in left.items():
+            if name in skipped or _small_scalar(value) or _out_of_band(value):
                 continue
             if name not in index:
                 return False  # never pickled by this kernel: its size is unknown
