@@ -12,6 +12,10 @@ from typing import Any
 from jupyter_client.manager import KernelManager
 
 
+# run in a test kernel: binds `s` to the kernel's SpotWarp session (kernel/session.py)
+SESSION = "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
+
+
 class KernelError(AssertionError):
     """Code run in a test kernel raised."""
 

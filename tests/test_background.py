@@ -11,7 +11,7 @@ import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 
-SESSION = "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
+from kernels import SESSION
 
 
 def _engine(store_url: str) -> SnapshotEngine:

@@ -4,8 +4,9 @@ from __future__ import annotations
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 
+from kernels import SESSION
+
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
-SESSION = "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
 NOTEBOOK = {"JPY_SESSION_NAME": "train.ipynb"}
 
 

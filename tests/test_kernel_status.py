@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import re
 
-SESSION = "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
+from kernels import SESSION
+
 KEYS = ["project", "storage", "notebook", "policy", "last_snapshot", "in_flight", "last_pause_s", "skipped",
         "changed", "last_error", "restore"]
 LAST_KEYS = ["id", "created", "age_s", "size", "bytes_written", "duration_s", "pause_s"]

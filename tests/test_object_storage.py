@@ -14,6 +14,7 @@ import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine, StorageError
 from spotwarp_jupyter.engine.store import Store
+from kernels import SESSION
 from storage_servers import StorageServer, StorageTarget, make_target
 
 
@@ -87,8 +88,7 @@ def test_a_loops_staged_snapshot_writes_to_object_storage(object_storage: Storag
     # at a loop's step the copy is written by a thread of the kernel, through the kernel's own connection
     a = start_kernel("hostA", **object_storage.kernel_env())
     a.run("%load_ext spotwarp\n%spotwarp off\nimport numpy as np\n"
-          "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
-          "big = np.ones(3_000_000)\njob = None\ns.snapshot()")
+          + SESSION + "big = np.ones(3_000_000)\njob = None\ns.snapshot()")
     out = a.run("big += 1\njob = s.snapshot_in_background(in_loop=True)\nbig += 1\n"
                 "s.wait_in_flight(120)\nprint(job.writer, s.last_error)")
     assert out.split() == ["staged", "None"], out
