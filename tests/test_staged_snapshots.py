@@ -120,10 +120,10 @@ def test_stage_copies_every_buffer_but_immutable_bytes():
     data = np.arange(3_000_000, dtype=np.int64)
     blob = b"z" * 100_000
     image = capture_namespace({"data": data, "blob": pickle.PickleBuffer(blob), "small": np.ones(3)})
-    copied = staging.stage(image)
+    copied, region = staging.stage(image)
     data[:] = -1
     views = [v for g in image.groups for v in g.pickled.buffers]
-    assert copied == staging.staged_bytes(image) >= data.nbytes + 24
+    assert copied == staging.staged_bytes(image) >= data.nbytes + 24 and len(region) == copied
     assert any(np.array_equal(np.frombuffer(v, dtype=np.int64), np.arange(3_000_000)) for v in views if v.nbytes == data.nbytes)
     assert any(isinstance(v.obj, bytes) for v in views), "an immutable bytes buffer is written from where it is"
 
@@ -142,3 +142,53 @@ def test_memory_for_staging_is_half_of_what_is_left(tmp_path, meminfo, limit, cu
         (cgroup / "memory.max").write_text(limit + "\n")
         (cgroup / "memory.current").write_text(current + "\n")
     assert staging.memory_for_staging(tmp_path / "meminfo", cgroup) == expected
+
+
+def _lazily_free_bytes() -> str:
+    return "int(next(l.split()[1] for l in open('/proc/self/smaps_rollup') if l.startswith('LazyFree:'))) * 1024"
+
+
+def test_consecutive_staged_snapshots_copy_into_one_region_kept_between_them(start_kernel, store_url):
+    k = start_kernel("host")
+    k.run("%load_ext spotwarp\n%spotwarp off\nimport numpy as np\nfrom spotwarp_jupyter.engine import staging\n"
+          + SESSION + "x = np.full(30_000_000, 1.0)\njob = None\ns.snapshot()")
+    sizes, free_after = [], []
+    for value in (2.0, 3.0, 4.0):
+        out = k.run(f"x[:] = {value}\njob = s.snapshot_in_background(in_loop=True)\nx[:] = -1.0\n"
+                    f"s.wait_in_flight(120)\nx[:] = {value}\n"
+                    f"print(job.writer, s.last_error, staging.ARENA.size, {_lazily_free_bytes()})")
+        writer, error, size, lazily_free = out.split()
+        assert (writer, error) == ("staged", "None"), out
+        sizes.append(int(size))
+        free_after.append(int(lazily_free))
+        ns: dict = {}
+        _engine(store_url).restore_kernel("latest", ns)
+        assert np.all(ns["x"] == value), f"the snapshot of {value} holds {np.unique(ns['x'])}"
+    assert sizes[0] >= 240_000_000 and sizes == [sizes[0]] * 3, sizes  # one region, not one per snapshot
+    # the stored copy's pages stay with the kernel, free to the host: the next copy takes no page faults
+    assert min(free_after) >= 200_000_000, free_after
+
+
+def test_the_arena_gives_a_busy_or_small_region_to_no_second_copy():
+    arena = staging.StagingArena()
+    first = arena.take(10 << 20)
+    assert arena.take(1 << 20) is not first  # still being written: the second copy gets memory of its own
+    arena.give_back(first)
+    assert arena.take(5 << 20) is first
+    arena.give_back(first)
+    larger = arena.take(100 << 20)
+    assert larger is not first and len(larger) >= 100 << 20 and arena.size == len(larger)
+
+
+def test_a_region_given_back_and_taken_again_holds_the_new_copy_only():
+    arena = staging.StagingArena()
+    data = np.arange(4_000_000, dtype=np.int64)
+    _copied, region = staging.stage(capture_namespace({"data": data}), arena)
+    arena.give_back(region)  # its pages marked free: the host may clear them, or leave them as they were
+    data[:] = data[::-1].copy()
+    image = capture_namespace({"data": data})
+    _copied, again = staging.stage(image, arena)
+    assert again is region
+    data[:] = 0
+    copies = [np.frombuffer(v, dtype=np.int64) for g in image.groups for v in g.pickled.buffers if v.nbytes == data.nbytes]
+    assert len(copies) == 1 and np.array_equal(copies[0], np.arange(4_000_000)[::-1])

@@ -132,8 +132,8 @@ def start_background(
 ) -> BackgroundSnapshot:
     """Fork a child that captures (unless CUDA forces staging first, or `captured` is the image) and commits.
 
-    `commit(image)` persists the image and returns the committed manifest (run in the child; it may
-    pass `release_pages` as the writer's `on_written` hook).
+    `commit(image, on_written)` persists the image and returns the committed manifest (run in the child,
+    with `release_pages` as the hook called after each buffer is stored).
     `on_done` runs in a reaper thread of the parent once the child has exited.
     The child runs below this process's priority (the training loop keeps the CPU), unless `urgent`
     (a preemption notice's snapshot, with the loop held until it commits).
@@ -152,7 +152,7 @@ def start_background(
         def image() -> KernelImage:
             return staged_image or capture_namespace(namespace, hidden, options, extra_state, lazy=True, reuse=reuse)
 
-        _child(write_fd, lambda: commit(image()), _as_dict(namespace))
+        _child(write_fd, lambda: commit(image(), release_pages), _as_dict(namespace))
     os.close(write_fd)
     if not urgent:
         _lower_priority(pid)
@@ -186,7 +186,7 @@ def start_in_thread(
     image = capture_now(namespace, hidden, options, extras(), reuse)
     job = BackgroundSnapshot(pid=None, started=time.time(), pause_s=time.perf_counter() - paused, staged=True,
                              writer="thread")
-    run_writer_thread(job, lambda: commit(image), on_done)
+    run_writer_thread(job, lambda: commit(image, None), on_done)  # the buffers are the kernel's own: kept
     return job
 
 

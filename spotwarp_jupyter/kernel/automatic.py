@@ -17,7 +17,6 @@ from ..engine.background import (
     BackgroundSnapshot,
     cuda_in_use,
     fork_unavailable_reason,
-    release_pages,
     start_background,
     start_in_thread,
 )
@@ -67,9 +66,9 @@ class AutomaticSnapshots:
             options = self.capture_options()
             plan, stats = self.increments.plan(self.namespace, options, full=False)
 
-            def commit(image):
+            def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
-                                           stats={"mode": "background", **stats}, on_written=release_pages, requests=requests)
+                                           stats={"mode": "background", **stats}, on_written=on_written, requests=requests)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
             try:
