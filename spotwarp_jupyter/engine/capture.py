@@ -100,7 +100,8 @@ def _error_line(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {text[0] if text else 'cannot be serialized'}"
 
 
-def _cheap_size(value: Any) -> int | None:
+def cheap_size(value: Any) -> int | None:
+    """Bytes an array or tensor holds, read from its attributes without serializing it; None for other values."""
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
@@ -137,7 +138,7 @@ def select_variables(
         if reason:
             skipped[name] = f"{type_name(value)}: {reason}"
             continue
-        size = _cheap_size(value)
+        size = cheap_size(value)
         if options.max_var_size is not None and size is not None and size > options.max_var_size:
             skipped[name] = f"{format_size(size)} is over --max-var-size {format_size(options.max_var_size)}"
             continue
@@ -236,6 +237,6 @@ def capture_namespace(
 
 def _bulky(value: Any) -> bool:
     """Values whose bytes are mostly out-of-band buffers (arrays, tensors, models, optimizers)."""
-    if _cheap_size(value) is not None:
+    if cheap_size(value) is not None:
         return True
     return any(hasattr(value, attr) for attr in ("state_dict", "parameters")) and not isinstance(value, type)

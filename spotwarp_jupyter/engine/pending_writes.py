@@ -195,7 +195,7 @@ class PendingWrites:
             # syncs in parallel: the filesystem serves them with few journal commits, not one each
             with ThreadPoolExecutor(max_workers=min(workers, len(entries)), thread_name_prefix="spotwarp-sync") as pool:
                 futures = [pool.submit(self._sync_one, e) for e in entries]
-                errors = [f.exception() for f in futures if f.exception() is not None]
+                errors = [error for f in futures if (error := f.exception()) is not None]
             if errors:
                 raise errors[0]
         else:

@@ -14,7 +14,7 @@ from typing import Any, Mapping
 from ..engine import CaptureOptions, Manifest
 from ..engine.access import AccessTracker, Mark
 from ..engine.code_names import notebook_code_names
-from ..engine.capture import _cheap_size, select_variables
+from ..engine.capture import cheap_size, select_variables
 from ..engine.reuse import Baseline, ReusePlan, plan_reuse
 
 DEFAULT_FULL_EVERY = 20
@@ -119,4 +119,4 @@ def _out_of_band(value: Any) -> bool:
     """An array or tensor of plain numbers: a few hundred bytes in band, whatever its size (object arrays pickle in band)."""
     if getattr(getattr(value, "dtype", None), "hasobject", False):
         return False
-    return _cheap_size(value) is not None and type(value).__module__.split(".")[0] in ("numpy", "torch")
+    return cheap_size(value) is not None and type(value).__module__.split(".")[0] in ("numpy", "torch")
