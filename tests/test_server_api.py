@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,21 @@ async def test_answers_match_api_openapi_yaml(jp_fetch, workspace, store_dir):
     (row,) = report["events"]
     assert row["host"] == "spot-a" and row["source"] == "aws" and row["restored_on"] == "spot-b"
     assert row["resume_s"] == 4.0
+
+
+async def test_a_request_still_queued_when_the_server_stops_learns_why(jp_fetch, jp_serverapp, workspace, store_dir):
+    """Work not yet started when the server stops is cancelled; its request gets the reason, not "Unhandled error"."""
+    service = jp_serverapp.web_app.settings["spotwarp"]
+    gate = threading.Event()
+    busy = [asyncio.ensure_future(service.run(gate.wait, 60)) for _ in range(3)]  # every worker taken
+    request = asyncio.ensure_future(fails(jp_fetch, "POST", "spotwarp", "api", "snapshots"))
+    while service._executor._work_queue.qsize() < 1:  # the snapshot's first step, queued behind them
+        await asyncio.sleep(0.01)
+    service.close()
+    gate.set()
+    code, payload = await request
+    await asyncio.gather(*busy)
+    assert code == 503 and payload["message"].startswith("this Jupyter server is stopping"), payload
 
 
 async def test_a_stopping_server_answers_in_one_line_and_a_fenced_one_says_why(jp_fetch, jp_serverapp, workspace,

@@ -71,7 +71,12 @@ class ProjectService:
             future = asyncio.get_running_loop().run_in_executor(self._executor, partial(fn, *args, **kwargs))
         except RuntimeError:  # the executor shut down between the check and the call
             raise self._why_stopping() from None
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self._closed:  # still queued when the server stopped (close() cancels what has not started)
+                raise self._why_stopping() from None
+            raise
 
     def _why_stopping(self) -> SpotWarpError:
         # a fenced host stops itself: the request that races its shutdown learns why, not "Unhandled error"
