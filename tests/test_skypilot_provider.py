@@ -133,6 +133,17 @@ def sky_home(tmp_path_factory):
         assert proxy.seen == [], f"SkyPilot tried to reach the network: {proxy.seen}"
 
 
+@pytest.fixture(autouse=True)
+def server_log_after_each_test(sky_home):
+    """The end of SkyPilot's API server log, printed after each test: pytest shows it when the test fails
+    (a server that died while starting says why only there)."""
+    yield
+    log = sky_home["home"] / ".sky" / "api_server" / "server.log"
+    if log.exists():
+        tail = log.read_text(errors="replace").splitlines()[-40:]
+        print(f"--- {log}, last {len(tail)} lines ---", *tail, sep="\n")
+
+
 @pytest.fixture
 def provider(sky_home):
     from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
