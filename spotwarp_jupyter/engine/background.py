@@ -19,11 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
+from . import pages
 from .capture import CaptureOptions, KernelImage, capture_namespace
 from .pickling import main_namespace
 from .reuse import ReusePlan
-
-_MADV_DONTNEED = 4
 
 
 def fork_unavailable_reason() -> str | None:
@@ -112,11 +111,7 @@ def release_pages(view: memoryview) -> None:
         address = ctypes.addressof(ctypes.c_char.from_buffer(view))
     except (TypeError, ValueError):
         return
-    page = os.sysconf("SC_PAGE_SIZE")
-    start = (address + page - 1) // page * page
-    end = (address + view.nbytes) // page * page
-    if end > start:
-        ctypes.CDLL(None, use_errno=True).madvise(ctypes.c_void_p(start), ctypes.c_size_t(end - start), _MADV_DONTNEED)
+    pages.drop_range(address, view.nbytes)
 
 
 def start_background(

@@ -14,6 +14,7 @@ from typing import Any
 
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range in, writable, in one call
 MADV_FREE = 8  # Linux 4.5: the host may take the pages back when short of memory; a write first keeps them
+MADV_DONTNEED = 4  # the pages go at once; this process's next touch gets fresh ones
 
 
 def _load_libc() -> Any:
@@ -51,9 +52,18 @@ def populate_range(address: int, nbytes: int) -> bool:
 def free_range(address: int, nbytes: int) -> bool:
     """Mark the whole pages inside a range free: the host takes them back only when it needs memory, and
     until then writing them again costs no page fault (`populate_range` over them is nearly free)."""
+    return _advise_whole_pages(address, nbytes, MADV_FREE)
+
+
+def drop_range(address: int, nbytes: int) -> bool:
+    """Give the whole pages inside a range back at once (in a forked child: its copy-on-write share of them)."""
+    return _advise_whole_pages(address, nbytes, MADV_DONTNEED)
+
+
+def _advise_whole_pages(address: int, nbytes: int, advice: int) -> bool:
     page = mmap.PAGESIZE
     start = (address + page - 1) // page * page
     end = (address + nbytes) // page * page
     if _libc is None or end <= start:
         return False
-    return _libc.madvise(start, end - start, MADV_FREE) == 0
+    return _libc.madvise(start, end - start, advice) == 0
