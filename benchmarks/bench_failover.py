@@ -34,16 +34,16 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[0] / "tests"))
+sys.path.insert(0, str(HERE.parents[0] / "tests" / "support"))
 sys.path.insert(0, str(HERE))
 
 from common import table  # noqa: E402
-from lab_server import TOKEN, LabServer, host_env  # noqa: E402
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
-from spotwarp_jupyter.engine.fence import Fence  # noqa: E402
-from spotwarp_jupyter.engine.hosts import read_heartbeat, read_heartbeats  # noqa: E402
-from spotwarp_jupyter.engine.project import snapshot_project  # noqa: E402
+from spotwarp_jupyter.engine.coordination.fence import Fence  # noqa: E402
+from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat, read_heartbeats  # noqa: E402
+
+from lab_server import TOKEN, LabServer, host_env  # noqa: E402
 
 PROJECT = "bench-failover"
 
@@ -56,7 +56,7 @@ def seed(root: Path, store: str, data_mb: float) -> None:
     (ws / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=b"", fence=Fence())
     engine.snapshot_kernel({"weights": list(range(1000)), "step": 42}, "train.ipynb")
-    snapshot_project(engine, str(ws), kernels={"train.ipynb": engine.get("latest").kernels["train.ipynb"]})
+    engine.snapshot_project(str(ws), kernels={"train.ipynb": engine.get("latest").kernels["train.ipynb"]})
 
 
 class Launch:

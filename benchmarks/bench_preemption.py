@@ -4,7 +4,7 @@ A real `spotwarp start` server (subprocess) and a notebook kernel holding the re
 (benchmarks/workload.py) train it in a `spotwarp.resumable` loop: every step changes the model and the
 Adam state, automatic snapshots every --interval seconds. Each repetition waits for an automatic
 snapshot, trains on for half an interval (so the last snapshot is at most one interval old), then a
-notice arrives: an AWS spot interruption from a local IMDSv2 server (tests/metadata_servers.py), and
+notice arrives: an AWS spot interruption from a local IMDSv2 server (tests/support/metadata_servers.py), and
 for the last repetition SIGTERM to the server. Figures:
 
   notice -> commit      from the server seeing the notice to the final manifest committed (BENCH.md: < 5 s)
@@ -32,20 +32,17 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[0] / "tests"))
+sys.path.insert(0, str(HERE.parents[0] / "tests" / "support"))
 sys.path.insert(0, str(HERE))
 
 from common import raw_write, table  # noqa: E402
-from lab_server import Execution, LabServer, host_env  # noqa: E402
-from metadata_servers import WATCHER_ENV_OFF, FakeAws  # noqa: E402
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
-from spotwarp_jupyter.engine.journal import (  # noqa: E402
-    FINAL_SNAPSHOT_COMMITTED,
-    NOTICE_SEEN,
-    Journal,
-)
+from spotwarp_jupyter.engine.journal.events import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal  # noqa: E402
 from spotwarp_jupyter.engine.units import format_size  # noqa: E402
+
+from lab_server import Execution, LabServer, host_env  # noqa: E402
+from metadata_servers import WATCHER_ENV_OFF, FakeAws  # noqa: E402
 
 PROJECT = "bench-preempt"
 SETUP = """

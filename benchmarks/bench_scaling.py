@@ -28,8 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import drop_cache, median, raw_read, raw_write  # noqa: E402
 import workload  # noqa: E402
+from common import drop_cache, median, raw_read, raw_write  # noqa: E402
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
 

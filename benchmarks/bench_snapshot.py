@@ -22,8 +22,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
-from common import MemorySampler, drop_cache, median, raw_read, raw_write, table, timed  # noqa: E402
 import workload  # noqa: E402
+from common import MemorySampler, drop_cache, median, raw_read, raw_write, table, timed  # noqa: E402
 
 from spotwarp_jupyter.engine import Settings  # noqa: E402
 from spotwarp_jupyter.kernel.policy import Policy  # noqa: E402

@@ -23,12 +23,11 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-
-from lab_server import LabServer, host_env, tree  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
-from spotwarp_jupyter.engine.project import snapshot_project  # noqa: E402
+
+from lab_server import LabServer, host_env, tree  # noqa: E402
 
 PROJECT = "bench-start"
 
@@ -54,7 +53,7 @@ def prepare_store(store: str, workspace: Path) -> None:
     engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}))
     namespace = {"weights": np.random.default_rng(0).random((1000, 1000)), "step": 1234, "history": list(range(1000))}
     kernel = engine.snapshot_kernel(namespace, notebook="train.ipynb")
-    snapshot_project(engine, str(workspace), kernels={"train.ipynb": kernel.kernels["train.ipynb"]})
+    engine.snapshot_project(str(workspace), kernels={"train.ipynb": kernel.kernels["train.ipynb"]})
 
 
 def raw_copy(src: Path, dst: Path) -> float:

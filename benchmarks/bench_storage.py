@@ -24,7 +24,7 @@ import uuid
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path[:0] = [str(HERE), str(HERE.parent / "tests")]
+sys.path[:0] = [str(HERE), str(HERE.parent / "tests" / "support")]
 
 from common import median  # noqa: E402
 

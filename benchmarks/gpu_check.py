@@ -16,7 +16,7 @@
 
 Prints one line per check and a table; `--json` also prints the figures as one JSON object. Exits 1 if a
 check fails. On a host without CUDA it says "no CUDA device" and exits 0: there is nothing to check there
-(the CPU side is covered by tests/test_torch_state.py). Runs in 1-3 minutes on one GPU.
+(the CPU side is covered by tests/engine/test_torch_state.py). Runs in 1-3 minutes on one GPU.
 
     python benchmarks/gpu_check.py --json
 """
@@ -213,8 +213,8 @@ def _median_time(torch, fn, reps: int) -> float:
 
 def staging_figures(torch, nbytes: int, reps: int) -> dict:
     """Device-to-host staging (the engine's, and plain copies) and host-to-device restore, in GB/s and as ratios."""
-    from spotwarp_jupyter.engine.capture import capture_namespace
-    from spotwarp_jupyter.engine.restore import _allocate
+    from spotwarp_jupyter.engine.variables.capture import capture_namespace
+    from spotwarp_jupyter.engine.variables.load import _allocate
 
     per = 64 << 20  # tensors of 64 MiB, as a model's layers and optimizer states come
     tensors = [torch.rand(per // 4, device="cuda:0") for _ in range(max(1, nbytes // per))]

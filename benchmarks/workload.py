@@ -57,7 +57,6 @@ def build(scale: float = 1.0, seed: int = 0) -> dict[str, Any]:
 
 def state_bytes(ns: dict[str, Any]) -> int:
     """Approximate bytes of array/tensor state in the workload (the figure ratios are taken against)."""
-    import numpy as np
     import torch
 
     total = 0

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Sets up everything the tests need on a fresh machine, then runs every test: jest (the panel),
-# pytest (engine, kernels, server, storage emulators, JupyterHub, install checks) and the browser test.
+# pytest (engine, kernels, server, storage emulators, JupyterHub, install checks) and the browser test,
+# after ruff and the import-layer contract (lint-imports).
 # Python packages come from constraints.txt into a virtual environment (.venv, or $SPOTWARP_VENV);
 # system parts (Node.js >= 20, Debian's chromium) are installed when running as root with apt-get,
 # otherwise the script stops with one line saying what to install.
@@ -43,6 +44,9 @@ if [ ! -x "$VENV/node/node_modules/.bin/configurable-http-proxy" ]; then
 fi
 export PATH="$VENV/bin:$VENV/node/node_modules/.bin:$PATH"
 
+say "ruff (lint) and lint-imports (the import layers of docs/architecture.md)"
+"$VENV/bin/ruff" check .
+"$VENV/bin/lint-imports"
 say "jest (labextension)"
 (cd labextension && jlpm test --silent)
 say "pytest"

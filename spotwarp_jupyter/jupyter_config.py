@@ -6,7 +6,7 @@ import logging
 from typing import Any
 
 from .engine.errors import ConfigError
-from .engine.resolver import SETTINGS
+from .engine.settings import SETTINGS
 
 # the files a `jupyter lab` / `jupyter server` started by `spotwarp start` reads `c.SpotWarp.*` from
 CONFIG_FILES = ("jupyter_config", "jupyter_server_config", "jupyter_spotwarp_config")

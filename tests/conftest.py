@@ -5,7 +5,6 @@ from pathlib import Path
 
 import pytest
 
-
 # No test may reach a real cloud metadata address (169.254.169.254): preemption watchers are limited
 # to signals, and every cloud watcher is off, unless a test turns one on against a local server.
 # Set before any server or kernel starts, so every subprocess inherits it.

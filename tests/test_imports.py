@@ -10,7 +10,7 @@ import pytest
 JUPYTER = ("IPython", "ipykernel", "jupyter_server", "jupyter_client", "tornado", "jupyterlab", "anywidget")
 
 
-@pytest.mark.parametrize("module", ["spotwarp_jupyter.engine", "spotwarp_jupyter.failover", "spotwarp_jupyter.project",
+@pytest.mark.parametrize("module", ["spotwarp_jupyter.engine", "spotwarp_jupyter.failover", "spotwarp_jupyter.service",
                                     "spotwarp_jupyter.cli", "spotwarp_jupyter.protocol", "spotwarp"])
 def test_importing_loads_no_jupyter_module(module: str):
     code = (f"import sys, {module}\n"

@@ -1,35 +1,12 @@
 /** Sizes, durations, times and "what changed" as people read them. */
 
 import { ISnapshotSummary } from './types';
+// formatSize and formatDuration are shared with the notebook's status widget: one plain ES module in
+// the Python package, bundled here by webpack and served there by status.py. Their behaviour for odd
+// input (NaN, null, negative, Infinity, ...) is described in that file and tested in format.spec.ts.
+import { formatDuration, formatSize } from '../../spotwarp_jupyter/widget/format.js';
 
-export function formatSize(n: number | null | undefined): string {
-  if (n === null || n === undefined || Number.isNaN(n)) {
-    return '?';
-  }
-  const units = ['B', 'KB', 'MB', 'GB', 'TB'];
-  let i = 0;
-  while (Math.abs(n) >= 1000 && i < units.length - 1) {
-    n /= 1000;
-    i += 1;
-  }
-  return i === 0 ? `${n.toFixed(0)} B` : `${n.toFixed(1)} ${units[i]}`;
-}
-
-export function formatDuration(s: number | null | undefined): string {
-  if (s === null || s === undefined || Number.isNaN(s)) {
-    return '?';
-  }
-  if (s < 1) {
-    return `${Math.round(s * 1000)} ms`;
-  }
-  if (s < 60) {
-    return `${s.toFixed(1)} s`;
-  }
-  if (s < 3600) {
-    return `${Math.floor(s / 60)}m ${Math.round(s % 60)}s`;
-  }
-  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
-}
+export { formatDuration, formatSize };
 
 export function formatAge(iso: string, now: number = Date.now()): string {
   const t = Date.parse(iso);

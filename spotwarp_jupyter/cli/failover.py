@@ -71,7 +71,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def _launch_spec(args: argparse.Namespace, engine: Any) -> Any:
     """What each candidate runs: the project, its storage and key, the offer wanted; checks --dead-after."""
-    from ..engine.resolver import resolve_setting
+    from ..engine.settings import resolve_setting
     from ..failover.provider import LaunchSpec
     from ..jupyter_config import server_config_layer
 
@@ -115,8 +115,7 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
 
 @command("hosts")
 def cmd_hosts(args: argparse.Namespace) -> int:
-    from ..engine.fence import read_lease
-    from ..engine.hosts import age, read_heartbeats
+    from ..engine.coordination import age, read_heartbeats, read_lease
 
     engine = _engine(args)
     lease = read_lease(engine.store)

@@ -7,7 +7,7 @@ from typing import Any, Callable, TypeVar
 
 from .. import __version__
 from ..engine import ConfigError
-from ..engine.fence import validate_candidate_id
+from ..engine.coordination import validate_candidate_id
 from ..engine.units import parse_duration
 from .common import EXIT_USAGE
 

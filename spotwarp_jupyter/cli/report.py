@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..engine.units import format_duration
-from ..project import Project
+from ..service import Project
 from .common import EXIT_OK, _engine, _print, command
 
 

@@ -10,10 +10,10 @@ import time
 from typing import Any
 
 from ..engine import ConfigError
-from ..engine.fence import Fence
+from ..engine.coordination import Fence
 from ..engine.units import format_duration, format_size
-from ..project import VIA_CLI, VIA_START, Project, RestoreResult
-from ..project.wire import cli_restore_json, start_restore_json
+from ..service import VIA_CLI, VIA_START, Project, RestoreResult
+from ..service.wire import cli_restore_json, start_restore_json
 from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _ProgressBar, _show_held_warnings, _workspace, command
 
 

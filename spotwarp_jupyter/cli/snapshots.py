@@ -10,8 +10,8 @@ from typing import Any
 
 from ..engine import ConfigError, Settings, SpotWarpError
 from ..engine.units import format_duration, format_size
-from ..project import Project, SnapshotSummary
-from ..project.wire import cli_status_json, list_json, snapshot_json
+from ..service import Project, SnapshotSummary
+from ..service.wire import cli_status_json, list_json, snapshot_json
 from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _ProgressBar, _workspace, command
 
 
@@ -78,7 +78,7 @@ def _server_call(info: dict[str, Any], method: str, path: str, body: dict | None
     data = json.dumps(body).encode() if body is not None else (b"" if method == "POST" else None)
     # under JupyterHub the server's runtime file holds no token: the hub's API token of this user works
     token = info.get("token") or os.environ.get("JUPYTERHUB_API_TOKEN", "")
-    request = urllib.request.Request(url, data=data, method=method,
+    request = urllib.request.Request(url, data=data, method=method,  # noqa: S310 - a local server's URL
                                      headers={"Authorization": f"token {token}",
                                               "Content-Type": "application/json"})
     with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - a local server's URL

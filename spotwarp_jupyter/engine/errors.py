@@ -34,3 +34,11 @@ class ManifestError(SpotWarpError):
 
 class SignatureError(ManifestError):
     """A manifest is unsigned, signed with another key, or altered."""
+
+
+def one_line(exc: BaseException) -> str:
+    """An exception as one short line: its type and its message."""
+    text = " ".join(str(exc).split())
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__

@@ -1,8 +1,8 @@
-"""gc: drop old snapshots, then the objects no manifest names (restic's `prune`, never what a live snapshot uses).
+"""Pruning (`gc`): drop old snapshots, then the objects no manifest names (restic's `prune`, never what a live snapshot uses).
 
 Objects are kept when any manifest present names them, accepted or not (unsigned, another key's, damaged but
 readable); none is deleted while a manifest cannot be read at all, while a snapshot is being written
-(leases.py), or when younger than the grace period (a writer may be about to commit them).
+(coordination/locks.py), or when younger than the grace period (a writer may be about to commit them).
 """
 
 from __future__ import annotations
@@ -10,16 +10,13 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from .coordination import GC, WRITE, Lock, live_locks, stale_locks
 from .errors import SpotWarpError
 from .hashing import is_object_id
-from .leases import GC, WRITE, Lease, live_locks, stale_locks
-from .manifest import Manifest
-from .store import TEMPORARY_GRACE_S, Store
-
-if TYPE_CHECKING:
-    from .snapshots import SnapshotEngine
+from .manifests import Manifest, ManifestCatalog
+from .storage import TEMPORARY_GRACE_S, Store
 
 
 @dataclass
@@ -49,19 +46,21 @@ def named_objects(doc: Any) -> set[str]:
     return found
 
 
-def collect_garbage(engine: "SnapshotEngine", keep: int, grace_s: float = 3600.0) -> GcReport:
-    """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names."""
+def collect_garbage(store: Store, catalog: ManifestCatalog, keep: int, grace_s: float = 3600.0) -> GcReport:
+    """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names.
+
+    The caller keeps its own snapshots of this project from committing meanwhile (SnapshotEngine holds its lock).
+    """
     if keep < 1:
         raise SpotWarpError("--keep must be at least 1: gc never deletes the newest snapshot")
-    store = engine.store
-    with engine._lock, Lease(store, GC) as lease:
+    with Lock(store, GC) as lease:
         report = GcReport()
         writers = live_locks(store, WRITE)
-        listing = engine.manifests()
+        listing = catalog.manifests()
         kept, dropped = _choose(listing, keep)
         for m in dropped:
             store.delete_manifest(m.name)
-            engine.catalog.forget(m.name)
+            catalog.forget(m.name)
             report.dropped.append(m.id)
         report.kept = [m.id for m in kept]
         if writers:
@@ -114,7 +113,7 @@ def _named_by_every_manifest(store: Store) -> tuple[set[str], list[str]]:
     return live, unreadable
 
 
-def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lease, report: GcReport) -> None:
+def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lock, report: GcReport) -> None:
     """Delete unnamed objects older than `grace_s`; stop as soon as a writer starts or our lease lapses."""
     now = time.time()
     checked = 0.0  # look for writers first: reading the manifests may have taken a while
@@ -134,7 +133,7 @@ def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lease, 
         report.bytes_freed += size
 
 
-def _clear_leftovers(store: Store, grace_s: float, lease: Lease) -> None:
+def _clear_leftovers(store: Store, grace_s: float, lease: Lock) -> None:
     """Temporaries of killed writes, interrupted uploads and stale locks."""
     # a temporary is a write in progress for as long as a write can take, whatever the objects' grace
     for path in store.stale_temporaries(max(grace_s, TEMPORARY_GRACE_S)):

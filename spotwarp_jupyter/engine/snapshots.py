@@ -1,7 +1,9 @@
 """The snapshot engine: one object that makes, lists, restores, verifies and prunes snapshots.
 
 The kernel extension, the server, and the CLI are thin doors onto this class. Reading manifests is
-catalog.py's job, verifying verify.py's, pruning gc.py's; this class commits and restores.
+manifests.ManifestCatalog's job, verifying verify.py's, pruning prune.py's; this class commits and
+restores. Every commit, a kernel's variables or a project's files and kernel records, goes one way:
+hold a write lock, store what changed, build the manifest, check the lock, then `commit_manifest`.
 """
 
 from __future__ import annotations
@@ -13,25 +15,40 @@ import threading
 import time
 from typing import Any, Callable, Iterator, Mapping
 
-from .capture import CaptureOptions, KernelImage, capture_namespace
-from .catalog import ManifestCatalog
-from .environment import collect_facts, version_warnings
+from .coordination import Fence, Fenced, WriteLock
 from .errors import SnapshotNotFound, SpotWarpError, StorageError
-from .fence import Fence, Fenced
-from .gc import GcReport, collect_garbage
-from .leases import Lease, WriteLease
-from .manifest import Manifest, new_snapshot_id, signing_key, trust_warning
-from .persist import persist_image
-from .restore import RestoreResult, restore_record
-from .restore_background import BackgroundLoad, restore_progressive
-from .reuse import ReusePlan, StaleBaseline
-from .scope import signing_scope
+from .files import FileRestoreReport, IgnoreRules, Progress, backup_workspace, files_changed, restore_files
+from .incremental import ReusePlan, StaleBaseline
+from .manifests import (
+    Manifest,
+    ManifestCatalog,
+    collect_facts,
+    new_snapshot_id,
+    record_objects,
+    signing_key,
+    signing_scope,
+    trust_warning,
+    version_warnings,
+)
+from .pickling import main_namespace
+from .prune import GcReport, collect_garbage
 from .settings import Settings
-from .store import Store
+from .storage import CHUNK_SIZE, Store
+from .variables import (
+    BackgroundLoad,
+    CaptureOptions,
+    KernelImage,
+    LoadResult,
+    capture_namespace,
+    load_record,
+    persist_image,
+    restore_progressive,
+)
 from .verify import VerifyReport, verify_snapshots
 
 log = logging.getLogger("spotwarp")
 DEFAULT_NOTEBOOK = "default"
+PROJECT_KIND = "project"
 __all__ = ["DEFAULT_NOTEBOOK", "GcReport", "SnapshotEngine", "VerifyReport"]
 
 
@@ -55,7 +72,7 @@ class SnapshotEngine:
         self.catalog = ManifestCatalog(self.store, settings, self.key, self.scope)
         self._lock = threading.Lock()
 
-    # -- reading: engine/catalog.py ---------------------------------------------------------------
+    # -- reading: manifests/catalog.py ---------------------------------------------------------------
     @property
     def rejected(self) -> dict[str, str]:
         """Manifests refused (damaged, unsigned, foreign), with why."""
@@ -74,14 +91,14 @@ class SnapshotEngine:
         self.catalog.refuse_newer_than(manifest)
 
     @contextlib.contextmanager
-    def writing(self) -> Iterator[WriteLease]:
-        """Hold a write lease from before the first presence check of reused objects until the commit."""
-        lease = WriteLease(self.store).acquire()
+    def writing(self) -> Iterator[WriteLock]:
+        """Hold a write lock from before the first presence check of reused objects until the commit."""
+        lock = WriteLock(self.store).acquire()
         try:
             self.store.sweep_temporaries()
-            yield lease
+            yield lock
         finally:
-            lease.release()
+            lock.release()
 
     # -- kernels ----------------------------------------------------------------------------
     def snapshot_kernel(
@@ -101,8 +118,6 @@ class SnapshotEngine:
         `requests`: ids of the requests (protocol.py) this snapshot answers, recorded in its manifest.
         """
         started = time.perf_counter()
-        from .pickling import main_namespace
-
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
             image = capture_namespace(namespace, hidden, options, extras, lazy=True, reuse=reuse)
             return self.commit_image(image, notebook, message, started=started, stats=stats, requests=requests)
@@ -113,14 +128,13 @@ class SnapshotEngine:
                      requests: list[str] | None = None) -> Manifest:
         """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers)."""
         started = time.perf_counter() if started is None else started
-        with self._lock, self.writing() as lease:
+        with self._lock, self.writing() as lock:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
             dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects, requests=list(requests or []))
-            self.check_lease(lease, manifest)
             manifest.stats = {
                 "bytes_total": pstats.bytes_total,
                 "bytes_written": pstats.bytes_written,
@@ -136,8 +150,7 @@ class SnapshotEngine:
                 **(stats or {}),
                 **({"full_reason": dropped} if dropped else {}),
             }
-            manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
-            return self.commit_manifest(manifest)
+            return self._commit(lock, manifest, started)
 
     def _check_reuse_base(self, image: KernelImage, previous: list[Manifest], notebook: str) -> str | None:
         """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
@@ -179,14 +192,20 @@ class SnapshotEngine:
         self.catalog.remember(manifest)
         return manifest
 
-    def check_lease(self, lease: Lease, manifest: Manifest) -> None:
-        """Before a commit: if our lease may have looked stale to a gc, make sure every object is still stored."""
-        if not lease.lapsed():
+    def _commit(self, lock: WriteLock, manifest: Manifest, started: float) -> Manifest:
+        """The end of every commit: time it, make sure a lapsed lock lost nothing, write the manifest."""
+        manifest.stats["duration_s"] = round(time.perf_counter() - started, 4)
+        self.check_lock(lock, manifest)
+        return self.commit_manifest(manifest)
+
+    def check_lock(self, lock: WriteLock, manifest: Manifest) -> None:
+        """Before a commit: if our lock may have looked stale to a gc, make sure every object is still stored."""
+        if not lock.lapsed():
             return
         missing = set(manifest.objects) - self.store.present(manifest.objects)
         if missing:
             raise StorageError(f"snapshot {manifest.id} not committed: {len(missing)} reused objects were removed "
-                               "meanwhile by a gc (this writer stood still past its lease); take it again")
+                               "meanwhile by a gc (this writer stood still past its lock); take it again")
 
     def new_manifest(self, kind: str, message: str | None = None, **fields: Any) -> Manifest:
         """A manifest for this project, stamped now on this host, with environment facts."""
@@ -208,10 +227,14 @@ class SnapshotEngine:
         notebook: str = DEFAULT_NOTEBOOK,
         variables: list[str] | None = None,
         device_map: dict[str, str] | None = None,
-    ) -> tuple[Manifest, RestoreResult]:
-        """Bring a snapshot's kernel variables back into `namespace`; nothing changes if it fails."""
-        manifest, record = self._restore_source(ref, notebook)
-        result = restore_record(self.store, record, namespace, variables, device_map)
+        listing: list[Manifest] | None = None,
+    ) -> tuple[Manifest, LoadResult]:
+        """Bring a snapshot's kernel variables back into `namespace`; nothing changes if it fails.
+
+        `listing`: what `manifests()` returned earlier in the same operation (the store is then not listed again).
+        """
+        manifest, record = self._restore_source(ref, notebook, listing)
+        result = load_record(self.store, record, namespace, variables, device_map)
         return manifest, self._with_notes(manifest, record, result)
 
     def restore_kernel_progressive(
@@ -221,28 +244,29 @@ class SnapshotEngine:
         notebook: str = DEFAULT_NOTEBOOK,
         variables: list[str] | None = None,
         device_map: dict[str, str] | None = None,
-    ) -> tuple[Manifest, RestoreResult, BackgroundLoad | None]:
+        listing: list[Manifest] | None = None,
+    ) -> tuple[Manifest, LoadResult, BackgroundLoad | None]:
         """Bind the small variables now (nothing changes if that fails); large ones load behind them.
 
         The caller binds the large ones with `load.bind_ready(namespace)` as they arrive.
         """
-        manifest, record = self._restore_source(ref, notebook)
+        manifest, record = self._restore_source(ref, notebook, listing)
         result, load = restore_progressive(self.store, record, namespace, variables, device_map)
         return manifest, self._with_notes(manifest, record, result), load
 
-    def _restore_source(self, ref: str, notebook: str) -> tuple[Manifest, dict[str, Any]]:
-        manifest = self.get(ref, notebook if ref in ("latest", "", None) and self._has_notebook(notebook) else None)
+    def _restore_source(self, ref: str, notebook: str, listing: list[Manifest] | None) -> tuple[Manifest, dict[str, Any]]:
+        """The snapshot to restore and its record for `notebook`, from one listing of the store."""
+        listing = self.manifests() if listing is None else listing
+        own = ref in ("latest", "", None) and any(notebook in m.kernels for m in listing)
+        manifest = self.catalog.get(ref, notebook if own else None, listing)
         return manifest, self.kernel_record(manifest, notebook)
 
-    def _with_notes(self, manifest: Manifest, record: dict[str, Any], result: RestoreResult) -> RestoreResult:
+    def _with_notes(self, manifest: Manifest, record: dict[str, Any], result: LoadResult) -> LoadResult:
         result.warnings[:0] = version_warnings(manifest.env, _modules_used(record))
         warning = trust_warning(self.key)
         if warning:
             result.warnings.insert(0, warning)
         return result
-
-    def _has_notebook(self, notebook: str) -> bool:
-        return any(notebook in m.kernels for m in self.manifests())
 
     @staticmethod
     def kernel_record(manifest: Manifest, notebook: str) -> dict[str, Any]:
@@ -257,14 +281,81 @@ class SnapshotEngine:
             f"snapshot {manifest.id} holds kernels of {', '.join(sorted(manifest.kernels))}, not of {notebook!r}"
         )
 
+    # -- project snapshots: the workspace's files plus every live notebook's kernel record ----------
+    def with_files(self, ref: str = "latest") -> Manifest | None:
+        """The snapshot `ref`, or for `latest` the newest one holding workspace files; None when there is none."""
+        if ref not in ("latest", "", None):
+            return self.get(ref)
+        found = next((m for m in self.manifests()
+                      if (m.files or {}).get("entries") is not None and m.kind == PROJECT_KIND), None)
+        # a newer snapshot that fails its checks may be the one with files: refuse rather than fall back past it
+        self.refuse_newer_than(found)
+        return found
+
+    def ignore_rules(self, workspace: str) -> IgnoreRules:
+        """The workspace's rules, plus the local store itself when it lives inside the workspace."""
+        excluded = [self.store.base] if self.store.local else []
+        return IgnoreRules.for_workspace(workspace, excluded)
+
+    def snapshot_project(
+        self,
+        workspace: str,
+        kernels: Mapping[str, Mapping[str, Any]] | None = None,
+        message: str | None = None,
+        extra_stats: Mapping[str, Any] | None = None,
+        only_if_changed: bool = False,
+        chunk_size: int = CHUNK_SIZE,
+        progress: Progress | None = None,
+    ) -> Manifest | None:
+        """Back up the workspace (only what changed) and commit one manifest naming it and `kernels`' records.
+
+        With `only_if_changed`, nothing is committed (None is returned) when files and kernel records
+        are the same as in the previous project snapshot.
+        """
+        started = time.perf_counter()
+        with self.writing() as lock:  # before any presence check of what is reused: gc waits or leaves objects
+            try:
+                previous = self.with_files()
+            except SpotWarpError:
+                previous = None  # a refused newest snapshot: back up everything afresh rather than fail
+            files, objects, stats = backup_workspace(
+                self.store, workspace, previous.files if previous else None, self.ignore_rules(workspace),
+                chunk_size=chunk_size, progress=progress,
+            )
+            kernels = {nb: dict(rec) for nb, rec in (kernels or {}).items()}
+            if only_if_changed and previous is not None and not files_changed(previous.files, files) \
+                    and previous.kernels == kernels:
+                return None
+            named_by_kernels: dict[str, int] = {}
+            for record in kernels.values():
+                named_by_kernels.update(record_objects(record))
+            # kernels' records come from manifests a gc may have dropped (with their objects) before our lock
+            missing = set(named_by_kernels) - self.store.present(named_by_kernels)
+            if missing:
+                raise StorageError(f"{len(missing)} objects of the kernels' snapshots were removed by a gc meanwhile: "
+                                   "snapshot not committed; take it again")
+            objects.update(named_by_kernels)
+            manifest = self.new_manifest(PROJECT_KIND, message, parent=previous.id if previous else None,
+                                         kernels=kernels, files=files, objects=objects)
+            manifest.stats = {**stats.as_dict(), "bytes_written": stats.bytes_written,
+                              "objects_written": stats.objects_written, "bytes_total": manifest.size,
+                              "variables": sum(len(r.get("variables", {})) for r in kernels.values()),
+                              **(extra_stats or {})}
+            return self._commit(lock, manifest, started)
+
+    def restore_files(self, manifest: Manifest, workspace: str, progress: Progress | None = None) -> FileRestoreReport:
+        """Bring the snapshot's files back into `workspace` (checked, verified, never outside it)."""
+        return restore_files(self.store, manifest.files or {}, workspace, progress=progress)
+
     # -- maintenance --------------------------------------------------------------------------
     def verify(self, ref: str | None = None) -> VerifyReport:
-        """Re-read and re-hash every object of one snapshot (or all); collect every problem found (engine/verify.py)."""
-        return verify_snapshots(self, ref)
+        """Re-read and re-hash every object of one snapshot (or all); collect every problem found (verify.py)."""
+        return verify_snapshots(self.store, self.catalog, ref)
 
     def gc(self, keep: int, grace_s: float = 3600.0) -> GcReport:
         """Drop all but the newest `keep` snapshots (and each notebook's newest), then objects no manifest names.
 
-        The rules (what is never deleted, and when objects are left) are in engine/gc.py.
+        The rules (what is never deleted, and when objects are left) are in prune.py.
         """
-        return collect_garbage(self, keep, grace_s)
+        with self._lock:
+            return collect_garbage(self.store, self.catalog, keep, grace_s)

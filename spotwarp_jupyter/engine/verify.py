@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 from .errors import SpotWarpError
-
-if TYPE_CHECKING:
-    from .snapshots import SnapshotEngine
+from .manifests import ManifestCatalog
+from .storage import Store
 
 
 @dataclass
@@ -25,11 +23,11 @@ class VerifyReport:
         return not self.problems
 
 
-def verify_snapshots(engine: "SnapshotEngine", ref: str | None = None) -> VerifyReport:
+def verify_snapshots(store: Store, catalog: ManifestCatalog, ref: str | None = None) -> VerifyReport:
     """Re-read and re-hash every object of snapshot `ref` (or of all); manifests refused count as problems."""
     report = VerifyReport()
-    manifests = [engine.get(ref)] if ref else engine.manifests()
-    for name, reason in engine.rejected.items():
+    manifests = [catalog.get(ref)] if ref else catalog.manifests()
+    for name, reason in catalog.rejected.items():
         report.problems.append(f"manifest {name}: {reason}")
     referenced: dict[str, list[str]] = {}
     for m in manifests:
@@ -39,7 +37,7 @@ def verify_snapshots(engine: "SnapshotEngine", ref: str | None = None) -> Verify
     sizes = {oid: size for m in manifests for oid, size in m.objects.items()}
     for oid, snapshot_ids in sorted(referenced.items()):
         try:
-            engine.store.read_object(oid, sizes[oid])
+            store.read_object(oid, sizes[oid])
         except SpotWarpError as exc:
             report.problems.append(f"{exc} [snapshots {', '.join(sorted(set(snapshot_ids)))}]")
             continue

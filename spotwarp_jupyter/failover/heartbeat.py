@@ -5,9 +5,8 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from ..engine.fence import HOLDER, SERVING, STANDBY, Lease
-from ..engine.hosts import age, read_heartbeat, read_heartbeats
-from ..engine.store import Store
+from ..engine.coordination import HOLDER, SERVING, STANDBY, Lease, age, read_heartbeat, read_heartbeats
+from ..engine.storage import Store
 
 __all__ = ["age", "current_holder", "ready_candidate", "read_heartbeat", "read_heartbeats"]
 

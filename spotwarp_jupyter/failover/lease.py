@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import time
 
+from ..engine.coordination import Lease, read_lease, write_lease
 from ..engine.errors import SpotWarpError
-from ..engine.fence import Lease, read_lease, write_lease
-from ..engine.store import Store
+from ..engine.storage import Store
 
 __all__ = ["Lease", "LeaseConflict", "move_lease", "read_lease"]
 

@@ -100,7 +100,7 @@ class LocalProvider:
         env.update(spec.env)
         env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
                    IPYTHONDIR=str(home / ".ipython"), PYTHONUNBUFFERED="1")
-        log = open(folder / "candidate.log", "wb")
+        log = open(folder / "candidate.log", "wb")  # noqa: SIM115 - handed to the candidate, closed below
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env,
                                     cwd=str(folder), start_new_session=True)

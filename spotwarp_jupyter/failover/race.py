@@ -16,10 +16,10 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from ..engine.coordination import HOLDER
 from ..engine.errors import SpotWarpError
-from ..engine.fence import HOLDER
 from ..engine.journal import CANDIDATE_READY, FAILOVER_FINISHED, PROMOTED, RACE_STARTED, Journal
-from ..engine.store import Store
+from ..engine.storage import Store
 from .heartbeat import read_heartbeat, ready_candidate
 from .lease import move_lease, read_lease
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Offer, Provider

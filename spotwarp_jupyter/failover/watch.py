@@ -15,9 +15,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.fence import FENCED
+from ..engine.coordination import FENCED
 from ..engine.journal import FINAL_SNAPSHOT_COMMITTED, HOST_LOST, NOTICE_SEEN, Journal
-from ..engine.store import Store
+from ..engine.storage import Store
 from .heartbeat import current_holder, read_heartbeat
 from .lease import LeaseConflict, read_lease
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Provider

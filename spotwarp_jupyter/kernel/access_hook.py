@@ -1,11 +1,11 @@
-"""Feeds every cell's code to the session's AccessTracker (engine/access.py) through IPython's AST hook."""
+"""Feeds every cell's code to the session's AccessTracker (engine/incremental/access.py) through IPython's AST hook."""
 
 from __future__ import annotations
 
 import ast
 from typing import Any
 
-from ..engine.access import AccessTracker
+from ..engine.incremental import AccessTracker
 
 
 class NoteCellAccess(ast.NodeTransformer):

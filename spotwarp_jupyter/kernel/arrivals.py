@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from typing import Any, Callable
 
-from ..engine.restore_background import BackgroundLoad
+from ..engine.variables import BackgroundLoad
 from .cell_names import after_restore, looks_only, may_touch
 
 

@@ -2,7 +2,7 @@
 
 Used while a restore still loads large variables: a cell that may touch one of them waits for it;
 any other cell runs at once. When in doubt (code that does not parse, magics, `globals()`,
-`eval`), the answer is "every name". The analysis of the code is engine/code_names.py's (shared with
+`eval`), the answer is "every name". The analysis of the code is engine/incremental/code_names.py's (shared with
 incremental snapshots); this module knows the cell's magic lines.
 """
 
@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from ..engine import code_names
+from ..engine.incremental import code_names
 
 # names through which a cell may read any variable while a restore loads, besides those through which code
 # may change any (code_names' `dynamic`): listing the namespace, modules that reach it, SpotWarp itself

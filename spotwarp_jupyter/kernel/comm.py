@@ -11,8 +11,16 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from ..protocol import (COMM_TARGET, RESTORE, SNAPSHOT, STATUS, KernelRequest, ProtocolError, kernel_answer,
-                        kernel_refusal)
+from ..protocol import (
+    COMM_TARGET,
+    RESTORE,
+    SNAPSHOT,
+    STATUS,
+    KernelRequest,
+    ProtocolError,
+    kernel_answer,
+    kernel_refusal,
+)
 from . import session as session_module
 
 log = logging.getLogger("spotwarp")

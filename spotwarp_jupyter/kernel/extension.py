@@ -5,9 +5,8 @@ from __future__ import annotations
 from .. import safepoints
 from ..training import register_state_providers
 from ..training.resumable import on_resume as resume_hooks
-from . import access_hook
+from . import access_hook, notices
 from . import comm as comm_target
-from . import notices
 from . import session as session_module
 from .magics import SpotWarpMagics, cell_id
 

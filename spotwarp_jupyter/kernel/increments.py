@@ -1,7 +1,7 @@
 """Incremental snapshots of one kernel: what the next snapshot may reuse of this kernel's last one.
 
-The names each cell can touch come from the AccessTracker (engine/access.py); which groups are reused
-is engine/reuse.py's rule. This module keeps the kernel's side: the baseline (its last committed
+The names each cell can touch come from the AccessTracker (engine/incremental/access.py); which groups are reused
+is engine/incremental/reuse.py's rule. This module keeps the kernel's side: the baseline (its last committed
 snapshot), and the count that makes one snapshot in `SPOTWARP_FULL_EVERY` a full pass.
 """
 
@@ -12,10 +12,8 @@ import warnings
 from typing import Any, Mapping
 
 from ..engine import CaptureOptions, Manifest
-from ..engine.access import AccessTracker, Mark
-from ..engine.code_names import notebook_code_names
-from ..engine.capture import cheap_size, select_variables
-from ..engine.reuse import Baseline, ReusePlan, plan_reuse
+from ..engine.incremental import AccessTracker, Baseline, Mark, ReusePlan, notebook_code_names, plan_reuse
+from ..engine.variables import cheap_size, select_variables
 
 DEFAULT_FULL_EVERY = 20
 QUICK_INBAND = 1 << 20  # in-band bytes a staged snapshot may pickle at a loop's step (~10 ms)
@@ -52,7 +50,7 @@ class Increments:
 
     def plan(self, namespace: Mapping[str, Any], options: CaptureOptions,
              full: bool) -> tuple[ReusePlan | None, dict[str, Any]]:
-        """What the next snapshot may reuse (engine/reuse.py), and the stats saying why it is full if so."""
+        """What the next snapshot may reuse (engine/incremental/reuse.py), and the stats saying why it is full if so."""
         mark, touched, why = self.access.begin()
         used, dynamic = notebook_code_names(namespace if isinstance(namespace, dict) else dict(namespace))
         touched, why = touched | used, why or dynamic

@@ -11,9 +11,9 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Dict, Int, Unicode
 
 from ..engine import Settings, SpotWarpError
-from ..engine.resolver import LOCATION, POLICY, configured, resolve_settings
+from ..engine.settings import LOCATION, POLICY, configured, resolve_settings
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
-from ..project.wire import kernel_status_text
+from ..service.wire import kernel_status_text
 from . import session as session_module
 from .policy import Policy
 from .session import KernelSession

@@ -22,7 +22,7 @@ class Policy:
 
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> "Policy":
-        """The policy of resolved settings (`engine.resolver.POLICY`: every, after_cell, autosnapshot, ...)."""
+        """The policy of resolved settings (`engine.settings.POLICY`: every, after_cell, autosnapshot, ...)."""
         return cls(enabled=values["autosnapshot"], every_s=values["every"], after_cell=values["after_cell"],
                    max_var_size=values["max_var_size"], keep=values["keep"] or None)
 

@@ -3,7 +3,7 @@
 A gc reads every manifest and lists every object: seconds on an object store. Run inline it stalled the
 cell that took a synchronous snapshot (and, for a background snapshot, the reaper that lets the next one
 start). It runs on its own engine, so it never holds the session engine's lock a snapshot needs; the store's
-leases keep it from deleting what a snapshot being written will name (engine/leases.py). One gc at a time:
+leases keep it from deleting what a snapshot being written will name (engine/coordination/locks.py). One gc at a time:
 commits during a gc ask for one more pass, run right after. A failing gc is logged once per distinct reason.
 """
 

@@ -1,7 +1,10 @@
 """The SpotWarp state of one kernel: settings, policy, the engine, and what the last snapshot did.
 
-Magics, the Python API, the widget and the server's requests all go through one KernelSession.
-Automatic and background snapshots are automatic.py's part of it; what a snapshot reuses, increments.py's.
+Magics, the Python API, the widget and the server's requests all go through one KernelSession. It also
+decides when an automatic snapshot is due at a safe point and takes it in the background: a forked writer
+(engine.writers) so the kernel pauses only for the fork; where fork is unavailable it is taken synchronously,
+and where little is left to serialize a writer thread is used instead. Requests arriving while one is in
+flight are taken at the next safe point. What a snapshot reuses is increments.py's part.
 """
 
 from __future__ import annotations
@@ -10,14 +13,22 @@ import threading
 import time
 from typing import Any, Callable, Mapping
 
+from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
-from ..engine.environment import package_versions
-from ..engine.restore import RestoreResult
-from ..engine.reuse import StaleBaseline
-from ..project.records import KernelStatus, RestoreProgress, SnapshotSummary
-from ..project.wire import kernel_status_json
+from ..engine.incremental import ReusePlan, StaleBaseline
+from ..engine.manifests import package_versions
+from ..engine.variables import LoadResult
+from ..engine.writers import (
+    BackgroundSnapshot,
+    cuda_in_use,
+    fork_unavailable_reason,
+    start_background,
+    start_in_thread,
+    start_staged,
+)
+from ..service.records import KernelStatus, RestoreProgress, SnapshotSummary
+from ..service.wire import kernel_status_json
 from .arrivals import Arrivals
-from .automatic import AutomaticSnapshots
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
 from .policy import Policy
@@ -44,7 +55,7 @@ def set_current(session: "KernelSession | None") -> None:
     _current = session
 
 
-class KernelSession(AutomaticSnapshots):
+class KernelSession:
     """Everything SpotWarp knows and does inside one kernel."""
 
     def __init__(self, namespace: dict[str, Any], hidden: Mapping[str, Any] | None, settings: Settings,
@@ -55,7 +66,7 @@ class KernelSession(AutomaticSnapshots):
         self.policy = policy or Policy()
         self.notebook = notebook or notebook_name()
         self.last: Manifest | None = None
-        self.last_restore: tuple[Manifest, RestoreResult] | None = None
+        self.last_restore: tuple[Manifest, LoadResult] | None = None
         self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
         self.last_error: str | None = None
         self.last_snapshot_at: float | None = None
@@ -108,7 +119,7 @@ class KernelSession(AutomaticSnapshots):
                  full: bool = False) -> Manifest:
         """A synchronous snapshot of this kernel's variables (waits for one in flight, and for a restore, first).
 
-        `full`: serialize every variable, reusing nothing of the previous snapshot (engine/reuse.py).
+        `full`: serialize every variable, reusing nothing of the previous snapshot (engine/incremental/reuse.py).
         """
         self.wait_in_flight()
         self.arrivals.finish()
@@ -143,7 +154,7 @@ class KernelSession(AutomaticSnapshots):
                                      self.policy.keep)
 
     def restore(self, ref: str = "latest", variables: list[str] | None = None,
-                wait: bool = False) -> tuple[Manifest, RestoreResult]:
+                wait: bool = False) -> tuple[Manifest, LoadResult]:
         """Bring a snapshot's variables (all, or `variables`) back; engine state too on a full restore.
 
         Small variables are bound before this returns; large ones arrive behind them (see arrivals.py),
@@ -151,9 +162,11 @@ class KernelSession(AutomaticSnapshots):
         """
         with self._lock:
             self.arrivals.finish()
+            listing = self.engine.manifests()  # one LIST of the store for the whole restore
             if (ref or "latest").strip() == "latest":
-                self._refuse_another_notebooks_latest()
-            manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables)
+                self._refuse_another_notebooks_latest(listing)
+            manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables,
+                                                                            listing=listing)
             self.increments.restart()  # restored values are new objects: the next snapshot is full
             if variables is None:
                 for name, state in (result.extras or {}).items():
@@ -166,11 +179,11 @@ class KernelSession(AutomaticSnapshots):
                 self.arrivals.finish()
             return manifest, result
 
-    def _refuse_another_notebooks_latest(self) -> None:
+    def _refuse_another_notebooks_latest(self, listing: list[Manifest]) -> None:
         """`latest` means this notebook's newest snapshot: never another notebook's state, silently."""
-        if self.engine.manifests(self.notebook):
+        if any(self.notebook in m.kernels for m in listing):
             return
-        others = self.engine.manifests()
+        others = listing
         if not others:
             return  # the engine says there is no snapshot at all
         newest = others[0]
@@ -199,7 +212,7 @@ class KernelSession(AutomaticSnapshots):
         return dict(self.engine.kernel_record(self.last, self.notebook).get("changed", {}))
 
     def status_record(self) -> KernelStatus:
-        """This session's facts, as a typed record (project/records.py)."""
+        """This session's facts, as a typed record (service/records.py)."""
         restore = None
         if self.last_restore is not None:
             manifest, result = self.last_restore
@@ -214,5 +227,138 @@ class KernelSession(AutomaticSnapshots):
         )
 
     def status(self) -> dict[str, Any]:
-        """What `%spotwarp status`, the widget and the server's status request show (project/wire.py's JSON)."""
+        """What `%spotwarp status`, the widget and the server's status request show (service/wire.py's JSON)."""
         return kernel_status_json(self.status_record())
+
+    # -- automatic snapshots: when one is due at a safe point, and taking it in the background ----------
+    def _init_automatic(self) -> None:
+        self.in_flight = None
+        self._flight_done = threading.Event()
+        self._flight_done.set()
+        self._deferred: list[str] = []
+        self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
+        self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
+        self.started_at = time.time()
+
+    def snapshot_in_background(self, message: str | None = None, requests: list[str] | None = None,
+                               urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:
+        """Start a snapshot the kernel does not wait for; None if one is already in flight.
+
+        Falls back to a synchronous snapshot where fork is unavailable. `urgent` (a preemption notice's
+        snapshot, the kernel held until it commits): the writer keeps the kernel's CPU priority.
+        `in_loop` (taken at a loop's step): what changed is copied and written from a thread (engine/writers/staged.py)
+        when that is cheap to serialize, since the next step would rewrite it under a forked writer.
+        """
+        if fork_unavailable_reason():
+            return self.snapshot(message, requests)
+        with self._lock:
+            if self.in_flight is not None:
+                return None
+            engine, notebook = self.engine, self.notebook
+            started = time.perf_counter()
+            self.last_started_at = time.time()
+            self._flight_done.clear()
+            options = self.capture_options()
+            plan, stats = self.increments.plan(self.namespace, options, full=False)
+
+            def commit(image, on_written):
+                return engine.commit_image(image, notebook, message, started=started,
+                                           stats={"mode": "background", **stats}, on_written=on_written, requests=requests)
+
+            start = self._writer_for(plan, options, in_loop and not urgent)
+            try:
+                self.in_flight = start(commit, self.namespace, self.hidden, options,
+                                       self.extras, on_done=self._background_done, reuse=plan, urgent=urgent)
+            except BaseException:
+                self._flight_done.set()
+                raise
+            self.last_pause_s = self.in_flight.pause_s
+            return self.in_flight
+
+    def _writer_for(self, plan: ReusePlan | None, options: CaptureOptions, in_loop: bool):
+        """How to take this snapshot: a writer thread, a staged copy (in a loop), or a forked writer."""
+        left = self.increments.left_to_serialize(self.namespace, self.hidden, plan, options)
+        if self.increments.little_left(left, plan):
+            return start_in_thread
+        if in_loop and not cuda_in_use() and self.increments.quick_to_serialize(left):
+            return start_staged
+        return start_background
+
+    def _background_done(self, job: BackgroundSnapshot) -> None:
+        """Runs in the reaper thread once the child has exited."""
+        try:
+            result = job.result
+            if result is not None and result.ok and result.snapshot_id:
+                manifest = self.engine.get(result.snapshot_id)
+                manifest.stats["pause_s"] = round(job.pause_s, 4)
+                manifest.stats["writer"] = job.writer
+                self.increments.remember(manifest, self.notebook)
+                self._committed(manifest)
+            else:
+                self.last_error = (result.error if result else None) or "background snapshot failed"
+                if self.last_error.startswith(StaleBaseline.__name__):
+                    self.increments.baseline = None
+        except Exception as exc:  # noqa: BLE001 - a reaper thread must not die silently
+            self.last_error = f"{type(exc).__name__}: {exc}"
+        finally:
+            self.in_flight = None
+            deferred, self._deferred = self._deferred, []
+            self._flight_done.set()
+            for reason in deferred:
+                safepoints.request(reason)
+
+    def wait_in_flight(self, timeout: float | None = None) -> bool:
+        """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
+        return self._flight_done.wait(timeout)
+
+    def due(self, reasons: list[str], cell_end: bool = False) -> bool:
+        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
+        if reasons:
+            return True
+        if not self.policy.enabled:
+            return False
+        if cell_end and self._first_cell:
+            self._first_cell = False
+            if self.last_snapshot_at is None and self.last_started_at is None and not self._first_cell_waits():
+                return True
+        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
+        return time.time() - last >= self.policy.every_s
+
+    def _first_cell_waits(self) -> bool:
+        """Whether the first cell must not snapshot: this kernel restored one (its state is already stored),
+        or its notebook has one this kernel has not restored (an empty session must not become its newest
+        at once: the widget offers it, and the interval gives time to restore)."""
+        if self.last_restore is not None:
+            return True
+        try:
+            return bool(self.engine.manifests(self.notebook))
+        except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
+            return False
+
+    def at_safe_point(self, where: str, reasons: list[str], urgent: bool = False) -> None:
+        """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due.
+
+        `urgent`: the caller holds the kernel here until the snapshot commits (snapshot_in_background).
+        """
+        if where == "cell" and not reasons and not self.policy.after_cell:
+            return
+        if not self.due(reasons, cell_end=where == "cell"):
+            return
+        if self.arrivals.load is not None:
+            if not reasons:
+                return  # the state being restored is stored already: the timer waits for the restore to end
+            self.arrivals.finish()  # asked for (a preemption notice): the snapshot must hold every variable
+        if self.in_flight is not None:
+            self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
+            return
+        message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
+        requests, self._requests = self._requests, []
+        try:
+            self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
+        except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
+            self.last_error = f"{type(exc).__name__}: {exc}"
+            self._requests[:0] = requests  # the next one answers them
+
+    def answer_with_next_snapshot(self, request_id: str) -> None:
+        """Name `request_id` in the next snapshot started at a safe point (how a notice finds its snapshot)."""
+        self._requests.append(request_id)

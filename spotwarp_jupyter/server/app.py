@@ -13,11 +13,11 @@ from traitlets import Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
-from ..engine.resolver import DEFAULT_PROJECT, LOCATION, SERVER, SETTINGS, WATCHER_KINDS, configured, resolve_settings
+from ..engine.settings import DEFAULT_PROJECT, LOCATION, SERVER, SETTINGS, WATCHER_KINDS, configured, resolve_settings
+from .async_project import AsyncProject
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
-from .service import ProjectService
 from .watchers import PreemptionResponder, start_watchers
 
 
@@ -134,7 +134,7 @@ class SpotWarpApp(ExtensionApp):
         # a new pod after a preemption: the user's files are back before anything is served
         start_restore = restore_on_start(engine, workspace, mode, identity,
                                          config.fresh_workspace_names)
-        self.service = ProjectService(engine, workspace, serverapp.root_dir,
+        self.service = AsyncProject(engine, workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace

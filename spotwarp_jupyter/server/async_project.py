@@ -1,7 +1,7 @@
 """The server's door onto the project service: an async adapter that runs the core and asks live kernels.
 
-HTTP handlers call these coroutines and format the records they return (project/wire.py). The core
-(project/service.py) does the work; it is blocking (fsspec, hashing, file walks), so it runs in a thread
+HTTP handlers call these coroutines and format the records they return (service/wire.py). The core
+(service/project.py) does the work; it is blocking (fsspec, hashing, file walks), so it runs in a thread
 pool and the event loop keeps serving notebooks. Only this adapter talks to kernels.
 """
 
@@ -17,9 +17,10 @@ from typing import Any, AsyncIterator, Callable, TypeVar
 
 from .. import __version__
 from ..engine import Manifest, SnapshotEngine
+from ..engine.coordination import FENCED, SERVING, STANDBY, WRITERS, Fenced
 from ..engine.errors import SpotWarpError
-from ..engine.fence import FENCED, SERVING, STANDBY, WRITERS, Fenced
-from ..project import (
+from ..protocol import KernelRequest
+from ..service import (
     VIA_REST,
     KernelAnswer,
     KernelRestore,
@@ -30,7 +31,6 @@ from ..project import (
     ServerFacts,
     SnapshotSummary,
 )
-from ..protocol import KernelRequest
 from .kernel_link import KernelUnavailable, ask_kernel
 
 log = logging.getLogger("spotwarp")
@@ -41,7 +41,7 @@ class ServerStopping(SpotWarpError):
     """The server is shutting down: it takes no more snapshot or restore work."""
 
 
-class ProjectService:
+class AsyncProject:
     """One project's snapshots as seen by one Jupyter server."""
 
     def __init__(self, engine: SnapshotEngine, workspace: str, root_dir: str, kernel_manager: Any,

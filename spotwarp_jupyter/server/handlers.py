@@ -13,10 +13,10 @@ from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
 from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
-from ..engine.fence import Fenced
-from ..project import SnapshotSummary
-from ..project.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
-from .service import ProjectService, ServerStopping
+from ..engine.coordination import Fenced
+from ..service import SnapshotSummary
+from ..service.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
+from .async_project import AsyncProject, ServerStopping
 
 _ID = r"(?P<snapshot_id>[^/]+)"
 
@@ -27,7 +27,7 @@ class SpotWarpHandler(APIHandler):
     auth_resource = "spotwarp"
 
     @property
-    def service(self) -> ProjectService:
+    def service(self) -> AsyncProject:
         return self.settings["spotwarp"]
 
     def reply(self, data: Any, status: int = 200) -> None:

@@ -14,9 +14,8 @@ import threading
 import time
 from typing import Any, Callable
 
-from ..engine.fence import FENCED, HOLDER, SERVING, STANDBY, Fence, Fenced, read_lease
-from ..engine.hosts import host_id, write_heartbeat
-from ..engine.store import Store
+from ..engine.coordination import FENCED, HOLDER, SERVING, STANDBY, Fence, Fenced, host_id, read_lease, write_heartbeat
+from ..engine.storage import Store
 
 log = logging.getLogger("spotwarp")
 

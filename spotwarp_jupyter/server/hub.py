@@ -19,10 +19,9 @@ from typing import Any, Iterable, Mapping
 from jupyter_server.auth.authorizer import Authorizer
 
 from ..engine import ConfigError, SnapshotEngine
-from ..engine.resolver import RESTORE_MODES
-from ..engine.settings import is_remote
-from ..project import VIA_HUB, Project
-from ..project.wire import hub_restore_json
+from ..engine.settings import RESTORE_MODES, is_remote
+from ..service import VIA_HUB, Project
+from ..service.wire import hub_restore_json
 
 log = logging.getLogger("spotwarp")
 
@@ -183,7 +182,7 @@ def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = 25.0
     missing = [n for n in ("JUPYTERHUB_SERVICE_URL", "JUPYTERHUB_API_TOKEN") if not env.get(n)]
     if missing:
         raise ConfigError(f"not in a JupyterHub single-user server: {', '.join(missing)} not set")
-    request = urllib.request.Request(
+    request = urllib.request.Request(  # noqa: S310 - this pod's own server
         _own_server_url(env) + "spotwarp/api/snapshots", data=json.dumps({"message": message}).encode(),
         method="POST", headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}",
                                 "Content-Type": "application/json"})

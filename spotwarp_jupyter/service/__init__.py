@@ -1,5 +1,6 @@
 """The project service: one synchronous core behind the CLI, the REST API and the hub (no Jupyter imports)."""
 
+from .project import KernelRestorer, Project
 from .records import (
     VIA_CLI,
     VIA_HUB,
@@ -15,7 +16,6 @@ from .records import (
     ServerFacts,
     SnapshotSummary,
 )
-from .service import KernelRestorer, Project
 from .wire import manifest_summary
 
 __all__ = [

@@ -10,18 +10,11 @@ import contextlib
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from ..engine.files import Progress
 from ..engine.journal import Journal, restoring
 from ..engine.journal import report as preemption_report
-from ..engine.manifest import Manifest
-from ..engine.project import (
-    committed_kernel_record,
-    newest_kernel_records,
-    restore_project_files,
-    snapshot_project,
-    with_files,
-)
+from ..engine.manifests import Manifest, committed_kernel_record, newest_kernel_records
 from ..engine.snapshots import SnapshotEngine
-from ..engine.workspace import Progress
 from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
 
 # asks the live kernels of these notebooks to restore from this snapshot ref; what each answered
@@ -93,19 +86,19 @@ class Project:
                 missing[k.notebook or k.kernel_id] = k.error or "failed"
         extra = {"kernels_fresh": sorted(fresh), "kernels_stale": sorted(stale), "kernels_missing": missing} \
             if kernels is not None else None
-        return snapshot_project(self.engine, self._need_workspace(), records, message, extra, only_if_changed,
+        return self.engine.snapshot_project(self._need_workspace(), records, message, extra, only_if_changed,
                                 progress=progress)
 
     def promotion_snapshot(self) -> Manifest | None:
         """The first snapshot of a newly promoted host: the files and every notebook's newest kernel state."""
-        return snapshot_project(self.engine, self._need_workspace(), newest_kernel_records(self.engine.manifests()),
+        return self.engine.snapshot_project(self._need_workspace(), newest_kernel_records(self.engine.manifests()),
                                 f"promoted: generation {self.engine.fence.generation}")
 
     # -- restores -----------------------------------------------------------------------------
     def choose(self, ref: str = "latest", files_only: bool = False) -> Manifest | None:
         """The snapshot a restore of `ref` uses: for `latest` with a workspace, the newest holding files
         (refusing a newer one that fails its checks), else `ref` itself; None only with `files_only`."""
-        manifest = with_files(self.engine, ref) if self.workspace else None
+        manifest = self.engine.with_files(ref) if self.workspace else None
         if manifest is None and not files_only:
             manifest = self.engine.get(ref)
         return manifest
@@ -134,7 +127,7 @@ class Project:
         with self._journal(manifest.id, via, journaled, run) as outcome:
             files = None
             if self.workspace is not None:
-                files = restore_project_files(self.engine, manifest, self.workspace, progress=progress)
+                files = self.engine.restore_files(manifest, self.workspace, progress=progress)
                 outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
             restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
             if kernels is not None:

@@ -9,9 +9,9 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..engine.files import FileRestoreReport
 from ..engine.journal import Event
-from ..engine.manifest import Manifest
-from ..engine.workspace_restore import FileRestoreReport
+from ..engine.manifests import Manifest
 
 # the doors a restore comes through, as the journal's restore events name them (`via`)
 VIA_CLI = "cli"

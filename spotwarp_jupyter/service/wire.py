@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Sequence
 
-from ..engine.manifest import Manifest
+from ..engine.manifests import Manifest
 from ..engine.units import format_duration, format_size
 from .records import (
     KernelRestore,

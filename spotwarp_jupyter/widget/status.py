@@ -1,6 +1,7 @@
 """StatusWidget: a live view of one kernel's SpotWarp session, with snapshot-now and restore buttons.
 
-The browser side is `widget.js` + `widget.css` next to this file. Buttons send custom messages
+The browser side is `format.js` + `widget.js` (served as one ES module, see `widget_esm`) and `widget.css`
+next to this file. Buttons send custom messages
 (`protocol.WidgetAction`: `{"action": "snapshot" | "restore" | "refresh", "request_id": ...}`); the kernel
 answers by updating the synced traits, then `answered` to the request's id. The widget knows the kernel's session only through `SessionView` (no kernel imports).
 """
@@ -22,6 +23,14 @@ from ..protocol import ProtocolError, WidgetAction, echoed_id
 
 HERE = Path(__file__).parent
 WATCH_INTERVAL_S = 1.0
+# format.js (formatSize, formatDuration: shared with the JupyterLab panel, which bundles the same file)
+# comes first, then widget.js, which uses them: anywidget loads a single module and it cannot import.
+ESM_PARTS = ("format.js", "widget.js")
+
+
+def widget_esm() -> str:
+    """The widget's ES module: the parts in ESM_PARTS, one after the other."""
+    return "\n".join(f"// ---- {name}\n{(HERE / name).read_text(encoding='utf-8')}" for name in ESM_PARTS)
 
 
 class SessionView(Protocol):
@@ -68,7 +77,7 @@ def newer_snapshot(session: SessionView) -> dict[str, Any] | None:
 class StatusWidget(anywidget.AnyWidget):
     """Protected or not, the last snapshot, the policy, skipped variables; snapshot now; restore from a newer snapshot."""
 
-    _esm = HERE / "widget.js"
+    _esm = widget_esm()
     _css = HERE / "widget.css"
 
     status = traitlets.Dict(help="What `%spotwarp status` shows, plus `protected` and `protection`.").tag(sync=True)

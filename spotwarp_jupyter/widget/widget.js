@@ -1,25 +1,8 @@
 // SpotWarp status widget (anywidget). Hand-written ES module: no bundler, no imports.
+// status.py serves format.js followed by this file as one module, so formatSize and formatDuration
+// (shared with the JupyterLab panel) are defined there, not here.
 // The kernel owns the state (`status`, `newer`, `busy`, `notice`); buttons send custom messages
 // (spotwarp_jupyter/protocol.py WidgetAction), each with a request id the kernel echoes in `answered`.
-
-function formatSize(n) {
-  if (n === null || n === undefined) return "?";
-  const units = ["B", "KB", "MB", "GB", "TB"];
-  let i = 0;
-  while (Math.abs(n) >= 1000 && i < units.length - 1) {
-    n /= 1000;
-    i += 1;
-  }
-  return i === 0 ? `${n.toFixed(0)} B` : `${n.toFixed(1)} ${units[i]}`;
-}
-
-function formatDuration(s) {
-  if (s === null || s === undefined) return "?";
-  if (s < 1) return `${Math.round(s * 1000)} ms`;
-  if (s < 60) return `${s.toFixed(1)} s`;
-  if (s < 3600) return `${Math.floor(s / 60)}m ${Math.round(s % 60)}s`;
-  return `${Math.floor(s / 3600)}h ${Math.floor((s % 3600) / 60)}m`;
-}
 
 function formatAge(iso) {
   const t = Date.parse(iso);

@@ -8,8 +8,9 @@ import time
 from pathlib import Path
 
 import pytest
-from lab_server import TOKEN
 from playwright.sync_api import expect
+
+from lab_server import TOKEN
 
 # JupyterLab from `spotwarp start` and a real chromium: minutes; it also runs in its own pytest process
 pytestmark = pytest.mark.slow

@@ -22,9 +22,8 @@ import re
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .errors import ConfigError, SpotWarpError
-from .local_files import write_atomic
-from .store import Store
+from ..errors import ConfigError, SpotWarpError
+from ..storage import Store, write_atomic
 
 LEASE_NAME = "lease.json"
 HOSTS_DIR = "hosts"

@@ -13,8 +13,8 @@ import socket
 import time
 from typing import Any
 
+from ..storage import Store
 from .fence import HOSTS_DIR, read_small, validate_candidate_id, write_small
-from .store import Store
 
 log = logging.getLogger("spotwarp")
 

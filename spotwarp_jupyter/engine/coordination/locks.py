@@ -1,4 +1,4 @@
-"""Leases between snapshot writers and gc: small lock objects under `{project}/locks/`, honoured by both.
+"""Locks between snapshot writers and gc: small lock objects under `{project}/locks/`, honoured by both.
 
 A writer reuses objects it found stored; gc deletes objects no manifest names. Without coordination a gc
 can delete an object between a writer's presence check and its commit. The protocol (as restic's locks):
@@ -23,9 +23,9 @@ import threading
 import time
 from typing import Any
 
-from .errors import StorageError
-from .retries import env_float as _env_float
-from .store import HOST_TAG, Store
+from ..errors import StorageError
+from ..settings import env_float as _env_float
+from ..storage import HOST_TAG, Store
 
 log = logging.getLogger("spotwarp")
 
@@ -61,7 +61,7 @@ def stale_locks(store: Store, now: float | None = None) -> list[str]:
             if mtime is not None and now - mtime >= stale_after(_kind_of(name))]
 
 
-class Lease:
+class Lock:
     """This process's lock of one kind in one store, refreshed in the background while held."""
 
     def __init__(self, store: Store, kind: str):
@@ -73,10 +73,10 @@ class Lease:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def acquire(self) -> "Lease":
+    def acquire(self) -> "Lock":
         """Write the lock and start refreshing it."""
         self._write()
-        self._thread = threading.Thread(target=self._refresh_loop, name=f"spotwarp-lease-{self.kind}", daemon=True)
+        self._thread = threading.Thread(target=self._refresh_loop, name=f"spotwarp-lock-{self.kind}", daemon=True)
         self._thread.start()
         return self
 
@@ -89,7 +89,7 @@ class Lease:
         while not self._stop.wait(self.stale_s / 4):
             try:
                 self._write()
-            except Exception as exc:  # noqa: BLE001 - a lapsed lease is noticed by lapsed()
+            except Exception as exc:  # noqa: BLE001 - a lapsed lock is noticed by lapsed()
                 log.warning("SpotWarp: could not refresh lock %s: %s", self.name, exc)
 
     def lapsed(self) -> bool:
@@ -106,7 +106,7 @@ class Lease:
         except StorageError as exc:  # it goes stale and gc removes it
             log.warning("SpotWarp: could not remove lock %s: %s", self.name, exc)
 
-    def __enter__(self) -> "Lease":
+    def __enter__(self) -> "Lock":
         return self.acquire()
 
     def __exit__(self, *exc: Any) -> None:
@@ -132,13 +132,13 @@ def wait_for_gc(store: Store, poll_s: float = 0.2) -> None:
         running = {name: t for name, t in still.items() if name in running}
 
 
-class WriteLease(Lease):
+class WriteLock(Lock):
     """What a snapshot writer holds from before its first presence check until its manifest is committed."""
 
     def __init__(self, store: Store):
         super().__init__(store, WRITE)
 
-    def acquire(self) -> "WriteLease":
+    def acquire(self) -> "WriteLock":
         super().acquire()
         try:
             wait_for_gc(self.store)

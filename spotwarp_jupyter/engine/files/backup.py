@@ -17,20 +17,14 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
-from .errors import SpotWarpError
+from ..errors import SpotWarpError
+from ..hashing import fingerprint
+from ..storage import CHUNK_SIZE, Store
 from .ignore import IgnoreRules
-from .persist import CHUNK_SIZE
-from .store import Store
-from .workspace_checks import is_valid_entry
-from .workspace_chunks import BATCH_BYTES, Uploads, known_chunks, present_objects
-from .workspace_read import READ_ATTEMPTS, NotRegularFile, read_file
-from .workspace_scan import Seen, link_target, scan
-
-RACY_WINDOW_NS = 2_000_000_000  # mtimes this close to a scan may hide a later write with the same mtime
-
-Progress = Callable[[int, int, str], None]
+from .restore import is_valid_entry
+from .temporaries import is_temporary
 
 __all__ = [
     "BATCH_BYTES",
@@ -45,6 +39,194 @@ __all__ = [
     "link_target",
     "scan",
 ]
+
+
+@dataclass
+class Seen:
+    """One file or symbolic link the scan found: its workspace path, its path on disk, its stat."""
+
+    relpath: str
+    abspath: str
+    st: os.stat_result
+
+
+def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[Seen]:
+    """Every file and symlink under `root` that the rules keep, sorted, without following links."""
+    stack = [""]
+    while stack:
+        reldir = stack.pop()
+        absdir = os.path.join(root, reldir) if reldir else root
+        try:
+            with os.scandir(absdir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+            continue
+        subdirs = []
+        for entry in entries:
+            rel = f"{reldir}/{entry.name}" if reldir else entry.name
+            if is_temporary(entry.name):
+                continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except OSError:
+                continue  # vanished since listing
+            if stat.S_ISDIR(st.st_mode):
+                if not rules.ignored(rel, True, entry.path):
+                    subdirs.append(rel)
+            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
+                if not rules.ignored(rel, False, entry.path):
+                    yield Seen(rel, entry.path, st)
+            elif not rules.ignored(rel, False, entry.path):
+                skipped[rel] = "not a regular file (device, socket or pipe)"
+        stack.extend(reversed(subdirs))
+
+
+def link_target(root: str, seen: Seen) -> str | None:
+    """The link's target relative to its folder, or None when it resolves outside the workspace."""
+    real_root = os.path.realpath(root)
+    resolved = os.path.realpath(seen.abspath)
+    if resolved != real_root and not resolved.startswith(real_root + os.sep):
+        return None
+    return os.path.relpath(resolved, os.path.realpath(os.path.dirname(seen.abspath)))
+
+
+READ_ATTEMPTS = 3
+
+
+class NotRegularFile(OSError):
+    """The path names a pipe, socket or device now, not the regular file the scan saw."""
+
+
+def _read_exactly(f, n: int) -> bytes:
+    """Up to `n` bytes, fewer only at end of file (a short read is not EOF on every filesystem)."""
+    parts = []
+    while n > 0:
+        data = f.read(n)
+        if not data:
+            break
+        parts.append(data)
+        n -= len(data)
+    return parts[0] if len(parts) == 1 else b"".join(parts)
+
+
+def _same_stat(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_size, a.st_mtime_ns, a.st_ino) == (b.st_size, b.st_mtime_ns, b.st_ino)
+
+
+def read_file(seen: Seen, uploads: Uploads, chunk_size: int,
+               on_chunk: Callable[[int], None]) -> tuple[list[dict[str, Any]], os.stat_result, bool]:
+    """Chunk refs of the file's content, its stat, and whether it held still while read."""
+    st = seen.st
+    chunks: list[dict[str, Any]] = []
+    for _attempt in range(READ_ATTEMPTS):
+        chunks = []
+        # O_NONBLOCK: a pipe put in the file's place since the scan must not hold the backup (and its lock) forever
+        fd = os.open(seen.abspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+        try:
+            before = os.fstat(fd)
+            if not stat.S_ISREG(before.st_mode):
+                raise NotRegularFile(seen.relpath)
+            os.set_blocking(fd, True)
+            with os.fdopen(fd, "rb", buffering=0, closefd=False) as f:
+                offset = 0
+                while True:
+                    # one byte past the expected end, so growth since the stat shows up
+                    want = min(chunk_size, max(before.st_size - offset, 0) + 1)
+                    data = _read_exactly(f, want)
+                    if not data:
+                        break
+                    offset += len(data)
+                    uploads.stats.bytes_read += len(data)
+                    chunks.append(uploads.add(data))
+                    on_chunk(len(data))
+                    if len(data) < chunk_size:
+                        break
+            after = os.fstat(fd)
+        finally:
+            os.close(fd)
+        try:
+            on_disk = os.stat(seen.abspath, follow_symlinks=False)
+        except FileNotFoundError:
+            on_disk = after
+        total = sum(c["size"] for c in chunks)
+        if _same_stat(before, after) and _same_stat(after, on_disk) and total == after.st_size:
+            return chunks, after, True
+        st = after
+    return chunks, st, False
+
+
+BATCH_BYTES = 256 * 1024 * 1024
+
+
+class Uploads:
+    """New chunks queued for writing in batches; content already known is named, not written."""
+
+    def __init__(self, store: Store, known: dict[str, tuple[str, int]], stats: "FileBackupStats", present: set[str]):
+        self.store = store
+        self.known = known
+        self.stats = stats
+        self.present = present
+        self.pending: dict[str, bytes] = {}
+        self.pending_bytes = 0
+        self.waiting: list[tuple[dict[str, Any], str]] = []
+
+    def add(self, data: bytes) -> dict[str, Any]:
+        fp = fingerprint(data)
+        ref: dict[str, Any] = {"size": len(data), "fp": fp}
+        hit = self.known.get(fp)
+        if hit is not None and hit[1] == len(data) and self._still_there(hit[0]):
+            ref["id"] = hit[0]
+            self.stats.objects_reused += 1
+        elif fp in self.pending:
+            self.waiting.append((ref, fp))
+        else:
+            self.pending[fp] = data
+            self.pending_bytes += len(data)
+            self.waiting.append((ref, fp))
+            if self.pending_bytes >= BATCH_BYTES:
+                self.flush()
+        return ref
+
+    def _still_there(self, oid: str) -> bool:
+        # a concurrent or earlier gc may have dropped what only old snapshots named
+        if oid not in self.present:
+            if not self.store.has_object(oid):
+                return False
+            self.present.add(oid)
+        return True
+
+    def flush(self) -> None:
+        if not self.pending:
+            return
+        fps = list(self.pending)
+        results = self.store.put_objects([self.pending[fp] for fp in fps])
+        for fp, (oid, size) in zip(fps, results):
+            self.known[fp] = (oid, size)
+            self.present.add(oid)
+            self.stats.bytes_written += size
+            self.stats.objects_written += 1
+        for ref, fp in self.waiting:
+            ref["id"] = self.known[fp][0]
+        self.pending.clear()
+        self.waiting.clear()
+        self.pending_bytes = 0
+
+
+def known_chunks(previous: dict[str, Any] | None) -> dict[str, tuple[str, int]]:
+    """Fingerprint -> (object id, size) of every chunk the previous `files` record names."""
+    known: dict[str, tuple[str, int]] = {}
+    for entry in ((previous or {}).get("entries") or {}).values():
+        for chunk in entry.get("chunks", []):
+            if chunk.get("fp") and chunk.get("id"):
+                known[chunk["fp"]] = (chunk["id"], int(chunk["size"]))
+    return known
+
+
+RACY_WINDOW_NS = 2_000_000_000  # mtimes this close to a scan may hide a later write with the same mtime
+
+Progress = Callable[[int, int, str], None]
+
 
 
 @dataclass
@@ -178,7 +360,7 @@ def backup_workspace(
     seen_all = list(scan(root, rules, stats.skipped))
     # stat-clean files are named again without reading, if their chunks are still stored
     reuse = _reusable(seen_all, previous)
-    present = present_objects(store, {c["id"] for e in reuse.values() for c in e["chunks"]})
+    present = store.present({c["id"] for e in reuse.values() for c in e["chunks"]})  # a gc may have dropped some
     uploads = Uploads(store, known_chunks(previous), stats, present)
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
     backup = _Backup(root, uploads, reuse, chunk_size, total, progress)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pathspec
 
-from .errors import ConfigError
+from ..errors import ConfigError
 
 IGNORE_FILE = ".spotwarpignore"
 

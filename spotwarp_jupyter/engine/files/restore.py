@@ -5,7 +5,7 @@ a malformed chunk list, mode or time, or a link leading out of the workspace (fo
 other link, those on disk and those the restore plants: link_safety) refuses the whole restore. Folders
 on the way are created one by one and never entered through a symbolic link. Each file is written
 to a short temporary name and renamed into place, so a failed restore leaves no half-written file,
-and the temporaries a killed restore left are removed by the next one (restore_temporaries).
+and the temporaries a killed restore left are removed by the next one (temporaries.py).
 Files already holding the snapshot's content are left alone; files the snapshot does not name are
 never deleted.
 """
@@ -14,25 +14,193 @@ from __future__ import annotations
 
 import os
 import posixpath
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, BinaryIO, Callable
 
-from . import restore_temporaries
+from ..errors import ManifestError, SpotWarpError
+from ..hashing import fingerprint, is_object_id
+from ..storage import Store, replace_with
+from . import temporaries
 from .link_safety import Links
-from .store import Store
-from .workspace_checks import (
-    UnsafePathError,
-    check_files,
-    check_relpath,
-    is_valid_entry,
-)
-from .workspace_write import folder_for, holds, write_file, write_link
+
+_NS_LIMIT = 2**63  # file times are signed 64-bit nanoseconds
+
+
+class UnsafePathError(ManifestError):
+    """A snapshot names a file outside the workspace (absolute, `..`, or through a link)."""
+
+
+def check_relpath(relpath: Any) -> str:
+    """`relpath` if it names a place inside the workspace, else raise UnsafePathError."""
+    if not isinstance(relpath, str) or not relpath or "\x00" in relpath:
+        raise UnsafePathError(f"snapshot names an invalid file path {relpath!r}: refusing to restore")
+    parts = relpath.split("/")
+    if (relpath.startswith("/") or "\\" in relpath or (len(relpath) > 1 and relpath[1] == ":")
+            or any(p in ("", ".", "..") for p in parts)):
+        raise UnsafePathError(
+            f"snapshot names a file outside the workspace ({relpath!r}): refusing to restore anything from it")
+    return relpath
+
+
+def _check_entry(relpath: str, entry: Any) -> None:
+    if not isinstance(entry, dict):
+        raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
+    if "link" in entry:
+        _check_link(relpath, entry["link"])
+    else:
+        _check_file(relpath, entry)
+
+
+def _check_link(relpath: str, target: Any) -> None:
+    if not isinstance(target, str) or not target or target.startswith("/") or "\x00" in target:
+        raise UnsafePathError(f"snapshot link {relpath!r} -> {target!r} leaves the workspace: refusing to restore")
+    joined = posixpath.normpath(posixpath.join(posixpath.dirname(relpath), target))
+    if joined == ".." or joined.startswith("../") or joined.startswith("/"):
+        raise UnsafePathError(f"snapshot link {relpath!r} -> {target!r} leaves the workspace: refusing to restore")
+
+
+def _check_file(relpath: str, entry: dict[str, Any]) -> None:
+    chunks = entry.get("chunks")
+    size = entry.get("size")
+    if not isinstance(chunks, list) or not isinstance(size, int) or size < 0:
+        raise ManifestError(f"snapshot entry for {relpath!r} is malformed")
+    mode, mtime = entry.get("mode", 0o644), entry.get("mtime_ns")
+    if not _is_int(mode) or not 0 <= mode <= 0o7777:
+        raise ManifestError(f"snapshot entry for {relpath!r} has a malformed mode {_short(mode)}: refusing to restore")
+    if mtime is not None and (not _is_int(mtime) or not -_NS_LIMIT < mtime < _NS_LIMIT):
+        raise ManifestError(f"snapshot entry for {relpath!r} has a malformed mtime_ns {_short(mtime)}: "
+                            "refusing to restore")
+    total = 0
+    for c in chunks:
+        if (not isinstance(c, dict) or not is_object_id(str(c.get("id", ""))) or not isinstance(c.get("size"), int)
+                or c["size"] < 0):
+            raise ManifestError(f"snapshot entry for {relpath!r} has a malformed chunk")
+        total += c["size"]
+    if total != size:
+        raise ManifestError(f"snapshot entry for {relpath!r}: chunks hold {total} bytes, not {size}")
+
+
+def is_valid_entry(relpath: Any, entry: Any) -> bool:
+    """True when a restore would accept this entry (a safe path, well-formed chunks, mode and time)."""
+    try:
+        check_relpath(relpath)
+        _check_entry(relpath, entry)
+    except ManifestError:
+        return False
+    return all(isinstance(c.get("fp", ""), str) for c in entry.get("chunks", []))
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def check_files(files: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """The entries of a `files` record, every one checked; raises before anything is written."""
+    entries = (files or {}).get("entries") or {}
+    if not isinstance(entries, dict):
+        raise ManifestError("snapshot files record is malformed")
+    for relpath, entry in entries.items():
+        check_relpath(relpath)
+        _check_entry(relpath, entry)
+    folders = {posixpath.dirname(p) for p in entries}
+    for relpath in entries:
+        if any(f == relpath or f.startswith(relpath + "/") for f in folders if f):
+            raise ManifestError(f"snapshot names {relpath!r} both as a file and as a folder")
+    return entries
+
+
+def folder_for(root: str, reldir: str) -> str:
+    """The absolute folder for `reldir`, created one level at a time, never through a symbolic link."""
+    path = root
+    for part in reldir.split("/") if reldir else []:
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            try:
+                os.mkdir(path, 0o755)
+            except FileExistsError:
+                pass
+            st = os.lstat(path)
+        if stat.S_ISLNK(st.st_mode):
+            raise UnsafePathError(f"{path} is a symbolic link: refusing to restore files through it")
+        if not stat.S_ISDIR(st.st_mode):
+            raise SpotWarpError(f"cannot restore into {reldir!r}: {path} exists and is not a folder")
+    return path
+
+
+def holds(path: str, entry: dict[str, Any]) -> bool:
+    """True when the regular file at `path` already has exactly the entry's content."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size != entry["size"]:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return False  # replaced since the stat (by a link, a pipe...): write it again
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return False
+        for chunk in entry["chunks"]:
+            data = f.read(chunk["size"])
+            if not chunk.get("fp") or fingerprint(data) != chunk["fp"]:
+                return False
+    return True
+
+
+def write_file(store: Store, folder: str, name: str, entry: dict[str, Any], on_bytes: Callable[[int], None]) -> None:
+    """Write one file's chunks (each checked against its hash) to a temporary, then rename it into place."""
+    tmp, fd = temporaries.create_locked(folder)  # short name: any name the filesystem allows fits
+
+    def fill(f: BinaryIO) -> None:
+        for chunk in entry["chunks"]:
+            data = store.read_object(chunk["id"], chunk["size"])  # checked against its hash
+            f.write(data)
+            on_bytes(len(data))
+
+    # the lock on the temporary is released when it closes: only after the rename
+    replace_with(tmp, fd, os.path.join(folder, name), fill, mode=entry.get("mode", 0o644) & 0o777,
+                 mtime_ns=entry.get("mtime_ns"), check=_no_folder_in_the_way, sync_folder=False)
+
+
+def _no_folder_in_the_way(target: str) -> None:
+    if os.path.isdir(target) and not os.path.islink(target):
+        raise SpotWarpError(f"cannot restore file {target}: a folder is in the way")
+
+
+def write_link(folder: str, name: str, target: str) -> None:
+    """Plant a symbolic link, replacing whatever has its name in one rename."""
+    path = os.path.join(folder, name)
+    try:
+        os.symlink(target, path)
+        return
+    except FileExistsError:
+        pass  # replaced through a temporary, in one rename
+    tmp = os.path.join(folder, temporaries.new_name())
+    os.symlink(target, tmp)
+    try:
+        if os.path.isdir(path) and not os.path.islink(path):
+            raise SpotWarpError(f"cannot restore link {path}: a folder is in the way")
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
+
 
 Progress = Callable[[int, int, str], None]
-TMP_MARK = restore_temporaries.MARK
+TMP_MARK = temporaries.MARK
 
 __all__ = [
     "TMP_MARK",
@@ -73,7 +241,7 @@ class FileRestoreReport:
 def survey(root: str) -> tuple[dict[str, str], list[str]]:
     """The workspace's symbolic links (relative path -> target) and restore temporaries, never following links."""
     links: dict[str, str] = {}
-    temporaries: list[str] = []
+    leftovers: list[str] = []
     stack = [""]
     while stack:
         reldir = stack.pop()
@@ -92,9 +260,9 @@ def survey(root: str) -> tuple[dict[str, str], list[str]]:
                     continue
             except OSError:
                 continue
-            if restore_temporaries.is_temporary(entry.name):
-                temporaries.append(entry.path)
-    return links, temporaries
+            if temporaries.is_temporary(entry.name):
+                leftovers.append(entry.path)
+    return links, leftovers
 
 
 def check_links(root: str, on_disk: dict[str, str], entries: dict[str, dict[str, Any]]) -> None:
@@ -161,11 +329,11 @@ def restore_files(store: Store, files: dict[str, Any], root: str, progress: Prog
     started = time.perf_counter()
     entries = check_files(files)
     root = os.path.realpath(root)
-    on_disk, temporaries = survey(root) if os.path.isdir(root) else ({}, [])
+    on_disk, leftovers = survey(root) if os.path.isdir(root) else ({}, [])
     check_links(root, on_disk, entries)
     os.makedirs(root, exist_ok=True)
     report = FileRestoreReport(unstable=sorted(p for p, e in entries.items() if e.get("unstable")))
-    report.temporaries_removed = restore_temporaries.sweep(temporaries)[0]
+    report.temporaries_removed = temporaries.sweep(leftovers)[0]
     report.bytes_total = sum(e.get("size", 0) for e in entries.values())
     restore = _Restore(store, root, report, progress)
     items = sorted(entries.items())

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .errors import SpotWarpError
+from ..errors import SpotWarpError
 
 EXTRAS_GROUP = "@extras"
 

@@ -10,10 +10,10 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from .errors import ManifestError, SnapshotNotFound
+from ..errors import ManifestError, SnapshotNotFound
+from ..settings import Settings
+from ..storage import Store
 from .manifest import Manifest
-from .settings import Settings
-from .store import Store
 
 log = logging.getLogger("spotwarp")
 
@@ -45,7 +45,12 @@ class ManifestCatalog:
         self._cache.pop(name, None)
 
     def manifests(self, notebook: str | None = None) -> list[Manifest]:
-        """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given)."""
+        """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given): one LIST."""
+        listing = self._list()
+        return listing if notebook is None else of_notebook(listing, notebook)
+
+    def _list(self) -> list[Manifest]:
+        """Every committed snapshot, newest first: one LIST of the snapshots folder, new manifests read once."""
         names = self.store.manifest_names()
         for gone in set(self._rejections) - set(names):  # deleted since: no longer a reason to refuse
             del self._rejections[gone]
@@ -55,7 +60,7 @@ class ManifestCatalog:
             manifest = self._cache.get(name)
             if manifest is None and name not in self.rejected:
                 manifest = self._read(name)
-            if manifest is not None and (notebook is None or notebook in manifest.kernels):
+            if manifest is not None:
                 out.append(manifest)
         out.sort(key=lambda m: m.order, reverse=True)
         return out
@@ -80,11 +85,15 @@ class ManifestCatalog:
         self._cache[name] = manifest
         return manifest
 
-    def get(self, ref: str = "latest", notebook: str | None = None) -> Manifest:
-        """A snapshot by `latest`, full id, or unique id prefix."""
+    def get(self, ref: str = "latest", notebook: str | None = None, listing: list[Manifest] | None = None) -> Manifest:
+        """A snapshot by `latest` (`notebook`'s newest when given), full id, or unique id prefix.
+
+        `listing`: what `manifests()` just returned, so that one operation lists the store once.
+        """
         ref = (ref or "latest").strip()
-        listing = self.manifests(notebook)
+        every = self.manifests() if listing is None else listing
         if ref == "latest":
+            listing = every if notebook is None else of_notebook(every, notebook)
             # never fall back silently past a snapshot that fails its checks: say why it was refused
             self.refuse_newer_than(listing[0] if listing else None)
             if not listing:
@@ -96,7 +105,7 @@ class ManifestCatalog:
         for name, exc in self._rejections.items():
             if name.endswith(f"-{ref}.json"):
                 raise exc
-        matches = [m for m in self.manifests() if m.id.startswith(ref)]
+        matches = [m for m in every if m.id.startswith(ref)]
         if not matches:
             raise SnapshotNotFound(f"no snapshot {ref!r} in project {self.settings.project!r} (see `spotwarp list`)")
         if len(matches) > 1:
@@ -111,3 +120,8 @@ class ManifestCatalog:
         newer = [n for n in self._rejections if manifest is None or n > manifest.name]
         if newer:
             raise _refusal(self._rejections[max(newer)])
+
+
+def of_notebook(listing: list[Manifest], notebook: str) -> list[Manifest]:
+    """The snapshots of `listing` that hold `notebook`'s kernel state, in the same order."""
+    return [m for m in listing if notebook in m.kernels]

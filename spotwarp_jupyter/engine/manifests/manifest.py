@@ -10,9 +10,9 @@ import secrets
 import threading
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
-from typing import Any
+from typing import Any, Mapping
 
-from .errors import ManifestError, SignatureError
+from ..errors import ManifestError, SignatureError, SnapshotNotFound
 from .scope import check_scope
 
 FORMAT = 1
@@ -231,3 +231,33 @@ def _check_signature(ident: str, payload: bytes, signature: Any, signer: Any, ke
             "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
         )
     raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
+
+
+def record_objects(record: Mapping[str, Any]) -> dict[str, int]:
+    """Every object a kernel record names, with its size."""
+    out: dict[str, int] = {}
+    for group in record.get("groups", []):
+        refs = [group.get("pickle") or {}, *(c for b in group.get("buffers", []) for c in b.get("chunks", []))]
+        for ref in refs:
+            if ref.get("id"):
+                out[ref["id"]] = int(ref["size"])
+    return out
+
+
+def committed_kernel_record(listing: list[Manifest], snapshot_id: str, notebook: str) -> dict[str, Any]:
+    """The kernel record of `notebook` in snapshot `snapshot_id` of `listing` (what a kernel just committed)."""
+    manifest = next((m for m in listing if m.id == snapshot_id), None)
+    if manifest is None:
+        raise SnapshotNotFound(f"no snapshot {snapshot_id!r} holding {notebook!r}: it was removed before the commit")
+    if notebook not in manifest.kernels:
+        raise SnapshotNotFound(f"snapshot {manifest.id} holds no kernel state of {notebook!r}")
+    return manifest.kernels[notebook]
+
+
+def newest_kernel_records(listing: list[Manifest]) -> dict[str, dict[str, Any]]:
+    """Every notebook's newest committed kernel record in `listing` (newest first, as `engine.manifests()`)."""
+    out: dict[str, dict[str, Any]] = {}
+    for manifest in listing:
+        for notebook, record in manifest.kernels.items():
+            out.setdefault(notebook, record)
+    return out

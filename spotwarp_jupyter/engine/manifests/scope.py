@@ -12,8 +12,8 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from .errors import SignatureError
-from .settings import Settings, hub_environment, is_remote
+from ..errors import SignatureError
+from ..settings import Settings, hub_environment, is_remote
 
 _PROTOCOL_ALIASES = {"gcs": "gs", "s3a": "s3", "local": "file"}
 

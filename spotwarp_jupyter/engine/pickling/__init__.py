@@ -9,8 +9,8 @@ Objects with `state_dict()` / `load_state_dict()` (torchdata's StatefulDataLoade
 user classes) are saved with their state dict and get it back through `load_state_dict` on load;
 torch modules, optimizers and schedulers already pickle their whole state and are left as they are.
 
-This module holds the picklers; the routes live in pickle_data (arrays, state_dict objects, loaders),
-pickle_torch (tensors), pickle_classes (classes saved by value) and pickle_context (`__main__`, devices).
+This module holds the picklers; the routes live in data (arrays, state_dict objects, loaders),
+tensors (torch tensors), classes (classes saved by value) and context (`__main__`, devices).
 Streams name every rebuilder as `spotwarp_jupyter.engine.pickling.<name>`, whichever module defines it.
 """
 
@@ -25,10 +25,10 @@ from typing import Any
 
 import dill
 
-from . import pickle_classes, pickle_context, pickle_data, pickle_torch
-from .pickle_classes import _create_type, _importable, _new_class, _put_back, _quietly  # noqa: F401
-from .pickle_context import _main_module, device_notes, main_namespace, restore_device  # noqa: F401
-from .pickle_data import (  # noqa: F401
+from . import classes, context, data, tensors
+from .classes import _create_type, _importable, _new_class, _put_back, _quietly  # noqa: F401
+from .context import _main_module, device_notes, main_namespace, restore_device  # noqa: F401
+from .data import (  # noqa: F401
     PROTOCOL,
     _default_setstate,
     _new_instance,
@@ -39,7 +39,7 @@ from .pickle_data import (  # noqa: F401
     _reduce_with_state_dict,
     _set_state_and_load,
 )
-from .pickle_torch import _kind_of, _rebuild_tensor, _reduce_tensor  # noqa: F401
+from .tensors import _kind_of, _rebuild_tensor, _reduce_tensor  # noqa: F401
 
 _CODE_TYPES = (types.FunctionType, type)
 
@@ -188,7 +188,7 @@ def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
 def _stable_names() -> None:
     """Streams name rebuilders as `spotwarp_jupyter.engine.pickling.<name>` (as they did before this module was
     split): saving them under this module keeps every stream, old and new, loadable whatever the internal layout."""
-    for module in (pickle_classes, pickle_context, pickle_data, pickle_torch):
+    for module in (classes, context, data, tensors):
         for name, value in vars(module).items():
             if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
                 if globals().get(name) is value:

@@ -9,7 +9,7 @@ import warnings
 import weakref
 from typing import Any
 
-from .pickle_context import restore_device
+from .context import restore_device
 
 
 def _reduce_tensor(torch: Any, t: Any):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import importlib
 import re
 
-from .errors import StorageError
+from ..errors import StorageError
 
 # scheme -> (module, pip extra, oldest version: older ones predate aiobotocore/aiohttp and misbehave)
 BACKENDS: dict[str, tuple[str, str, tuple[int, ...]]] = {

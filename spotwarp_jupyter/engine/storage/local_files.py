@@ -8,7 +8,7 @@ import socket
 import time
 from typing import BinaryIO, Callable, Iterable, Iterator
 
-from .hashing import Buffer
+from ..hashing import Buffer
 
 TMP_MARK = ".tmp-"
 TEMPORARY_GRACE_S = 3600.0

@@ -12,7 +12,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from .hashing import Buffer
+from ..hashing import Buffer
 from .local_files import fsync_folder, temporary_name, unlink_quietly
 
 

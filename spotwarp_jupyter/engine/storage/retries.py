@@ -3,64 +3,16 @@
 from __future__ import annotations
 
 import logging
-import os
 import random
 import threading
 import time
-from datetime import datetime
 from typing import Any, Callable, TypeVar
 
-from .errors import DamagedObjectError, StorageError
+from ..errors import DamagedObjectError, StorageError, one_line
+from ..settings import env_float, env_int
 
 log = logging.getLogger("spotwarp")
 T = TypeVar("T")
-
-
-def env_int(name: str, default: int, lowest: int) -> int:
-    """A whole-number setting from the environment (a malformed one is logged and ignored)."""
-    text = os.environ.get(name, "").strip()
-    if not text:
-        return default
-    try:
-        return max(lowest, int(text))
-    except ValueError:
-        log.warning("ignoring %s=%r: not a whole number", name, text)
-        return default
-
-
-def env_float(name: str, default: float) -> float:
-    """A non-negative number setting from the environment (a malformed one is logged and ignored)."""
-    text = os.environ.get(name, "").strip()
-    try:
-        return max(0.0, float(text)) if text else default
-    except ValueError:
-        log.warning("ignoring %s=%r: not a number", name, text)
-        return default
-
-
-def modified(info: dict[str, Any]) -> float | None:
-    """Modification time from an fsspec info dict, whatever the backend calls it."""
-    for key in ("mtime", "LastModified", "updated", "mtime_ns", "created", "timeCreated"):
-        value = info.get(key)
-        if value is None:
-            continue
-        if isinstance(value, (int, float)):
-            return float(value) / (1e9 if key == "mtime_ns" else 1)
-        if isinstance(value, datetime):
-            return value.timestamp()
-        try:
-            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
-        except ValueError:
-            continue
-    return None
-
-
-def one_line(exc: BaseException) -> str:
-    """An exception as one short line: its type and its message."""
-    text = " ".join(str(exc).split())
-    if len(text) > 300:
-        text = text[:297] + "..."
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
 
 
 _PERMANENT = (FileNotFoundError, PermissionError, IsADirectoryError, NotADirectoryError, FileExistsError,

@@ -1,9 +1,9 @@
 """Immutable, content-addressed objects and snapshot manifests on any fsspec filesystem.
 
 Layout under `{storage}/{project}/`:
-  objects/ab/<blake3>          one immutable blob each, named by its content hash (object_io.py)
-  snapshots/<time>-<id>.json   one manifest per committed snapshot, written last (store_records.py)
-  locks/<kind>-<host>-...json  leases of writers and gc in progress (see leases.py)
+  objects/ab/<blake3>          one immutable blob each, named by its content hash
+  snapshots/<time>-<id>.json   one manifest per committed snapshot, written last
+  locks/<kind>-<host>-...json  leases of writers and gc in progress (coordination/locks.py)
 A snapshot exists only once its manifest exists; a manifest names only objects already durable.
 
 On object stores (gcsfs, s3fs) there is no atomic rename, and none is needed: every object is one
@@ -20,7 +20,9 @@ import os
 import posixpath
 import threading
 import time
-from typing import Any, Callable, TypeVar
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+from datetime import datetime
+from typing import Any, Callable, Iterable, Iterator, TypeVar
 
 # gcsfs probes for hierarchical-namespace buckets over gRPC unless told not to; against emulators and
 # most buckets that probe waits out a 60 s timeout per bucket call. Must be set before gcsfs is imported.
@@ -29,21 +31,34 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import fsspec  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
+from ..errors import DamagedObjectError, StorageError, one_line  # noqa: E402
+from ..hashing import Buffer, is_object_id, object_hasher, object_id  # noqa: E402
+from ..settings import env_float, env_int  # noqa: E402
 from .backends import check_backend  # noqa: E402
-from .errors import StorageError  # noqa: E402
-from .hashing import Buffer  # noqa: E402
-from .local_files import HOST_TAG, TEMPORARY_GRACE_S, write_atomic  # noqa: E402
-from .object_io import (  # noqa: E402,F401 - the names callers import from here
-    ASK_BEFORE_UPLOAD, GCS_CHUNK_SIZE, GCS_RESUMABLE_THRESHOLD, MULTIPART_THRESHOLD, PART_SIZE, ObjectIO,
-)
-from .retries import RetryPolicy, call_with_retries, env_float, env_int, is_transient, log, one_line  # noqa: E402,F401
-from .store_records import MANIFEST_SUFFIX, StoreRecords  # noqa: E402,F401
+from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
+from .pending_writes import PendingWrites  # noqa: E402
+from .retries import RetryPolicy, call_with_retries, log  # noqa: E402
 
 T = TypeVar("T")
-__all__ = ["HOST_TAG", "MANIFEST_SUFFIX", "RetryPolicy", "Store", "TEMPORARY_GRACE_S", "is_transient"]
+__all__ = ["CHUNK_SIZE", "HOST_TAG", "MANIFEST_SUFFIX", "Store", "TEMPORARY_GRACE_S", "check_content"]
+
+# Large buffers and workspace files are stored in chunks of this size, each its own object.
+CHUNK_SIZE = 64 * 1024 * 1024
+# On S3, objects above this size go up as multipart uploads in parts of PART_SIZE, sent in parallel.
+# Chunks are CHUNK_SIZE (64 MiB), so this catches big pickle streams.
+MULTIPART_THRESHOLD = CHUNK_SIZE + 1
+PART_SIZE = 16 * 1024 * 1024
+# Objects from this size up are looked for before they are sent (smaller ones are just sent).
+ASK_BEFORE_UPLOAD = 8 * 1024 * 1024
+# On GCS, objects from this size up go as resumable uploads in chunks of GCS_CHUNK_SIZE (a multiple of 256 KiB).
+GCS_RESUMABLE_THRESHOLD = 1024 * 1024
+GCS_CHUNK_SIZE = 8 * 1024 * 1024
+# Local reads go in pieces this size, each hashed right after it lands (while the CPU's cache holds it).
+READ_PIECE = 2 * 1024 * 1024
+MANIFEST_SUFFIX = ".json"
 
 
-class Store(ObjectIO, StoreRecords):
+class Store:
     """One project's area in a storage URL."""
 
     def __init__(self, url: str, project: str, storage_options: dict[str, Any] | None = None, create: bool = True):
@@ -146,3 +161,358 @@ class Store(ObjectIO, StoreRecords):
         except OSError as exc:
             reason = exc.strerror or one_line(exc)
             raise StorageError(f"storage {self.url!r} failed while {what}: {reason}") from None
+
+    def object_path(self, oid: str) -> str:
+        """Where object `oid` lives (its first two hex digits fan the objects out)."""
+        if not is_object_id(oid):
+            raise DamagedObjectError(oid, "not a valid object id")
+        return posixpath.join(self.objects_dir, oid[:2], oid)
+
+    def has_object(self, oid: str) -> bool:
+        """True when the object is stored (asked of the storage, never of a cache)."""
+        return bool(self._call("checking an object", self.fs.exists, self.object_path(oid)))
+
+    def present(self, oids: Iterable[str]) -> set[str]:
+        """Which of `oids` are stored: asked of the storage, in parallel on object stores."""
+        ordered = sorted(set(oids))
+        if self.local or len(ordered) < 2:
+            return {o for o in ordered if self.has_object(o)}
+        with ThreadPoolExecutor(max_workers=min(16, len(ordered)), thread_name_prefix="spotwarp-check") as pool:
+            return {o for o, ok in zip(ordered, pool.map(self.has_object, ordered)) if ok}
+
+    def batch(self) -> PendingWrites | None:
+        """A batch for `put_object(pending=...)` on a local disk (None on object stores: every PUT is final)."""
+        return PendingWrites() if self.local else None
+
+    def sync_batch(self, pending: PendingWrites | None) -> None:
+        """Make every object written into `pending` durable under its name; on failure none of them gets it."""
+        if pending is None:
+            return
+        try:
+            pending.sync()
+        except OSError as exc:
+            pending.discard()
+            raise StorageError(f"storage {self.url!r} failed while syncing objects: {exc.strerror or one_line(exc)}") from None
+        except BaseException:
+            pending.discard()
+            raise
+
+    def put_object(self, data: Buffer, oid: str | None = None, cancel: threading.Event | None = None,
+                   pending: PendingWrites | None = None) -> tuple[str, int]:
+        """Store `data` under its hash unless already there; return (id, size).
+
+        With `pending` (a local `batch()`), the object is durable under its name only after `sync_batch(pending)`.
+        """
+        oid = oid or object_id(data)
+        size = memoryview(data).nbytes
+        path = self.object_path(oid)
+        if self.local:
+            if os.path.exists(path):
+                pass
+            elif pending is not None:
+                try:
+                    pending.write(path, data)
+                except OSError as exc:
+                    raise StorageError(f"storage {self.url!r} failed while writing an object: "
+                                       f"{exc.strerror or one_line(exc)}") from None
+            else:
+                self._write_local("writing an object", path, data)
+        elif size < ASK_BEFORE_UPLOAD or self._stored_size(path, cancel) != size:
+            # A small object is simply written: one idempotent PUT of identical bytes costs no more than
+            # asking whether it is there. A large one left whole by an interrupted snapshot is found and
+            # not sent again; one a server kept truncated when the connection died is sent again.
+            self._call("writing an object", self._upload, path, data, cancel=cancel)
+        return oid, size
+
+    def _stored_size(self, path: str, cancel: threading.Event | None = None) -> int | None:
+        # exists() first: for a missing key (the usual case) s3fs's info() costs extra listing requests
+        if not self._call("checking an object", self.fs.exists, path, cancel=cancel):
+            return None
+        try:
+            info = self._call("checking an object", self.fs.info, path, cancel=cancel)
+        except FileNotFoundError:
+            return None
+        size = info.get("size")
+        return int(size) if size is not None else None
+
+    def _upload(self, path: str, data: Buffer) -> None:
+        size = memoryview(data).nbytes
+        if self._s3:
+            body = data if isinstance(data, (bytes, bytearray)) else bytes(data)  # botocore wants bytes
+            if size >= MULTIPART_THRESHOLD:
+                # multipart, parts sent in parallel; invisible until completed, aborted on failure
+                self.fs.pipe_file(path, body, chunksize=PART_SIZE, max_concurrency=4)
+            else:
+                self.fs.pipe_file(path, body)
+        elif self._gcs:
+            # resumable upload in 8 MiB chunks from 1 MiB up (one request below): the same speed on
+            # GCS, and the emulator ingests large single-request bodies at a few MB/s
+            self.fs.pipe_file(path, data, chunksize=GCS_CHUNK_SIZE if size >= GCS_RESUMABLE_THRESHOLD else size + 1)
+        else:
+            self.fs.pipe_file(path, data if isinstance(data, (bytes, bytearray)) else bytes(data))
+
+    def put_objects(self, buffers: Iterable[Buffer], workers: int | None = None) -> list[tuple[str, int]]:
+        """Store many buffers in parallel (hashing and I/O overlap); results keep the input order.
+
+        The first failure stops the rest (no new uploads, no more retries) and is raised.
+        """
+        buffers = list(buffers)
+        if not buffers:
+            return []
+        workers = workers or self.workers
+        pending = self.batch()
+        try:
+            results = self._put_all(buffers, workers, pending)
+        except BaseException:
+            if pending is not None:
+                pending.discard()
+            raise
+        self.sync_batch(pending)
+        return results
+
+    def _put_all(self, buffers: list[Buffer], workers: int, pending: PendingWrites | None) -> list[tuple[str, int]]:
+        if len(buffers) == 1 or workers == 1:
+            return [self.put_object(b, pending=pending) for b in buffers]
+        cancel = threading.Event()
+        failures: list[BaseException] = []
+
+        def put(data: Buffer) -> tuple[str, int]:
+            if cancel.is_set():
+                raise StorageError(f"storage {self.url!r}: upload abandoned after an earlier failure")
+            try:
+                return self.put_object(data, cancel=cancel, pending=pending)
+            except BaseException as exc:
+                if not cancel.is_set():
+                    failures.append(exc)
+                    cancel.set()
+                raise
+
+        with ThreadPoolExecutor(max_workers=min(workers, len(buffers)), thread_name_prefix="spotwarp-put") as pool:
+            futures = [pool.submit(put, b) for b in buffers]
+            wait(futures, return_when=FIRST_EXCEPTION)
+            if cancel.is_set():
+                for f in futures:
+                    f.cancel()
+                wait(futures)
+                raise failures[0]
+            return [f.result() for f in futures]
+
+    def read_object(self, oid: str, size: int | None = None) -> bytes:
+        """The object's bytes, checked against its hash."""
+        path = self.object_path(oid)
+        try:
+            data = self._call("reading an object", self.fs.cat_file, path)
+        except FileNotFoundError:
+            raise DamagedObjectError(oid, "missing from storage") from None
+        check_content(oid, data, size)
+        return data
+
+    def read_object_into(self, oid: str, target: memoryview) -> None:
+        """Fill `target` with the object's bytes (no extra copy locally), checked against its hash."""
+        path = self.object_path(oid)
+        try:
+            if self.local:
+                _read_local_checked(oid, path, target)
+                return
+            data = self._call("reading an object", self.fs.cat_file, path)
+        except FileNotFoundError:
+            raise DamagedObjectError(oid, "missing from storage") from None
+        if len(data) != target.nbytes:
+            raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
+        target[:] = data
+        check_content(oid, target, target.nbytes)
+
+    def list_objects_with_times(self) -> dict[str, tuple[int, float | None]]:
+        """Every stored object id with its size and modification time (epoch seconds, if known)."""
+        out: dict[str, tuple[int, float | None]] = {}
+        self.fs.invalidate_cache(self.objects_dir)
+        try:
+            listing = self._call("listing objects", self.fs.find, self.objects_dir, detail=True)
+        except FileNotFoundError:
+            return out
+        for path, info in listing.items():
+            name = posixpath.basename(path)
+            if is_object_id(name):
+                out[name] = (int(info.get("size") or 0), modified(info))
+        return out
+
+    def delete_object(self, oid: str) -> None:
+        """Remove one object (gc only: never one a live snapshot names)."""
+        try:
+            self._call("deleting an object", self.fs.rm, self.object_path(oid))
+        except FileNotFoundError:
+            pass  # already gone: another gc got there first
+
+    # -- manifests ------------------------------------------------------------------------
+    def manifest_names(self) -> list[str]:
+        """Names of committed manifests, oldest first (names sort by creation time)."""
+        self.fs.invalidate_cache(self.snapshots_dir)
+        try:
+            names = self._call("listing snapshots", self.fs.ls, self.snapshots_dir, detail=False)
+        except FileNotFoundError:
+            return []
+        out = [posixpath.basename(n.rstrip("/")) for n in names]
+        return sorted(n for n in out if n.endswith(MANIFEST_SUFFIX) and TMP_MARK not in n)
+
+    def read_manifest(self, name: str) -> bytes:
+        """The stored bytes of manifest `name` (FileNotFoundError if a gc dropped it meanwhile)."""
+        return self._call("reading a manifest", self.fs.cat_file, posixpath.join(self.snapshots_dir, name))
+
+    def write_manifest(self, name: str, data: bytes) -> None:
+        """Commit: a single atomic write (rename on local disks, one PUT on object stores).
+
+        A retried PUT writes the same bytes again, so a lost reply cannot commit anything different.
+        """
+        path = posixpath.join(self.snapshots_dir, name)
+        if self.local:
+            self._write_local("committing a manifest", path, data)
+        else:
+            self._call("committing a manifest", self.fs.pipe_file, path, data)
+
+    def delete_manifest(self, name: str) -> None:
+        """Drop a committed manifest (gc); its objects stay until nothing names them."""
+        try:
+            self._call("deleting a manifest", self.fs.rm, posixpath.join(self.snapshots_dir, name))
+        except FileNotFoundError:
+            pass
+
+    # -- locks (coordination/locks.py) -------------------------------------------------------------------
+    def put_lock(self, name: str, data: bytes) -> None:
+        """Write (or refresh) one lock object."""
+        path = posixpath.join(self.locks_dir, name)
+        if self.local:
+            self._write_local("writing a lock", path, data)
+        else:
+            self._call("writing a lock", self.fs.pipe_file, path, data)
+
+    def list_locks(self) -> dict[str, float | None]:
+        """Every lock object: name -> when it was last written (epoch seconds, if known)."""
+        if self.local:
+            out: dict[str, float | None] = {}
+            try:
+                names = os.listdir(self.locks_dir)
+            except FileNotFoundError:
+                return out
+            for name in names:
+                if TMP_MARK in name or not name.endswith(".json"):
+                    continue
+                try:
+                    out[name] = os.stat(os.path.join(self.locks_dir, name)).st_mtime
+                except FileNotFoundError:
+                    continue
+            return out
+        self.fs.invalidate_cache(self.locks_dir)
+        try:
+            listing = self._call("listing locks", self.fs.ls, self.locks_dir, detail=True)
+        except FileNotFoundError:
+            return {}
+        return {posixpath.basename(i["name"].rstrip("/")): modified(i) for i in listing
+                if i.get("type") != "directory" and i["name"].endswith(".json")}
+
+    def delete_lock(self, name: str) -> None:
+        """Remove one lock object (gone already is fine)."""
+        try:
+            self._call("removing a lock", self.fs.rm, posixpath.join(self.locks_dir, name))
+        except FileNotFoundError:
+            pass
+
+    # -- housekeeping ---------------------------------------------------------------------
+    def stale_temporaries(self, older_than_s: float = TEMPORARY_GRACE_S) -> Iterator[str]:
+        """Leftovers of interrupted local writes: old enough, or left by a process of this host that is gone.
+
+        Object stores leave no temporaries (uploads are invisible until complete); their interrupted
+        multipart uploads are cleared by `clear_interrupted_uploads`.
+        """
+        if not self.local:
+            return iter(())
+        return stale_temporaries((self.objects_dir, self.snapshots_dir, self.locks_dir), older_than_s)
+
+    def sweep_temporaries(self) -> int:
+        """Remove stale temporaries of interrupted local writes, once per Store (the first write); how many."""
+        if not self.local or self._swept:
+            return 0
+        self._swept = True
+        removed = 0
+        for path in list(self.stale_temporaries()):
+            try:
+                os.unlink(path)
+                removed += 1
+            except OSError:
+                continue
+        if removed:
+            log.info("storage %s: removed %d temporaries of interrupted writes", self.url, removed)
+        return removed
+
+    def interrupted_uploads(self) -> list[dict[str, Any]]:
+        """Unfinished multipart uploads under this project (S3 only; they hold storage until aborted)."""
+        lister = getattr(self.fs, "list_multipart_uploads", None)
+        if lister is None:
+            return []
+        bucket, _, prefix = self.root.partition("/")
+        uploads = self._call("listing interrupted uploads", lister, bucket)
+        mine = prefix + "/" if prefix else ""
+        return [u for u in uploads if str(u.get("Key", "")).startswith(mine)]
+
+    def clear_interrupted_uploads(self, older_than_s: float = 3600.0) -> int:
+        """Abort multipart uploads older than `older_than_s` (no live writer still owns them); return how many."""
+        aborter = getattr(self.fs, "abort_mpu", None)
+        if aborter is None:
+            return 0
+        bucket = self.root.split("/")[0]
+        now = time.time()
+        cleared = 0
+        for upload in self.interrupted_uploads():
+            started = modified({"created": upload.get("Initiated")})
+            if started is not None and now - started < older_than_s:
+                continue
+            try:
+                self._call("aborting an interrupted upload", aborter, bucket, upload["Key"], upload["UploadId"])
+            except FileNotFoundError:
+                pass
+            cleared += 1
+        return cleared
+
+
+
+def modified(info: dict[str, Any]) -> float | None:
+    """Modification time from an fsspec info dict, whatever the backend calls it."""
+    for key in ("mtime", "LastModified", "updated", "mtime_ns", "created", "timeCreated"):
+        value = info.get(key)
+        if value is None:
+            continue
+        if isinstance(value, (int, float)):
+            return float(value) / (1e9 if key == "mtime_ns" else 1)
+        if isinstance(value, datetime):
+            return value.timestamp()
+        try:
+            return datetime.fromisoformat(str(value).replace("Z", "+00:00")).timestamp()
+        except ValueError:
+            continue
+    return None
+
+
+def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
+    """Read a local object into `target` piece by piece, hashing each piece while it is still in cache."""
+    hasher = object_hasher()
+    got = 0
+    with open(path, "rb", buffering=0) as f:
+        while got < target.nbytes:
+            piece = target[got:got + READ_PIECE]
+            n = f.readinto(piece)
+            if not n:
+                break
+            hasher.update(piece[:n])
+            got += n
+        extra = f.read(1)
+    if got != target.nbytes or extra:
+        raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
+    if hasher.hexdigest() != oid:
+        raise DamagedObjectError(oid, "content does not match its hash")
+
+
+def check_content(oid: str, data: Buffer, size: int | None) -> None:
+    """Raise DamagedObjectError unless `data` has the expected size and hashes to `oid`."""
+    if size is not None and memoryview(data).nbytes != size:
+        raise DamagedObjectError(oid, f"size {memoryview(data).nbytes} differs from the manifest's {size}")
+    if object_id(data) != oid:
+        raise DamagedObjectError(oid, "content does not match its hash")

@@ -12,10 +12,10 @@ import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
 
-from . import pickling
+from .. import pickling
+from ..incremental import ReusePlan
+from ..units import format_size
 from .grouping import reaching, shared_groups
-from .reuse import ReusePlan
-from .units import format_size
 
 EXTRAS_NAME = "@extras"
 _NEVER_PICKLABLE = {

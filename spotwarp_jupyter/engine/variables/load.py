@@ -7,7 +7,7 @@ The namespace itself is touched only once every object is read and checked and e
 so a damaged snapshot changes nothing.
 
 A progressive restore (`restore_progressive`) binds the small groups at once and hands the large
-ones to a `BackgroundLoad` (restore_background.py), which the kernel binds between cells.
+ones to a `BackgroundLoad` (progressive.py), which the kernel binds between cells.
 """
 
 from __future__ import annotations
@@ -21,17 +21,17 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import pages, pickling
+from .. import pages, pickling
+from ..errors import SpotWarpError
+from ..storage import Store
 from .capture import EXTRAS_NAME
-from .errors import SpotWarpError
-from .store import Store
 
 _MISSING = object()
 _POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 @dataclass
-class RestoreResult:
+class LoadResult:
     """What a restore brought back; a progressive one fills `complete_s` once its large groups are bound."""
 
     restored: list[str] = field(default_factory=list)
@@ -192,7 +192,7 @@ def rebuild(reads: list[GroupRead], main: pickling.main_namespace) -> tuple[list
     return values, total
 
 
-def _import_modules(record: dict[str, Any], variables: list[str] | None, result: RestoreResult) -> list[tuple[str, Any]]:
+def _import_modules(record: dict[str, Any], variables: list[str] | None, result: LoadResult) -> list[tuple[str, Any]]:
     out = []
     for name, module in (record.get("imports") or {}).items():
         if variables is not None and name not in variables:
@@ -227,7 +227,7 @@ def _read_and_rebuild(store: Store, groups: list[dict[str, Any]], namespace: dic
 
 def restore_groups(
     store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
-    variables: list[str] | None, device_map: dict[str, str] | None, result: RestoreResult,
+    variables: list[str] | None, device_map: dict[str, str] | None, result: LoadResult,
 ) -> None:
     """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go."""
     groups = record.get("groups", [])
@@ -263,16 +263,16 @@ def moved_notes(devices: set[str]) -> list[str]:
     return [f"tensors saved on {d} were restored to CPU: {d} is not available here" for d in sorted(devices)]
 
 
-def restore_record(
+def load_record(
     store: Store,
     record: dict[str, Any],
     namespace: dict[str, Any],
     variables: list[str] | None = None,
     device_map: dict[str, str] | None = None,
-) -> RestoreResult:
+) -> LoadResult:
     """Bring the record's variables (all, or `variables` and what they need) back into `namespace`."""
     started = time.perf_counter()
-    result = RestoreResult(skipped_at_snapshot=dict(record.get("skipped", {})))
+    result = LoadResult(skipped_at_snapshot=dict(record.get("skipped", {})))
     restore_groups(store, record, _select_groups(record, variables), namespace, variables, device_map, result)
     result.usable_s = result.complete_s = time.perf_counter() - started
     return result

@@ -14,14 +14,21 @@ import threading
 import time
 from typing import Any
 
-from . import pickling
+from .. import pickling
+from ..errors import SpotWarpError
+from ..storage import Store
 from .capture import EXTRAS_NAME
-from .errors import SpotWarpError
-from .restore import (
-    RestoreResult, _select_groups, change_notes, group_bytes, load_group, moved_notes, read_pool, restore_groups,
+from .load import (
+    LoadResult,
+    _select_groups,
+    change_notes,
+    group_bytes,
+    load_group,
+    moved_notes,
+    read_pool,
+    restore_groups,
     start_read,
 )
-from .store import Store
 
 # Groups holding more than this (pickle stream and buffers) load in the background.
 EAGER_BYTES = 16 * 1024 * 1024
@@ -51,7 +58,7 @@ class BackgroundLoad:
     """Large groups being read, checked and rebuilt by a thread; bound by the caller with `bind_ready`."""
 
     def __init__(self, store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
-                 device_map: dict[str, str] | None, result: RestoreResult, started: float):
+                 device_map: dict[str, str] | None, result: LoadResult, started: float):
         self.record = record
         self.result = result
         self.started = started
@@ -161,10 +168,10 @@ class BackgroundLoad:
 def restore_progressive(
     store: Store, record: dict[str, Any], namespace: dict[str, Any], variables: list[str] | None = None,
     device_map: dict[str, str] | None = None, eager_bytes: int = EAGER_BYTES,
-) -> tuple[RestoreResult, BackgroundLoad | None]:
-    """Bind the small groups now (all or nothing, as `restore_record`); load the large ones behind them."""
+) -> tuple[LoadResult, BackgroundLoad | None]:
+    """Bind the small groups now (all or nothing, as `load_record`); load the large ones behind them."""
     started = time.perf_counter()
-    result = RestoreResult(skipped_at_snapshot=dict(record.get("skipped", {})))
+    result = LoadResult(skipped_at_snapshot=dict(record.get("skipped", {})))
     eager, deferred = split_groups(record, _select_groups(record, variables), eager_bytes)
     restore_groups(store, record, eager, namespace, variables, device_map, result)
     result.usable_s = time.perf_counter() - started

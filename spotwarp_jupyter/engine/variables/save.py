@@ -16,11 +16,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
+from ..hashing import fingerprint
+from ..storage import CHUNK_SIZE, Store
 from .capture import EXTRAS_NAME, KernelImage
-from .hashing import fingerprint
-from .store import Store
-
-CHUNK_SIZE = 64 * 1024 * 1024
 
 
 class _Cancelled(RuntimeError):
@@ -159,7 +157,7 @@ class _Writer:
             for fp, future in self.writes.items():
                 try:
                     results[fp] = future.result()
-                except BaseException:
+                except BaseException:  # noqa: BLE001 - the first failure is raised in its place
                     self.cancel.set()
                     raise self._first_failure() from None
             if self.pending is not None:

@@ -19,10 +19,10 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from . import pages
-from .capture import CaptureOptions, KernelImage, capture_namespace
-from .pickling import main_namespace
-from .reuse import ReusePlan
+from .. import pages
+from ..incremental import ReusePlan
+from ..pickling import main_namespace
+from ..variables import CaptureOptions, KernelImage, capture_namespace
 
 
 def fork_unavailable_reason() -> str | None:
@@ -62,7 +62,7 @@ class BackgroundSnapshot:
     started: float
     pause_s: float
     staged: bool
-    writer: str = "fork"  # "fork": a child process; "thread": few small values; "staged": a copy (engine/staging.py)
+    writer: str = "fork"  # "fork": a child process; "thread": few small values; "staged": a copy (engine/writers/staged.py)
     done: threading.Event = field(default_factory=threading.Event)
     result: BackgroundResult | None = None
 

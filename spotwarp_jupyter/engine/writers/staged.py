@@ -25,10 +25,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from . import pages
+from .. import pages
+from ..incremental import ReusePlan
+from ..variables import CaptureOptions, KernelImage
 from .background import BackgroundSnapshot, capture_now, run_writer_thread, start_background
-from .capture import CaptureOptions, KernelImage
-from .reuse import ReusePlan
 
 _ALIGN = 4096  # each copy starts on a page: a stored buffer's pages can be given back alone
 _PIECE = 32 << 20  # copies are cut into pieces so every core shares a single large tensor

@@ -16,7 +16,6 @@ from typing import Any
 
 from .base import Notice, NotThisCloud, Watcher
 
-
 DEFAULT_METADATA_URL = "http://169.254.169.254"
 _DMI = "/sys/class/dmi/id"
 _VENDORS = {"aws": ("amazon ec2", "amazon"), "gcp": ("google",), "azure": ("microsoft corporation",)}

@@ -25,7 +25,7 @@ from ...protocol import NOTICE_REQUEST, NoticeAnswer, NoticeRequest, ProtocolErr
 from .base import Notice
 
 if TYPE_CHECKING:
-    from ..service import ProjectService
+    from ..async_project import AsyncProject
 
 log = logging.getLogger("spotwarp")
 ACK_TIMEOUT_S = 2.0
@@ -74,7 +74,7 @@ def _preemption_snapshot(manifests: list[Manifest], notebook: str, request_id: s
 class PreemptionResponder:
     """Runs the final-snapshot sequence for the notices of one server run, one at a time."""
 
-    def __init__(self, service: "ProjectService"):
+    def __init__(self, service: "AsyncProject"):
         self.service = service
         self.run_id = secrets.token_hex(4)
         self.journal = Journal(service.engine.store)

@@ -1,0 +1,140 @@
+"""The report: what preemptions cost and what SpotWarp saved, read from the journal's events and the manifests.
+
+Feeds `spotwarp report` and `spotwarp status`; pure functions of what they are given (no storage access).
+"""
+
+from __future__ import annotations
+
+import statistics
+from typing import Any, Sequence
+
+from ..manifests import Manifest
+from .events import (
+    FAILOVER_FINISHED,
+    FINAL_SNAPSHOT_COMMITTED,
+    NOTICE_SEEN,
+    RESTORE_FINISHED,
+    RESTORE_STARTED,
+    TRAINING_RESUMED,
+    Event,
+)
+
+
+def capture_time(manifests: Sequence[Manifest], snapshot_id: str | None, notebook: str | None) -> float | None:
+    """When the kernel state in `snapshot_id` (for `notebook`) was captured.
+
+    A project snapshot copies kernel records: the state's moment is that of the earliest snapshot holding the
+    same record. A kernel snapshot's capture began `duration_s` before its commit.
+    """
+    by_id = {m.id: m for m in manifests}
+    target = by_id.get(snapshot_id or "")
+    if target is None:
+        return None
+    if notebook is None or notebook not in target.kernels:
+        notebook = next(iter(target.kernels), None)
+    if notebook is None:
+        return target.created
+    record = target.kernels[notebook]
+    times = [m.created - (float(m.stats.get("duration_s") or 0) if m.kind == "kernel" else 0.0)
+             for m in manifests if m.kernels.get(notebook) == record]
+    return min(times) if times else target.created
+
+
+def _first_fatal_notice_per_run(events: Sequence[Event]) -> list[tuple[Event, Event | None]]:
+    """The first fatal notice of each server run, with that run's final snapshot (if one was committed)."""
+    notices: dict[Any, Event] = {}
+    finals: dict[Any, Event] = {}
+    for e in events:
+        run = (e.host, e.details.get("run"))
+        if e.event == NOTICE_SEEN and e.details.get("fatal", True) and run not in notices:
+            notices[run] = e
+        elif e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True) and run in notices \
+                and run not in finals:
+            finals[run] = e
+    return [(n, finals.get(run)) for run, n in notices.items()]
+
+
+def _work_origin(manifests: Sequence[Manifest]) -> float | None:
+    """When the project's work began: its first snapshot, less the time a kernel snapshot took to capture."""
+    return min((m.created - (float(m.stats.get("duration_s") or 0) if m.kind == "kernel" else 0.0)
+                for m in manifests), default=None)
+
+
+def _recovery(notice: Event, next_notice: float, restores: Sequence[Event], used: set[int],
+              events: Sequence[Event]) -> tuple[Event | None, Event | None, Event | None]:
+    """The recovery from one notice: the restore that began it, that restore's end, and the training resumed."""
+    # the first restore after the notice on another run, before the next notice
+    start = next((r for r in restores if notice.time <= r.time < next_notice and id(r) not in used
+                  and (r.host, r.details.get("run")) != (notice.host, notice.details.get("run"))), None)
+    if start is not None:
+        used.add(id(start))
+    later = [e for e in events if e.time >= (start.time if start else notice.time) and e.time < next_notice]
+    finished = next((e for e in later if e.event == RESTORE_FINISHED and start is not None
+                     and e.host == start.host and e.details.get("ok", True)), None)
+    resumed = next((e for e in later if e.event == TRAINING_RESUMED), None)
+    return start, finished, resumed
+
+
+def _totals(rows: list[dict[str, Any]], events: Sequence[Event]) -> dict[str, Any]:
+    survived_rows = [r for r in rows if r["survived"]]
+    resumes = [r["resume_s"] for r in survived_rows if r["resume_s"] is not None]
+    return {
+        "preemptions": len(rows),
+        "preemptions_survived": len(survived_rows),
+        "work_lost_s": round(sum(r["work_lost_s"] or 0.0 for r in survived_rows), 3),
+        "resume_s_median": round(statistics.median(resumes), 3) if resumes else None,
+        "compute_saved_s": round(sum(r["compute_saved_s"] or 0.0 for r in survived_rows), 3),
+        "warnings": sum(1 for e in events if e.event == NOTICE_SEEN and not e.details.get("fatal", True)),
+    }
+
+
+def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, Any]:
+    """Per project: preemptions survived, work lost per event, time to resume, compute saved (see docs/preemption.md)."""
+    events = sorted(events, key=lambda e: e.time)
+    preemptions = _first_fatal_notice_per_run(events)
+    restores = [e for e in events if e.event == RESTORE_STARTED]
+    rows: list[dict[str, Any]] = []
+    embodied = 0.0  # compute held by the restored state: what restarting from scratch would have to redo
+    work_since = _work_origin(manifests)  # when the current run's work started
+    used: set[int] = set()
+    for index, (notice, final) in enumerate(preemptions):
+        next_notice = preemptions[index + 1][0].time if index + 1 < len(preemptions) else float("inf")
+        start, finished, resumed = _recovery(notice, next_notice, restores, used, events)
+        restored_id = (resumed.snapshot if resumed and resumed.snapshot else None) or (start.snapshot if start else None)
+        captured = capture_time(manifests, restored_id, resumed.notebook if resumed else None)
+        alive_until = final.time if final is not None else notice.time
+        running_again = resumed or finished
+        saved = None
+        if running_again is not None and captured is not None and work_since is not None:
+            embodied += max(0.0, captured - work_since)
+            saved = round(embodied, 3)
+            work_since = running_again.time
+        rows.append({
+            "notice": notice.as_dict()["time"], "host": notice.host, "source": notice.details.get("source"),
+            "final_snapshot": final.snapshot if final else None,
+            "notice_to_final_s": final.details.get("notice_to_commit_s") if final else None,
+            "restored_snapshot": restored_id, "restored_on": start.host if start else (resumed.host if resumed else None),
+            "survived": running_again is not None,
+            "work_lost_s": None if captured is None else round(max(0.0, alive_until - captured), 3),
+            "resume_s": round(running_again.time - start.time, 3) if running_again and start else None,
+            "compute_saved_s": saved,
+            "resumed_at_step": resumed.details.get("position") if resumed else None,
+        })
+    return {**_totals(rows, events), "events": rows, "failovers": failover_rows(events)}
+
+
+def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """One row per race of `spotwarp launch`: why, and detect / provision / restore-and-serve / total seconds."""
+    rows = []
+    for e in events:
+        if e.event != FAILOVER_FINISHED:
+            continue
+        d = e.details
+        rows.append({
+            "time": e.as_dict()["time"], "race": d.get("race"), "reason": d.get("reason"), "lost": d.get("lost"),
+            "provider": d.get("provider"), "generation": d.get("generation"), "ok": d.get("ok", False),
+            "winner": d.get("winner"), "offer": d.get("offer"), "detect_s": d.get("detect_s"),
+            "provision_s": d.get("provision_s"), "restore_serve_s": d.get("restore_serve_s"),
+            "total_s": d.get("total_s"), "error": d.get("error"), "candidates": d.get("candidates") or [],
+        })
+    return rows

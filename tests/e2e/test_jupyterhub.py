@@ -1,0 +1,584 @@
+"""SpotWarp behind a real JupyterHub on 127.0.0.1: two users, each protected, nobody sees another's snapshots.
+
+One hub for the module: DummyAuthenticator with a password, SimpleLocalProcessSpawner (homes under a
+temp folder), configurable-http-proxy from npm, the guide's deploy/jupyterhub_config.py and the
+single-user image's deploy/jupyter_server_config.py, storage on the moto S3 emulator with one prefix
+per user (`s3://bucket/<run>/{username}/{server_name}`). Everything goes through the hub's public URL
+with each user's own API token, as a browser or a script of that user would.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import pytest
+import requests
+from tornado.httpclient import HTTPClientError
+
+from spotwarp_jupyter.engine import ConfigError, Settings, SnapshotEngine
+from spotwarp_jupyter.server.hub import HubIdentity, restore_on_start, shared_prefix_warning, workspace_is_fresh
+
+from storage_servers import free_port
+
+pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+ROOT = Path(__file__).resolve().parents[2]
+DEPLOY = ROOT / "deploy"
+PASSWORD = "spot-warp-test-pw"
+USERS = ("alice", "bob")
+HUB_KEY_SECRET = uuid.uuid4().hex
+
+pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # a real hub, its proxy and spawned servers
+
+
+def poll(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.2, log: Path | None = None) -> Any:
+    """`check()`'s first truthy answer; fails naming `what` (and the hub log's tail) at the deadline."""
+    deadline = time.monotonic() + timeout
+    last: Any = None
+    while time.monotonic() < deadline:
+        last = check()
+        if last:
+            return last
+        time.sleep(every)
+    tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
+    raise AssertionError(f"{what}: not within {timeout:.0f}s (last answer {last!r})\n{tail}")
+
+
+class Hub:
+    """A running JupyterHub and an admin service token for its REST API."""
+
+    def __init__(self, url: str, admin_token: str, homes: Path, proc: subprocess.Popen, log: Path,
+                 storage_root: str, storage_options: dict[str, Any]):
+        self.url, self.admin_token, self.homes, self.proc, self.log = url, admin_token, homes, proc, log
+        self.storage_root, self.storage_options = storage_root, storage_options
+        self.tokens: dict[str, str] = {}
+
+    # -- the hub's REST API, as the admin service ---------------------------------------------
+    def api(self, method: str, path: str, **kwargs) -> requests.Response:
+        return requests.request(method, f"{self.url}hub/api/{path}", timeout=30,
+                                headers={"Authorization": f"token {self.admin_token}"}, **kwargs)
+
+    def add_user(self, name: str) -> str:
+        """Create `name` and an API token of theirs (the token a script of that user would hold)."""
+        assert self.api("POST", f"users/{name}").status_code in (201, 409)
+        reply = self.api("POST", f"users/{name}/tokens", json={"note": "test"})
+        assert reply.status_code == 201, reply.text
+        self.tokens[name] = reply.json()["token"]
+        return self.tokens[name]
+
+    def home(self, name: str) -> Path:
+        return self.homes / name
+
+    def server(self, name: str) -> dict[str, Any] | None:
+        reply = self.api("GET", f"users/{name}")
+        assert reply.status_code == 200, reply.text
+        return reply.json()["servers"].get("")
+
+    def start(self, name: str) -> None:
+        reply = self.api("POST", f"users/{name}/server")
+        assert reply.status_code in (201, 202), reply.text
+
+    def wait_ready(self, name: str) -> dict[str, Any]:
+        return poll(f"{name}'s server ready", lambda: (s := self.server(name)) and s.get("ready") and s,
+                    timeout=120, log=self.log)
+
+    def stop(self, name: str) -> None:
+        reply = self.api("DELETE", f"users/{name}/server")
+        assert reply.status_code in (202, 204), reply.text
+        poll(f"{name}'s server stopped", lambda: self.server(name) is None, log=self.log)
+
+    # -- a user's single-user server, through the proxy ----------------------------------------
+    def call(self, method: str, owner: str, path: str, as_user: str | None = None, **kwargs) -> requests.Response:
+        """`path` under `/user/<owner>/`, with `as_user`'s token (the owner's by default)."""
+        token = self.tokens[as_user or owner]
+        return requests.request(method, f"{self.url}user/{owner}/{path}", timeout=120, allow_redirects=False,
+                                headers={"Authorization": f"token {token}"}, **kwargs)
+
+
+def _hub_config(tmp: Path, port: int, hub_port: int, proxy_api_port: int, admin_token: str,
+                spawn_env: dict[str, str]) -> str:
+    """The test hub's config: the guide's file first, then what only a test needs."""
+    args = ["--allow-root"] if os.geteuid() == 0 else []
+    return f"""
+load_subconfig({str(DEPLOY / "jupyterhub_config.py")!r})
+
+c.JupyterHub.ip = "127.0.0.1"
+c.JupyterHub.port = {port}
+c.JupyterHub.hub_ip = "127.0.0.1"
+c.JupyterHub.hub_port = {hub_port}
+c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
+c.ConfigurableHTTPProxy.should_start = True
+c.JupyterHub.db_url = "sqlite:///{tmp / 'hub.sqlite'}"
+c.JupyterHub.cookie_secret_file = {str(tmp / 'cookie_secret')!r}
+c.JupyterHub.pid_file = {str(tmp / 'hub.pid')!r}
+c.JupyterHub.cleanup_servers = True
+c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # spawn requests answer at once: servers start together
+
+c.JupyterHub.authenticator_class = "dummy"
+c.DummyAuthenticator.password = {PASSWORD!r}
+c.Authenticator.allowed_users = {set(USERS)!r}
+
+c.JupyterHub.spawner_class = "simple"
+c.SimpleLocalProcessSpawner.home_dir_template = {str(tmp / 'homes' / '{username}')!r}
+c.Spawner.cmd = [{sys.executable!r}, "-m", "jupyterhub.singleuser"]
+c.Spawner.args = {args!r}
+c.Spawner.environment.update({spawn_env!r})
+
+c.JupyterHub.services = [{{"name": "test-admin", "api_token": {admin_token!r}}}]
+c.JupyterHub.load_roles = [{{
+    "name": "test-admin",
+    "scopes": ["admin:users", "admin:servers", "admin:server_state", "tokens", "shares", "access:servers",
+               "read:users", "list:users", "custom:jupyter_server:execute:*"],
+    "services": ["test-admin"],
+}}]
+"""
+
+
+@pytest.fixture(scope="module")
+def hub(tmp_path_factory, s3_server) -> Iterator[Hub]:
+    if shutil.which("configurable-http-proxy") is None:
+        pytest.fail("configurable-http-proxy is not on the PATH: scripts/test.sh installs it into the venv")
+    tmp = tmp_path_factory.mktemp("hub")
+    (tmp / "homes").mkdir()
+    port, hub_port, proxy_api_port = free_port(), free_port(), free_port()
+    run = f"hub-{uuid.uuid4().hex[:8]}"
+    target = s3_server.target(run)
+    storage_root = target.url  # s3://spotwarp-test/hub-xxxx
+    spawn_env = {
+        **target.env,
+        "SPOTWARP_STORAGE_OPTIONS": json.dumps(target.options),
+        "SPOTWARP_BACKUP_INTERVAL": "0",  # the test asks for every snapshot it wants
+        "SPOTWARP_KERNEL_TIMEOUT": "10",
+        # never a real cloud metadata address from a test: signal watchers only
+        "SPOTWARP_WATCHERS": "signals",
+        "SPOTWARP_AWS_METADATA_URL": "off", "SPOTWARP_GCP_METADATA_URL": "off", "SPOTWARP_AZURE_METADATA_URL": "off",
+        # the single-user image's config files (in an image: /etc/jupyter, /etc/ipython)
+        "JUPYTER_CONFIG_PATH": str(DEPLOY),
+        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
+    }
+    admin_token = uuid.uuid4().hex
+    config = tmp / "jupyterhub_config.py"
+    config.write_text(_hub_config(tmp, port, hub_port, proxy_api_port, admin_token, spawn_env))
+    log = tmp / "hub.log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTWARP_", "JUPYTERHUB_", "AWS_"))}
+    env["CONFIGPROXY_AUTH_TOKEN"] = uuid.uuid4().hex
+    env["SPOTWARP_HUB_STORAGE"] = f"{storage_root}/{{username}}/{{server_name}}"  # what deploy/jupyterhub_config.py reads
+    env["SPOTWARP_HUB_KEY_SECRET"] = HUB_KEY_SECRET  # each user's server signs with a key derived from it
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=tmp, env=env,
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    url = f"http://127.0.0.1:{port}/"
+    hub = Hub(url, admin_token, tmp / "homes", proc, log, storage_root, target.options)
+
+    def up() -> bool:
+        if proc.poll() is not None:
+            raise AssertionError(f"the hub exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
+        try:
+            return requests.get(f"{url}hub/api/", timeout=2).status_code == 200
+        except requests.RequestException:
+            return False
+
+    try:
+        poll("the hub answering on its public URL", up, timeout=90, log=log)
+        yield hub
+    finally:
+        for name in hub.tokens:
+            try:
+                hub.api("DELETE", f"users/{name}/server")
+            except requests.RequestException:
+                pass
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)  # the hub stops its proxy and (cleanup_servers) the user servers
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # anything of the hub's session still alive
+        except ProcessLookupError:
+            pass
+
+
+@pytest.fixture(scope="module")
+def two_users(hub: Hub) -> Hub:
+    """alice and bob, each with files at home and a running server (started through the hub's API)."""
+    for name in USERS:
+        hub.add_user(name)
+        home = hub.home(name)
+        (home / "data").mkdir(parents=True, exist_ok=True)
+        (home / "notes.md").write_text(f"# {name}'s notes\n")
+        (home / "data" / "values.csv").write_text(f"owner\n{name}\n")
+    for name in USERS:
+        hub.start(name)
+    for name in USERS:
+        hub.wait_ready(name)
+    return hub
+
+
+def snapshot(hub: Hub, name: str, message: str) -> dict[str, Any]:
+    reply = hub.call("POST", name, "spotwarp/api/snapshots", json={"message": message})
+    assert reply.status_code == 201, reply.text
+    return reply.json()
+
+
+def listing(hub: Hub, owner: str, as_user: str | None = None) -> list[dict[str, Any]]:
+    reply = hub.call("GET", owner, "spotwarp/api/snapshots", as_user=as_user)
+    assert reply.status_code == 200, reply.text
+    return reply.json()["snapshots"]
+
+
+def test_each_user_sees_only_their_own_snapshots(two_users: Hub):
+    hub = two_users
+    taken = {name: snapshot(hub, name, f"{name}'s work") for name in USERS}
+    for name in USERS:
+        status = hub.call("GET", name, "spotwarp/api/status").json()
+        assert status["storage"] == f"{hub.storage_root}/{name}/default"  # the prefix comes from the hub's identity
+        assert status["workspace"] == str(hub.home(name).resolve())
+        assert status["start_restore"] == {"restored": False, "reason": "the workspace already holds files"}
+        assert [s["id"] for s in listing(hub, name)] == [taken[name]["id"]]
+        assert taken[name]["message"] == f"{name}'s work" and taken[name]["files"] >= 2
+
+    # in storage, each user's snapshots lie under their own prefix and nowhere else
+    import fsspec
+
+    fs = fsspec.filesystem("s3", **hub.storage_options, skip_instance_cache=True, use_listings_cache=False)
+    root = hub.storage_root.split("://", 1)[1]
+    assert sorted(p.rsplit("/", 1)[-1] for p in fs.ls(root)) == sorted(USERS)
+    for name in USERS:
+        manifests = fs.ls(f"{root}/{name}/default/default/snapshots")
+        assert [m.rsplit("-", 1)[-1] for m in manifests] == [f"{taken[name]['id']}.json"]
+
+
+def test_another_users_snapshot_is_refused(two_users: Hub):
+    hub = two_users
+    theirs = {name: listing(hub, name)[0]["id"] if listing(hub, name) else snapshot(hub, name, "x")["id"]
+              for name in USERS}
+    # through alice's own server, bob's snapshot id does not exist
+    reply = hub.call("POST", "alice", f"spotwarp/api/snapshots/{theirs['bob']}/restore")
+    assert reply.status_code == 404, reply.text
+    assert theirs["bob"] in reply.json()["message"]
+    # ids are validated: no way out of the project through the URL
+    for bad in ("..%2F..%2Fbob%2Fdefault", "..", "%2E%2E", "bob%2Fdefault"):
+        reply = hub.call("POST", "alice", f"spotwarp/api/snapshots/{bad}/restore")
+        assert reply.status_code in (400, 404), (bad, reply.status_code, reply.text)
+    # through bob's server URL with alice's token: the hub does not let her in
+    for method, path in (("GET", "spotwarp/api/snapshots"), ("GET", "spotwarp/api/status"),
+                         ("POST", "spotwarp/api/snapshots"), ("POST", f"spotwarp/api/snapshots/{theirs['bob']}/restore")):
+        reply = hub.call(method, "bob", path, as_user="alice")
+        assert reply.status_code in (302, 403), (method, path, reply.status_code, reply.text[:300])
+        if reply.status_code == 302:
+            assert "/hub/" in reply.headers["Location"]
+    # without any token: refused too
+    reply = requests.get(f"{hub.url}user/bob/spotwarp/api/snapshots", timeout=30, allow_redirects=False)
+    assert reply.status_code in (302, 403)
+    assert [s["id"] for s in listing(hub, "bob")] == [theirs["bob"]]  # nothing of alice's crept in
+
+
+def test_shared_server_is_read_only_for_spotwarp(two_users: Hub):
+    """alice shares her server with bob (JupyterHub sharing): he can list her snapshots, not take or restore them."""
+    hub = two_users
+    reply = hub.api("POST", "shares/alice/", json={"user": "bob"})
+    assert reply.status_code in (200, 201), reply.text
+    try:
+        before = listing(hub, "alice")
+        assert listing(hub, "alice", as_user="bob") == before
+        for method, path in (("POST", "spotwarp/api/snapshots"), ("POST", "spotwarp/api/snapshots/latest/restore")):
+            reply = hub.call(method, "alice", path, as_user="bob")
+            assert reply.status_code == 403, (method, path, reply.status_code, reply.text)
+        assert listing(hub, "alice") == before  # nothing was taken
+        assert snapshot(hub, "alice", "the owner still can")["id"]  # the owner keeps every right
+    finally:
+        hub.api("PATCH", "shares/alice/", json={"user": "bob"})
+
+
+def server_environment(hub: Hub, name: str) -> dict[str, str]:
+    """The environment of `name`'s single-user server process, as the spawner set it."""
+    state = hub.api("GET", f"users/{name}").json()["servers"][""]["state"]
+    environ = Path(f"/proc/{state['pid']}/environ").read_bytes().split(b"\0")
+    return dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+
+
+def test_each_users_server_signs_with_its_own_key(two_users: Hub):
+    keys = {name: server_environment(two_users, name).get("SPOTWARP_KEY") for name in USERS}
+    assert all(keys.values()) and keys["alice"] != keys["bob"], keys
+    assert HUB_KEY_SECRET not in keys.values()
+
+
+def websocket_status(hub: Hub, owner: str, path: str, as_user: str) -> int:
+    """101 when `as_user` may open the websocket at `path` of `owner`'s server, else the HTTP refusal."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    async def connect() -> int:
+        request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{owner}/{path}",
+                              headers={"Authorization": f"token {hub.tokens[as_user]}"}, request_timeout=60)
+        try:
+            conn = await websocket_connect(request)
+        except HTTPClientError as exc:
+            return exc.code
+        conn.close()
+        return 101
+
+    return asyncio.run(connect())
+
+
+def test_a_shared_user_runs_no_code_unless_the_share_grants_it(two_users: Hub):
+    """bob, with alice's server shared to him, may look but not run code or change files; a share with
+    `custom:jupyter_server:execute:*` lets him run code, still not write files."""
+    hub = two_users
+    reply = hub.call("POST", "alice", "api/kernels", json={"name": "python3"})
+    assert reply.status_code == 201, reply.text
+    kernel = reply.json()["id"]
+    reply = hub.api("POST", "shares/alice/", json={"user": "bob"})
+    assert reply.status_code in (200, 201), reply.text
+    try:
+        assert hub.call("GET", "alice", "api/kernels", as_user="bob").status_code == 200
+        assert hub.call("GET", "alice", "api/contents/notes.md", as_user="bob").status_code == 200
+        refused = {
+            "start a kernel": hub.call("POST", "alice", "api/kernels", as_user="bob", json={"name": "python3"}),
+            "interrupt": hub.call("POST", "alice", f"api/kernels/{kernel}/interrupt", as_user="bob"),
+            "open a terminal": hub.call("POST", "alice", "api/terminals", as_user="bob"),
+            "write a file": hub.call("PUT", "alice", "api/contents/planted.py", as_user="bob",
+                                     json={"type": "file", "format": "text", "content": "print('bob was here')"}),
+        }
+        assert {what: r.status_code for what, r in refused.items()} == {what: 403 for what in refused}
+        assert websocket_status(hub, "alice", f"api/kernels/{kernel}/channels", "bob") == 403
+        assert not (hub.home("alice") / "planted.py").exists()
+        assert len(hub.call("GET", "alice", "api/kernels").json()) == 1  # bob started nothing
+
+        # the owner's share grants running code: now he may, and still may not write files
+        reply = hub.api("POST", "shares/alice/", json={"user": "bob", "scopes": ["custom:jupyter_server:execute:*"]})
+        assert reply.status_code in (200, 201), reply.text
+        hub.add_user("bob")  # a new token: alice's server caches what the hub said of the old one for minutes
+        assert hub.call("POST", "alice", f"api/kernels/{kernel}/interrupt", as_user="bob").status_code == 204
+        assert websocket_status(hub, "alice", f"api/kernels/{kernel}/channels", "bob") == 101
+        reply = hub.call("PUT", "alice", "api/contents/planted.py", as_user="bob",
+                         json={"type": "file", "format": "text", "content": "x"})
+        assert reply.status_code == 403
+        # the owner keeps every right
+        assert hub.call("POST", "alice", f"api/kernels/{kernel}/interrupt").status_code == 204
+    finally:
+        hub.api("PATCH", "shares/alice/", json={"user": "bob"})
+        hub.call("DELETE", "alice", f"api/kernels/{kernel}")
+
+
+def test_prestop_hook_snapshots_through_the_servers_own_token(two_users: Hub):
+    """What a Kubernetes preStop hook runs in the pod: a snapshot through the server, with the pod's env."""
+    hub = two_users
+    state = hub.api("GET", "users/bob").json()["servers"][""]["state"]
+    environ = Path(f"/proc/{state['pid']}/environ").read_bytes().split(b"\0")
+    env = dict(item.decode().split("=", 1) for item in environ if b"=" in item)
+    assert env["JUPYTERHUB_USER"] == "bob"
+    before = {s["id"] for s in listing(hub, "bob")}
+    done = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.server.hub", "prestop", "--timeout", "60"],
+                          env=env, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 0, done.stderr
+    after = listing(hub, "bob")
+    assert after[0]["id"] not in before and after[0]["message"] == "preStop: the pod is stopping"
+    assert after[0]["id"] in done.stdout
+
+
+def test_new_server_on_an_empty_home_restores_that_users_workspace(two_users: Hub):
+    hub = two_users
+    (hub.home("alice") / "notes.md").write_text("# alice's notes, edited\n")
+    last = snapshot(hub, "alice", "before the preemption")
+    hub.stop("alice")
+    shutil.rmtree(hub.home("alice"))  # a new pod: nothing of alice's on this disk
+    hub.home("alice").mkdir()
+    hub.start("alice")
+    hub.wait_ready("alice")
+    assert (hub.home("alice") / "notes.md").read_text() == "# alice's notes, edited\n"
+    assert (hub.home("alice") / "data" / "values.csv").read_text() == "owner\nalice\n"
+    status = hub.call("GET", "alice", "spotwarp/api/status").json()
+    restored = status["start_restore"]
+    # from alice's newest snapshot holding files: the one taken above, or the final one the server
+    # took when the hub stopped it (SIGTERM)
+    newest = [s for s in listing(hub, "alice") if s["kind"] == "project"]
+    assert last["id"] in {s["id"] for s in newest}
+    assert restored["restored"] is True and restored["id"] == newest[0]["id"], (restored, newest[:2])
+    assert restored["files_restored"] >= 2 and restored["host"]
+    # bob's workspace and snapshots are untouched by alice's restore
+    assert (hub.home("bob") / "notes.md").read_text() == "# bob's notes\n"
+    assert all(s["id"] != last["id"] for s in listing(hub, "bob"))
+
+
+# -- the same isolation without a hub: every door refuses another user's prefix -------------------
+HUB_ENV = {"JUPYTERHUB_USER": "alice", "JUPYTERHUB_SERVER_NAME": "",
+           "SPOTWARP_STORAGE": "s3://team/spotwarp/{username}/{server_name}"}
+
+
+def test_storage_flags_cannot_leave_the_users_prefix():
+    mine = Settings.resolve(env=HUB_ENV)
+    assert mine.storage == "s3://team/spotwarp/alice/default"
+    assert Settings.resolve(storage="s3://team/spotwarp/alice/default/scratch", env=HUB_ENV).storage.endswith("/scratch")
+    assert Settings.resolve(storage="s3://team/spotwarp/{username}/{server_name}", env=HUB_ENV).storage == mine.storage
+    for other in ("s3://team/spotwarp/bob/default", "s3://team/spotwarp/alice", "s3://team/spotwarp/alicex/default",
+                  "gs://team/spotwarp/alice/default", "s3://elsewhere/x"):
+        with pytest.raises(ConfigError, match="outside your prefix s3://team/spotwarp/alice/default"):
+            Settings.resolve(storage=other, env=HUB_ENV)
+    for sneaky in ("s3://team/spotwarp/alice/default/../../bob/default", "s3://team/spotwarp/alice/default/./x"):
+        with pytest.raises(ConfigError, match="segment"):
+            Settings.resolve(storage=sneaky, env=HUB_ENV)
+    with pytest.raises(ConfigError, match="safely"):  # a hub name that would climb out of the prefix
+        Settings.resolve(env={**HUB_ENV, "JUPYTERHUB_USER": ".."})
+    # outside a hub, and for local paths (file permissions decide), flags are free as before
+    assert Settings.resolve(storage="s3://team/spotwarp/bob/default", env={}).storage == "s3://team/spotwarp/bob/default"
+    assert Settings.resolve(storage="/tmp/elsewhere", env=HUB_ENV).storage == "/tmp/elsewhere"
+
+
+def test_the_cli_refuses_another_users_prefix_in_one_line(tmp_path):
+    env = {**{k: v for k, v in os.environ.items() if not k.startswith(("SPOTWARP_", "JUPYTERHUB_"))}, **HUB_ENV,
+           "HOME": str(tmp_path)}
+    for argv in (["list", "--storage", "s3://team/spotwarp/bob/default"],
+                 ["gc", "--keep", "1", "--storage", "s3://team/spotwarp/alice/default/../../bob/default"]):
+        done = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *argv], env=env, capture_output=True,
+                              text=True, timeout=60)
+        assert done.returncode == 1, done
+        assert len(done.stderr.strip().splitlines()) == 1 and "spotwarp " in done.stderr, done.stderr
+        assert "outside your prefix" in done.stderr or "segment" in done.stderr
+
+
+def test_the_magic_refuses_another_users_prefix_and_fills_username_from_the_hub(start_kernel, s3_server):
+    target = s3_server.target(f"magic-{uuid.uuid4().hex[:8]}")
+    template = f"{target.url}/{{username}}/{{server_name}}"
+    kernel = start_kernel("alice-pod", **target.kernel_env(SPOTWARP_STORAGE=template, JUPYTERHUB_USER="alice",
+                                                           JUPYTERHUB_SERVER_NAME="gpu"))
+    kernel.run("%load_ext spotwarp")
+    mine = f"{target.url}/alice/gpu"
+    assert kernel.value("__import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().settings.storage") == mine
+    ename, evalue, _ = kernel.run_error(f"%spotwarp policy --storage {target.url}/bob/gpu")
+    assert ename == "UsageError" and "outside your prefix" in evalue and "\n" not in evalue.strip()
+    ename, evalue, _ = kernel.run_error(f"%spotwarp policy --storage {target.url}/alice/gpu/../../bob/gpu")
+    assert ename == "UsageError" and "segment" in evalue
+    # {username} typed in the magic is the hub user, never a shared fallback name
+    out = kernel.run(f"%spotwarp policy --storage {template}/scratch --project notes")
+    assert f"storage {mine}/scratch" in out
+    kernel.run("x = 41")
+    out = kernel.run("%spotwarp snapshot")
+    assert "SpotWarp snapshot" in out
+    fs = target.filesystem()
+    assert fs.ls(f"{target.url.split('://', 1)[1]}/alice/gpu/scratch/notes/snapshots")
+    assert not fs.exists(f"{target.url.split('://', 1)[1]}/bob")
+
+
+# -- authorization: jupyter_server's model, resource "spotwarp" -----------------------------------
+def _authorizer(denied: set[str]):
+    from jupyter_server.auth.authorizer import Authorizer
+
+    class Limited(Authorizer):
+        def is_authorized(self, handler, user, action, resource):
+            return not (resource == "spotwarp" and action in denied)
+
+    return Limited
+
+
+@pytest.fixture
+def jp_server_config(jp_server_config, request, monkeypatch):
+    """conftest's server, not under a hub, whose authorizer refuses the test class's `DENIED` spotwarp actions."""
+    for name in ("JUPYTERHUB_USER", "SPOTWARP_RESTORE_ON_START"):
+        monkeypatch.delenv(name, raising=False)
+    denied = getattr(request.cls, "DENIED", set())
+    return {**jp_server_config, "ServerApp": {**jp_server_config["ServerApp"], "authorizer_class": _authorizer(denied)}}
+
+
+async def _code(jp_fetch, method: str, *parts: str) -> int:
+    try:
+        reply = await jp_fetch(*parts, method=method, body="" if method == "POST" else None)
+    except HTTPClientError as exc:
+        return exc.code
+    return reply.code
+
+
+class TestReadOnlyAccess:
+    DENIED = {"write", "execute"}
+
+    async def test_can_list_but_not_snapshot_or_restore(self, jp_fetch, jp_root_dir):
+        (jp_root_dir / "a.txt").write_text("a")
+        assert await _code(jp_fetch, "GET", "spotwarp", "api", "status") == 200
+        assert await _code(jp_fetch, "GET", "spotwarp", "api", "snapshots") == 200
+        assert await _code(jp_fetch, "POST", "spotwarp", "api", "snapshots") == 403
+        assert await _code(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore") == 403
+        reply = await jp_fetch("spotwarp", "api", "snapshots")
+        assert json.loads(reply.body)["snapshots"] == []  # the refused snapshot was never taken
+
+
+class TestWriteWithoutExecute:
+    DENIED = {"execute"}
+
+    async def test_can_snapshot_but_not_restore_into_kernels(self, jp_fetch, jp_root_dir):
+        (jp_root_dir / "a.txt").write_text("a")
+        assert await _code(jp_fetch, "POST", "spotwarp", "api", "snapshots") == 201
+        (jp_root_dir / "a.txt").unlink()
+        assert await _code(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore") == 403
+        assert not (jp_root_dir / "a.txt").exists()  # nothing was restored
+
+
+# -- restore-on-start, without a hub ---------------------------------------------------------------
+def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
+    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
+    source = tmp_path / "old-pod"
+    (source / "src").mkdir(parents=True)
+    (source / "src" / "train.py").write_text("print('train')\n")
+    (source / "notes.md").write_text("notes\n")
+    taken = engine.snapshot_project(str(source), message="before")
+    alice = HubIdentity("alice")
+
+    fresh = tmp_path / "new-pod"
+    fresh.mkdir()
+    for name in (".bashrc", ".local", "lost+found"):  # what a new home or volume holds
+        (fresh / name).mkdir() if name != ".bashrc" else (fresh / name).write_text("# skel\n")
+    assert workspace_is_fresh(str(fresh)) and workspace_is_fresh(str(tmp_path / "missing"))
+    assert restore_on_start(engine, str(fresh), "auto", None) is None  # auto: only under a hub
+    assert restore_on_start(engine, str(fresh), "never", alice) is None
+    assert not (fresh / "notes.md").exists()
+    done = restore_on_start(engine, str(fresh), "auto", alice)
+    assert done["restored"] is True and done["id"] == taken.id and done["files_restored"] == 2
+    assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
+    (fresh / "notes.md").write_text("changed since\n")
+    assert restore_on_start(engine, str(fresh), "if-empty", None) == \
+        {"restored": False, "reason": "the workspace already holds files"}
+    assert (fresh / "notes.md").read_text() == "changed since\n"  # never overwritten
+
+    # a damaged snapshot: reported, not raised (the server still starts), nothing half-written
+    oid = taken.files["entries"]["notes.md"]["chunks"][0]["id"]
+    with open(engine.store.object_path(oid), "r+b") as f:
+        f.write(b"X")
+    other = tmp_path / "third-pod"
+    done = restore_on_start(SnapshotEngine(engine.settings), str(other), "if-empty", alice)
+    assert done["restored"] is False and oid in done["error"]
+    assert not (other / "notes.md").exists()
+    empty = SnapshotEngine(Settings.resolve(project="none", storage=str(tmp_path / "store"), env={}))
+    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"].endswith("no snapshot with files yet")
+
+
+def test_restore_on_start_setting_is_checked(monkeypatch):
+    from spotwarp_jupyter.server.app import SpotWarp
+    from spotwarp_jupyter.server.hub import restore_mode
+
+    monkeypatch.setenv("SPOTWARP_RESTORE_ON_START", "never")
+    config = SpotWarp()
+    config.resolve()
+    assert config.restore_on_start == "never"
+    assert restore_mode("IF-EMPTY") == "if-empty"
+    with pytest.raises(ConfigError, match="restore_on_start must be one of auto, if-empty, never"):
+        restore_mode("sometimes")
+
+
+def test_a_shared_prefix_under_a_hub_is_warned_about():
+    alice = HubIdentity("alice")
+    assert "not per user" in shared_prefix_warning("s3://team/spotwarp", alice)
+    assert shared_prefix_warning("s3://team/spotwarp/alice/default", alice) is None
+    assert shared_prefix_warning("/home/alice/.spotwarp/store", alice) is None  # local: the user's own disk
+    assert shared_prefix_warning("s3://team/spotwarp", None) is None

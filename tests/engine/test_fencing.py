@@ -1,0 +1,189 @@
+"""Fencing: one writer per project. The lease decides who commits; `latest` never goes to a lower generation;
+a standby candidate (and a host that lost the lease) writes nothing, not even on SIGTERM."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine.coordination.fence import Fence, Fenced, Lease, write_lease
+from spotwarp_jupyter.engine.journal.events import Journal
+
+from lab_server import LabServer, host_env
+from waiting import wait_for
+
+
+def engine_for(store: str, fence: Fence) -> SnapshotEngine:
+    return SnapshotEngine(Settings.resolve(project="fp", storage=store, env={}), key=b"", fence=fence)
+
+
+def test_the_lease_decides_who_commits_and_latest_never_goes_down_a_generation(tmp_path):
+    store = str(tmp_path / "store")
+    plain = engine_for(store, Fence())
+    first = plain.snapshot_kernel({"x": 1}, "nb")
+    assert first.generation == 0 and "generation" not in json.loads(first.to_bytes())  # no failover: manifests as before
+    candidate = engine_for(store, Fence(1, "cand-a"))
+    with pytest.raises(Fenced, match="standby"):
+        candidate.snapshot_kernel({"x": 2}, "nb")
+    write_lease(plain.store, Lease(1, "cand-a", time.time()))
+    promoted = candidate.snapshot_kernel({"x": 2}, "nb")
+    assert (promoted.generation, promoted.holder) == (1, "cand-a")
+    with pytest.raises(Fenced, match="lost the lease to cand-a"):
+        plain.snapshot_kernel({"x": 3}, "nb")  # the old writer, back after a partition
+    other = engine_for(store, Fence(1, "cand-b"))  # a losing candidate of the same race
+    with pytest.raises(Fenced, match="lost the lease"):
+        other.snapshot_kernel({"x": 4}, "nb")
+    assert [m.id for m in plain.manifests()] == [promoted.id, first.id]
+
+    # a lower generation's snapshot written later (a clock ahead, a commit that slipped through) never becomes latest
+    late = plain.new_manifest("kernel", "late", kernels={"nb": {}})
+    late.created = time.time() + 3600
+    plain.store.write_manifest(late.name, late.to_bytes(None))
+    fresh = engine_for(store, Fence())
+    assert fresh.get("latest").id == promoted.id and fresh.get("latest", "nb").id == promoted.id
+
+
+def test_a_commit_racing_a_lease_move_is_taken_back(tmp_path):
+    store = str(tmp_path / "store")
+    engine = engine_for(store, Fence())
+    write = engine.store.write_manifest
+
+    def write_then_lose_the_lease(name: str, data: bytes) -> None:
+        write(name, data)
+        write_lease(engine.store, Lease(1, "winner", time.time()))  # the orchestrator moves it meanwhile
+
+    engine.store.write_manifest = write_then_lose_the_lease
+    with pytest.raises(Fenced):
+        engine.snapshot_kernel({"x": 1}, "nb")
+    assert engine.store.manifest_names() == []
+
+
+def test_a_kernel_checks_the_lease_before_it_commits(start_kernel, store_url):
+    k = start_kernel("host", SPOTWARP_CANDIDATE_ID="cand-k", SPOTWARP_GENERATION="1")
+    k.run("%load_ext spotwarp\nx = 41")
+    _out, ename, evalue = k.run_error("%spotwarp snapshot")
+    assert "standby" in evalue, (ename, evalue)
+    engine = engine_for(store_url, Fence())
+    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"", fence=Fence())
+    assert engine.manifests() == []
+    write_lease(engine.store, Lease(1, "cand-k", time.time()))
+    k.run("%spotwarp snapshot")
+    (m,) = engine.manifests()
+    assert (m.generation, m.holder) == (1, "cand-k")
+    write_lease(engine.store, Lease(2, "someone-else", time.time()))
+    _out, ename, evalue = k.run_error("x = 42\n%spotwarp snapshot")
+    assert "lost the lease to someone-else" in evalue
+    assert [x.id for x in engine.manifests()] == [m.id]
+
+
+def project_with_files(tmp_path: Path, store: str) -> str:
+    ws = tmp_path / "origin"
+    ws.mkdir()
+    (ws / "data.txt").write_text("precious\n")
+    (ws / "nb.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    return engine_for(store, Fence()).snapshot_project(str(ws), message="origin").id
+
+
+@pytest.mark.parametrize("lease", ["unmoved", "lost"])
+def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, lease):
+    store = str(tmp_path / "store")
+    origin = project_with_files(tmp_path, store)
+    engine = engine_for(store, Fence())
+    before = (engine.store.manifest_names(), [e.name for e in Journal(engine.store).events()])
+    # a long heartbeat interval: the candidate does not learn of the lease move before the SIGTERM comes
+    env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="60",
+                   SPOTWARP_BACKUP_INTERVAL="1")
+    server = LabServer(tmp_path / "cand" / "ws", store, "fp", env, tmp_path / "cand.log",
+                       start_args=("--candidate-id", "the-loser", "--generation", "1"))
+    kernel_pid = None
+    try:
+        server.wait_ready()
+        assert (tmp_path / "cand" / "ws" / "data.txt").read_text() == "precious\n"  # restored, serving
+        status = server.request("GET", "spotwarp/api/status")[1]
+        assert status["failover"]["candidate"] == "the-loser"
+        nb = server.open_notebook("nb.ipynb")
+        kernel_pid = nb.value("__import__('os').getpid()")
+        nb.run("%load_ext spotwarp\nweights = [1, 2, 3]")
+        if lease == "lost":  # the race's winner is promoted, then the losers are torn down
+            write_lease(engine.store, Lease(1, "the-winner", time.time()))
+        code, answer = server.request("POST", "spotwarp/api/snapshots", {"message": "must not commit"})
+        assert code == 409 and ("standby" in answer["message"] or "lost the lease" in answer["message"]), answer
+        os.kill(server.proc.pid, signal.SIGTERM)  # what a cloud teardown sends
+        assert server.proc.wait(timeout=60) is not None
+    finally:
+        server.discard()
+        if kernel_pid:
+            try:
+                os.kill(kernel_pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    log = server.log()
+    assert "no final snapshot" in log, log[-3000:]
+    after = (engine.store.manifest_names(), [e.name for e in Journal(engine.store).events()])
+    assert after == before, log[-3000:]  # no manifest, no final snapshot, no journal notice
+    assert engine_for(store, Fence()).get("latest").id == origin
+    heartbeat = json.loads((tmp_path / "store" / "fp" / "hosts" / "the-loser.json").read_text())
+    assert heartbeat["state"] == "standby" and heartbeat["restore"]["snapshot"] == origin
+
+
+def test_a_host_that_finds_it_lost_the_lease_says_so_and_stops(tmp_path):
+    store = str(tmp_path / "store")
+    project_with_files(tmp_path, store)
+    engine = engine_for(store, Fence())
+    write_lease(engine.store, Lease(2, "the-winner", time.time()))
+    env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="0.5")
+    server = LabServer(tmp_path / "cand" / "ws", store, "fp", env, tmp_path / "cand.log",
+                       start_args=("--candidate-id", "late", "--generation", "1"))
+    try:
+        assert server.proc.wait(timeout=120) is not None  # it stops itself
+    finally:
+        server.discard()
+    assert "lost the lease to the-winner (generation 2)" in server.log()
+    heartbeat = json.loads((tmp_path / "store" / "fp" / "hosts" / "late.json").read_text())
+    assert heartbeat["state"] == "fenced" and "lost the lease" in heartbeat["why"]
+    assert [m.generation for m in engine.manifests()] == [0]
+
+
+def test_a_promoted_candidate_commits_its_generation_and_its_final_snapshot(tmp_path):
+    store = str(tmp_path / "store")
+    project_with_files(tmp_path, store)
+    engine = engine_for(store, Fence())
+    env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="0.5")
+    server = LabServer(tmp_path / "cand" / "ws", store, "fp", env, tmp_path / "cand.log",
+                       start_args=("--candidate-id", "the-winner", "--generation", "1"))
+    try:
+        server.wait_ready()
+        write_lease(engine.store, Lease(1, "the-winner", time.time()))
+        promotion = wait_for(lambda: next((m for m in engine.manifests() if m.generation == 1), None),
+                             "the promotion snapshot")
+        assert promotion.holder == "the-winner" and promotion.message == "promoted: generation 1"
+        assert "data.txt" in promotion.files["entries"]
+        status = server.request("GET", "spotwarp/api/status")[1]
+        assert status["failover"]["role"] == "holder"
+        os.kill(server.proc.pid, signal.SIGTERM)
+        server.proc.wait(timeout=60)
+    finally:
+        server.discard()
+    final = engine_for(store, Fence()).get("latest")
+    assert final.message.startswith("final snapshot") and final.generation == 1, server.log()[-3000:]
+
+
+def test_start_refuses_half_a_candidate_in_one_line(tmp_path):
+    env = host_env(tmp_path / "home")
+    for args, message in [(["--candidate-id", "x"], "go together"), (["--candidate-id", "../x", "--generation", "1"],
+                                                                     "bad candidate id"),
+                          (["--candidate-id", "x", "--generation", "0"], "at least 1")]:
+        out = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", "p", "--storage",
+                              str(tmp_path / "s"), "--workspace-path", str(tmp_path / "w"), *args],
+                             capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode in (1, 2) and message in out.stderr, (args, out.stderr)
+        assert len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "w").exists()

@@ -1,0 +1,116 @@
+"""Reading large objects from a local store straight into restore's buffers, every byte checked.
+
+Whether the object comes from the disk or the page cache, and wherever the damage is (first page,
+middle, last piece, tail), a damaged, shortened or lengthened object is refused.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from spotwarp_jupyter.engine import DamagedObjectError
+from spotwarp_jupyter.engine.storage.store import Store
+from spotwarp_jupyter.engine.variables.load import _allocate
+
+SIZE = 24 * 1024 * 1024 + 1234  # several read pieces and a partial one
+
+
+def _evict(path: Path) -> None:
+    """Drop the file's pages from the page cache (it was fsync'd when stored, so they are clean)."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+@pytest.fixture
+def stored(store_url: str) -> tuple[Store, str, bytes, Path]:
+    store = Store(store_url, "proj")
+    data = os.urandom(SIZE)
+    oid, _size = store.put_object(data)
+    return store, oid, data, Path(store.object_path(oid))
+
+
+def _read(store: Store, oid: str, size: int = SIZE) -> bytes:
+    target = _allocate(size)
+    store.read_object_into(oid, memoryview(target))
+    return bytes(target)
+
+
+@pytest.mark.parametrize("cold", [True, False], ids=["cold", "cached"])
+def test_large_object_reads_back_whole(stored, cold):
+    store, oid, data, path = stored
+    if cold:
+        _evict(path)
+    else:
+        path.read_bytes()
+    assert _read(store, oid) == data
+
+
+def test_unaligned_buffer_reads_back_whole(stored):
+    store, oid, data, path = stored
+    _evict(path)
+    backing = bytearray(SIZE + 1)
+    store.read_object_into(oid, memoryview(backing)[1:])
+    assert bytes(backing[1:]) == data
+
+
+@pytest.mark.parametrize("cold", [True, False], ids=["cold", "cached"])
+@pytest.mark.parametrize("damage", ["first-page", "middle", "last-aligned-byte", "tail", "shortened-to-aligned",
+                                    "shortened-by-one", "lengthened-by-one", "lengthened-by-a-page"])
+def test_damaged_large_object_is_refused(stored, cold, damage):
+    store, oid, data, path = stored
+    body = bytearray(data)
+    aligned = SIZE - SIZE % 4096
+    if damage == "first-page":
+        body[100] ^= 0xFF
+    elif damage == "middle":
+        body[SIZE // 2] ^= 0xFF
+    elif damage == "last-aligned-byte":
+        body[aligned - 1] ^= 0xFF
+    elif damage == "tail":
+        body[-1] ^= 0xFF
+    elif damage == "shortened-to-aligned":
+        del body[aligned:]
+    elif damage == "shortened-by-one":
+        del body[-1:]
+    elif damage == "lengthened-by-one":
+        body += b"\0"
+    else:
+        body += os.urandom(4096)
+    os.chmod(path, 0o644)
+    with open(path, "wb") as f:
+        f.write(body)
+        f.flush()
+        os.fsync(f.fileno())
+    if cold:
+        _evict(path)
+    else:
+        path.read_bytes()
+    with pytest.raises(DamagedObjectError):
+        _read(store, oid)
+
+
+def _resident_kib(start: int) -> int:
+    """Resident KiB of this process's mapping that begins at `start` (from /proc/self/smaps)."""
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.split("-", 1)[0] == f"{start:x}":
+            for detail in lines[i + 1:]:
+                if detail.startswith("Rss:"):
+                    return int(detail.split()[1])
+    raise AssertionError(f"no mapping starts at {start:x}")
+
+
+def test_large_buffers_are_populated_when_allocated():
+    import ctypes
+
+    size = 64 * 1024 * 1024
+    buf = _allocate(size)
+    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
+    # every page is faulted in before the read (one call), not one by one while reading into it
+    assert _resident_kib(start) * 1024 >= size

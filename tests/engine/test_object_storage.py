@@ -1,0 +1,327 @@
+"""GCS and S3 (local emulators) as first-class storage: cross-host restore, outages, two writers, clear errors."""
+
+from __future__ import annotations
+
+import json
+import os
+import posixpath
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine.storage.store import Store
+
+from kernels import SESSION
+from storage_servers import StorageServer, StorageTarget
+
+
+def engine_for(target: StorageTarget, project: str = "proj") -> SnapshotEngine:
+    """An engine on `target`, as a host with no configuration but the target's would open it."""
+    return SnapshotEngine(Settings.resolve(project=project, storage=target.url, storage_options=target.options, env={}))
+
+
+def stored_objects(target: StorageTarget, project: str = "proj") -> set[str]:
+    """Object ids present in storage, listed straight from the backend (not through the engine)."""
+    fs = target.filesystem()
+    root = target.url.split("://", 1)[-1] if target.kind != "local" else target.url
+    try:
+        return {posixpath.basename(p) for p in fs.find(posixpath.join(root, project, "objects"))}
+    except FileNotFoundError:
+        return set()
+
+
+# -- the new-host path, in real kernels ----------------------------------------------------------
+KERNEL_A = r'''
+%load_ext spotwarp
+import numpy as np, torch
+weights = np.random.default_rng(7).standard_normal((512, 1024)).astype(np.float32)  # 2 MiB
+tensor = torch.arange(12, dtype=torch.float32).reshape(3, 4)
+config = {"lr": 3e-4, "layers": [64, 64], "w": weights}
+def loss(x):
+    return float((x * config["lr"]).sum())
+%spotwarp snapshot -m "before preemption"
+'''
+
+
+def test_kernel_state_moves_to_a_new_host_through_object_storage(storage: StorageTarget, start_kernel):
+    a = start_kernel("hostA", **storage.kernel_env())
+    out = a.run(KERNEL_A)
+    assert "SpotWarp snapshot" in out, out
+    expected = a.value("[float(weights.sum()), tensor.tolist(), config['layers'], loss(tensor)]")
+    a.kill()
+
+    b = start_kernel("hostB", **storage.kernel_env())
+    out = b.run("%load_ext spotwarp\n%spotwarp restore latest")
+    assert "restored" in out, out
+    assert b.value("[float(weights.sum()), tensor.tolist(), config['layers'], loss(tensor)]") == expected
+    assert b.value("config['w'] is weights and type(tensor).__module__")  == "torch"
+    listing = b.run("%spotwarp list")
+    assert "before preemption" in listing
+
+
+def test_background_snapshot_writes_to_object_storage(object_storage: StorageTarget, start_kernel):
+    # automatic snapshots run in a forked child: the child must open its own connection to the bucket
+    a = start_kernel("hostA", **object_storage.kernel_env())
+    a.run("%load_ext spotwarp\nimport numpy as np\nbig = np.ones(3_000_000)\n%spotwarp policy --every 1s --after-cell")
+    deadline = time.monotonic() + 90
+    snapshots: list = []
+    while time.monotonic() < deadline and not snapshots:
+        a.run("big[0] += 1")
+        snapshots = a.value("[m.id for m in __import__('spotwarp_jupyter.kernel.session', fromlist=['x'])"
+                            ".current().engine.manifests()]")
+        error = a.value("__import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().last_error")
+        assert error is None, error
+    assert snapshots, "no automatic snapshot reached the bucket"
+    a.kill()
+    engine = engine_for(object_storage)
+    latest = engine.get("latest")
+    assert latest.stats.get("mode") == "background"
+    ns: dict = {}
+    engine.restore_kernel("latest", ns)
+    assert ns["big"].shape == (3_000_000,) and ns["big"][0] >= 1 and ns["big"][1] == 1
+
+
+def test_a_loops_staged_snapshot_writes_to_object_storage(object_storage: StorageTarget, start_kernel):
+    # at a loop's step the copy is written by a thread of the kernel, through the kernel's own connection
+    a = start_kernel("hostA", **object_storage.kernel_env())
+    a.run("%load_ext spotwarp\n%spotwarp off\nimport numpy as np\n"
+          + SESSION + "big = np.ones(3_000_000)\njob = None\ns.snapshot()")
+    out = a.run("big += 1\njob = s.snapshot_in_background(in_loop=True)\nbig += 1\n"
+                "s.wait_in_flight(120)\nprint(job.writer, s.last_error)")
+    assert out.split() == ["staged", "None"], out
+    a.kill()
+    ns: dict = {}
+    engine_for(object_storage).restore_kernel("latest", ns)
+    assert np.all(ns["big"] == 2.0), "the snapshot is not the state at its step"
+
+
+# -- a storage server that stops in the middle of a large snapshot -------------------------------------
+def big_namespace() -> dict:
+    rng = np.random.default_rng(1)
+    ns = {f"layer{i}": rng.standard_normal(1_000_000).astype(np.float32) for i in range(8)}  # 8 x 4 MB
+    ns["blob"] = rng.bytes(70 * 1024 * 1024)  # one 70 MB pickle stream: a multipart / resumable upload
+    return ns
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+@pytest.mark.slow  # a storage emulator stopped and restarted mid-write: 50 to 100 s
+def test_storage_stops_mid_snapshot(kind, request, link_to, monkeypatch):
+    server: StorageServer = request.getfixturevalue(f"{kind}_server")
+    link = link_to(server)
+    target = server.target(port=link.port)
+    # gcsfs alone retries a refused connection for ~34 s; our own retries come on top of the backend's
+    monkeypatch.setenv("SPOTWARP_STORAGE_RETRIES", "1" if kind == "gcs" else "2")
+    monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.1")
+    engine = engine_for(target)
+    first = engine.snapshot_kernel({"step": 41, "small": np.arange(1000)}, message="before the outage")
+
+    ns = big_namespace()
+    link.cut_after(40 * 1024 * 1024)  # the server dies once 40 MB of a ~100 MB snapshot have gone up
+    with pytest.raises(StorageError) as failure:
+        engine.snapshot_kernel(ns, message="during the outage")
+    assert link.cut_event.is_set()
+    message = str(failure.value)
+    assert "\n" not in message and target.url in message
+    if kind == "s3":
+        assert "after 2 attempts" in message
+    link.restore()  # the server is back
+
+    # another host sees only the committed snapshot, and it restores
+    other = engine_for(target)
+    assert [m.id for m in other.manifests()] == [first.id]
+    restored: dict = {}
+    other.restore_kernel("latest", restored)
+    assert restored["step"] == 41 and restored["small"].tolist() == list(range(1000))
+    assert other.verify().ok
+
+    # the next snapshot succeeds; what the failed one sent is reused, not sent again
+    second = engine.snapshot_kernel(ns, message="after the outage")
+    assert second.stats["objects_reused"] + second.stats["objects_written"] > 0
+    named = set(first.objects) | set(second.objects)
+    leftovers = stored_objects(target) - named
+    assert not leftovers, f"{len(leftovers)} objects named by no snapshot"
+    store = engine.store
+    assert len(store.interrupted_uploads()) <= 1  # at most the one big object that was in flight
+    store.clear_interrupted_uploads(older_than_s=0)
+    assert store.interrupted_uploads() == []
+    back: dict = {}
+    engine_for(target).restore_kernel(second.id, back)
+    assert all(np.array_equal(back[k], ns[k]) for k in ns if k.startswith("layer")) and back["blob"] == ns["blob"]
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_short_outage_is_ridden_out(kind, request, link_to, monkeypatch):
+    server: StorageServer = request.getfixturevalue(f"{kind}_server")
+    link = link_to(server)
+    target = server.target(port=link.port)
+    monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.2")
+    engine = engine_for(target)
+    ns = {f"a{i}": np.full(1_000_000, i, dtype=np.float64) for i in range(6)}
+    link.cut_after(10 * 1024 * 1024)
+    result: dict = {}
+
+    def snapshot() -> None:
+        try:
+            result["manifest"] = engine.snapshot_kernel(ns)
+        except Exception as exc:  # noqa: BLE001
+            result["error"] = exc
+
+    writer = threading.Thread(target=snapshot)
+    writer.start()
+    assert link.cut_event.wait(60), "the snapshot never reached the cut"
+    link.restore()  # the server comes back while the writer is still retrying
+    writer.join(120)
+    assert "error" not in result, result.get("error")
+    back: dict = {}
+    engine_for(target).restore_kernel(result["manifest"].id, back)
+    assert all(np.array_equal(back[k], ns[k]) for k in ns)
+
+
+def test_unreachable_storage_is_one_clear_line(s3_server, monkeypatch):
+    monkeypatch.setenv("SPOTWARP_STORAGE_RETRIES", "2")
+    monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.05")
+    target = s3_server.target()
+    target.options["client_kwargs"]["endpoint_url"] = "http://127.0.0.1:9"  # nothing listens there
+    with pytest.raises(StorageError) as failure:
+        engine_for(target)
+    message = str(failure.value)
+    assert "\n" not in message and "unreachable" in message and target.url in message
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_missing_bucket_says_so(kind, request):
+    server: StorageServer = request.getfixturevalue(f"{kind}_server")
+    target = server.target()
+    target.url = target.url.replace(server.bucket, "no-such-bucket-spotwarp")
+    with pytest.raises(StorageError, match="does not exist"):
+        engine_for(target)
+
+
+# -- two writers on one project ------------------------------------------------------------------
+TWO_WRITER_LOOP = r'''
+import spotwarp, numpy as np
+ids = []
+for i in range({n}):
+    state = {{"writer": "{who}", "i": i, "payload": np.full(200_000, i, dtype=np.int64)}}
+    ids.append(spotwarp.snapshot("{who} " + str(i)).id)
+print("@@" + __import__("json").dumps(ids))
+'''
+
+
+def test_two_writers_lose_nothing_and_agree_on_latest(storage: StorageTarget, start_kernel):
+    # a new host and a zombie old one, both still snapshotting the same notebook of the same project
+    n = 6
+    kernels = {who: start_kernel(f"host-{who}", **storage.kernel_env()) for who in ("old", "new")}
+    for k in kernels.values():
+        k.run("%load_ext spotwarp\n%spotwarp off")
+    ids: dict[str, list[str]] = {}
+
+    def write(who: str) -> None:
+        out = kernels[who].run(TWO_WRITER_LOOP.format(n=n, who=who), timeout=300)
+        ids[who] = json.loads([ln for ln in out.splitlines() if ln.startswith("@@")][-1][2:])
+
+    threads = [threading.Thread(target=write, args=(who,)) for who in kernels]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(300)
+    assert set(ids) == {"old", "new"} and all(len(v) == n for v in ids.values())
+
+    engine = engine_for(storage)
+    listing = engine.manifests()
+    assert sorted(m.id for m in listing) == sorted(ids["old"] + ids["new"])  # none lost, none extra
+    assert not engine.rejected
+    report = engine.verify()
+    assert report.ok, report.problems
+    for manifest in listing:  # each snapshot holds exactly what its writer had at that moment
+        ns: dict = {}
+        engine.restore_kernel(manifest.id, ns)
+        who, i = manifest.message.split()
+        assert ns["state"]["writer"] == who and ns["state"]["i"] == int(i)
+        assert ns["state"]["payload"].tolist() == [int(i)] * 200_000
+    # latest: newest by creation time, ties broken by id; every host agrees
+    newest = max(listing, key=lambda m: (m.created, m.id))
+    assert engine.get("latest").id == newest.id == listing[0].id
+    assert engine_for(storage).get("latest").id == newest.id
+
+
+def test_latest_breaks_a_time_tie_by_id(storage: StorageTarget):
+    engine = engine_for(storage)
+    made = []
+    for snapshot_id in ("bbbbbbbb", "aaaaaaaa", "cccccccc"):
+        m = engine.new_manifest("kernel", snapshot_id)
+        m.id, m.created = snapshot_id, 1_800_000_000.5  # three hosts committing in the same millisecond
+        made.append(engine.commit_manifest(m))
+    other = engine_for(storage)
+    assert other.get("latest").id == "cccccccc"
+    assert [m.id for m in other.manifests()] == ["cccccccc", "bbbbbbbb", "aaaaaaaa"]
+
+
+# -- store behaviour the rest of the engine relies on -------------------------------------------------
+def test_store_round_trip_and_listing(storage: StorageTarget):
+    store = Store(storage.url, "proj", storage.options)
+    small, large = os.urandom(1000), os.urandom(70 * 1024 * 1024)  # the large one goes up in parts
+    results = store.put_objects([small, large, memoryview(small)])
+    assert results[0] == results[2] and results[1][1] == len(large)
+    assert store.read_object(results[1][0], len(large)) == large
+    target = bytearray(len(small))
+    store.read_object_into(results[0][0], memoryview(target))
+    assert bytes(target) == small
+    missing = "0" * 64
+    assert store.present([results[0][0], results[1][0], missing]) == {results[0][0], results[1][0]}
+    listed = store.list_objects_with_times()
+    assert set(listed) == {results[0][0], results[1][0]}
+    assert all(mtime is not None and abs(mtime - time.time()) < 600 for _size, mtime in listed.values())
+    store.write_manifest("20260101T000000000Z-abcdefgh.json", b"{}")
+    assert store.manifest_names() == ["20260101T000000000Z-abcdefgh.json"]
+    store.delete_manifest("20260101T000000000Z-abcdefgh.json")
+    assert store.manifest_names() == []
+    store.delete_object(results[0][0])
+    assert not store.has_object(results[0][0]) and store.has_object(results[1][0])
+
+
+# -- workspace files and the command line, through object storage -------------------------------------
+def cli(target: StorageTarget, tmp_path: Path, *args: str, timeout: float = 180, **extra_env: str):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HOME": str(tmp_path / "home"), **target.kernel_env(**extra_env)}
+    return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], capture_output=True, text=True,
+                          env=env, timeout=timeout)
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def test_workspace_files_move_to_a_new_host(storage: StorageTarget, tmp_path: Path):
+    ws = tmp_path / "hostA" / "ws"
+    (ws / "data").mkdir(parents=True)
+    (ws / "data" / "train.csv").write_text("a,b\n" + "1,2\n" * 20000)
+    (ws / "notes.md").write_text("# experiment 7\n")
+    (ws / "weights.bin").write_bytes(os.urandom(5 * 1024 * 1024 + 17))
+    made = cli(storage, tmp_path, "snapshot", "--project-id", "proj", "--workspace-path", str(ws), "-m", "files")
+    assert made.returncode == 0, made.stderr
+    listing = cli(storage, tmp_path, "list", "--project-id", "proj", "--json")
+    assert listing.returncode == 0, listing.stderr
+    snapshots = json.loads(listing.stdout)["snapshots"]
+    assert [s["message"] for s in snapshots] == ["files"] and snapshots[0]["files"] == 3
+
+    new_host = tmp_path / "hostB" / "ws"
+    restored = cli(storage, tmp_path, "restore", "--project-id", "proj", "--workspace-path", str(new_host))
+    assert restored.returncode == 0, restored.stderr
+    assert tree(new_host) == tree(ws)
+    checked = cli(storage, tmp_path, "verify", "--project-id", "proj")
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+
+
+def test_cli_on_unreachable_object_storage_is_one_line(s3_server, tmp_path: Path):
+    target = s3_server.target()
+    target.options["client_kwargs"]["endpoint_url"] = "http://127.0.0.1:9"
+    out = cli(target, tmp_path, "list", "--project-id", "proj", timeout=120, SPOTWARP_STORAGE_RETRIES="1")
+    assert out.returncode == 1
+    assert len(out.stderr.strip().splitlines()) == 1 and "unreachable" in out.stderr

@@ -1,0 +1,155 @@
+"""Signed snapshots: with SPOTWARP_KEY set, a host refuses what it cannot trust, and says why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import posixpath
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from spotwarp_jupyter.engine import DamagedObjectError, ManifestError, Settings, SnapshotEngine
+from spotwarp_jupyter.engine.manifests.manifest import Manifest, _canonical, key_id
+
+from storage_servers import StorageTarget
+
+KEY_A, KEY_B = b"team-secret-a", b"another-teams-secret"
+
+
+def engine_for(target: StorageTarget, key: bytes | None) -> SnapshotEngine:
+    """An engine on `target`, with `key` as its SPOTWARP_KEY (b"" for none)."""
+    settings = Settings.resolve(project="proj", storage=target.url, storage_options=target.options, env={})
+    return SnapshotEngine(settings, key=key if key is not None else b"")
+
+
+def manifest_path(engine: SnapshotEngine, manifest: Manifest) -> str:
+    return posixpath.join(engine.store.snapshots_dir, manifest.name)
+
+
+def rewrite(engine: SnapshotEngine, manifest: Manifest, change, fix_checksum: bool = True) -> None:
+    """Edit a stored manifest as an attacker with write access to the bucket (but not the key) would."""
+    path = manifest_path(engine, manifest)
+    doc = json.loads(engine.store.fs.cat_file(path))
+    change(doc)
+    if fix_checksum:
+        body = {k: v for k, v in doc.items() if k not in ("checksum", "signature", "key_id")}
+        doc["checksum"] = hashlib.sha256(_canonical(body)).hexdigest()
+    engine.store.fs.pipe_file(path, json.dumps(doc).encode())
+
+
+def first_snapshot(target: StorageTarget, key: bytes | None) -> Manifest:
+    return engine_for(target, key).snapshot_kernel({"weights": np.arange(10.0), "note": "mine"}, message="ok")
+
+
+def test_a_host_with_the_key_restores_a_signed_snapshot(storage: StorageTarget):
+    made = first_snapshot(storage, KEY_A)
+    reader = engine_for(storage, KEY_A)
+    assert reader.get("latest").signed
+    ns: dict = {}
+    reader.restore_kernel(made.id, ns)
+    assert ns["note"] == "mine" and ns["weights"].tolist() == list(np.arange(10.0))
+
+
+def test_a_valid_snapshot_signed_with_another_key_is_refused(storage: StorageTarget):
+    made = first_snapshot(storage, KEY_B)  # intact, correctly signed, by a host with a different key
+    reader = engine_for(storage, KEY_A)
+    assert reader.manifests() == []
+    with pytest.raises(ManifestError, match="signed with another key") as refused:
+        reader.restore_kernel(made.id, {})
+    assert key_id(KEY_B) in str(refused.value) and key_id(KEY_A) in str(refused.value)
+    assert "\n" not in str(refused.value)
+
+
+def test_an_unsigned_snapshot_is_refused_when_a_key_is_set(storage: StorageTarget):
+    made = first_snapshot(storage, None)
+    assert not engine_for(storage, None).get(made.id).signed
+    reader = engine_for(storage, KEY_A)
+    assert reader.manifests() == []
+    with pytest.raises(ManifestError, match="unsigned, but SPOTWARP_KEY is set"):
+        reader.restore_kernel(made.id, {})
+
+
+@pytest.mark.parametrize("fix_checksum", [True, False], ids=["checksum-recomputed", "checksum-left"])
+def test_an_altered_manifest_is_refused(storage: StorageTarget, fix_checksum: bool):
+    made = first_snapshot(storage, KEY_A)
+    writer = engine_for(storage, KEY_A)
+
+    def alter(doc: dict) -> None:  # claim the snapshot is something else
+        doc["message"] = "a trusted snapshot, honest"
+        doc["kernels"]["default"]["variables"]["note"]["type"] = "builtins.int"
+
+    rewrite(writer, made, alter, fix_checksum)
+    reader = engine_for(storage, KEY_A)
+    assert reader.manifests() == []
+    with pytest.raises(ManifestError, match="altered after it was signed"):
+        reader.restore_kernel(made.id, {})
+    assert any("altered" in reason for reason in reader.rejected.values())
+
+
+def test_stripping_the_signature_does_not_help(storage: StorageTarget):
+    made = first_snapshot(storage, KEY_A)
+    rewrite(engine_for(storage, KEY_A), made, lambda doc: (doc.pop("signature"), doc.pop("key_id")))
+    with pytest.raises(ManifestError, match="unsigned"):
+        engine_for(storage, KEY_A).restore_kernel(made.id, {})
+
+
+def test_a_swapped_object_is_caught_by_its_hash(storage: StorageTarget):
+    # the manifest is signed and names objects by blake3: replacing an object's bytes cannot go unseen
+    made = engine_for(storage, KEY_A).snapshot_kernel({"weights": np.arange(1000.0), "note": "mine"})
+    evil = engine_for(storage, KEY_A).snapshot_kernel({"weights": np.zeros(1000), "note": "theirs"})
+    writer = engine_for(storage, KEY_A)
+    record = made.kernels["default"]
+    evil_record = evil.kernels["default"]
+    victim = next(c["id"] for g in record["groups"] for b in g["buffers"] for c in b["chunks"])
+    planted = next(c["id"] for g in evil_record["groups"] for b in g["buffers"] for c in b["chunks"])
+    assert victim != planted
+    # the attacker puts the other snapshot's weights (same size, valid data) where the victim's were
+    bytes_in = writer.store.read_object(planted)
+    writer.store.fs.pipe_file(writer.store.object_path(victim), bytes_in)
+    ns = {"note": "untouched"}
+    with pytest.raises(DamagedObjectError, match="does not match its hash") as caught:
+        engine_for(storage, KEY_A).restore_kernel(made.id, ns)
+    assert victim in str(caught.value)
+    assert ns == {"note": "untouched"}  # nothing was loaded
+    report = engine_for(storage, KEY_A).verify(made.id)
+    assert not report.ok and any(victim in p for p in report.problems)
+
+
+def test_a_garbled_manifest_is_refused_as_damaged(storage: StorageTarget):
+    made = first_snapshot(storage, KEY_A)
+    engine = engine_for(storage, KEY_A)
+    engine.store.fs.pipe_file(manifest_path(engine, made), b'{"format": 1, "id": "x", "half')
+    reader = engine_for(storage, KEY_A)
+    assert reader.manifests() == []
+    with pytest.raises(ManifestError, match="not valid JSON"):
+        reader.get(made.id)
+
+
+# -- in real kernels: the way a user meets it --------------------------------------------------------
+def test_kernels_with_and_without_the_right_key(tmp_path, start_kernel):
+    a = start_kernel("hostA", SPOTWARP_KEY=KEY_A.decode())
+    a.run("%load_ext spotwarp\nsecret_weights = [1, 2, 3]\n%spotwarp snapshot")
+    snap = a.value("__import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().last.id")
+    a.kill()
+
+    same = start_kernel("hostB", SPOTWARP_KEY=KEY_A.decode())
+    same.run("%load_ext spotwarp\n%spotwarp restore latest")
+    assert same.value("secret_weights") == [1, 2, 3]
+
+    other = start_kernel("hostC", SPOTWARP_KEY=KEY_B.decode())
+    other.run("%load_ext spotwarp")
+    ename, evalue, _out = other.run_error(f"%spotwarp restore {snap}")
+    assert ename == "UsageError" and "signed with another key" in evalue and "\n" not in evalue
+    assert other.value("'secret_weights' in dir()") is False
+
+
+def test_unsigned_restore_warning_is_given_once_per_process():
+    code = (
+        "from spotwarp_jupyter.engine.manifests import trust_warning\n"
+        "print(repr(trust_warning(b'key'))); print(repr(trust_warning(None))); print(repr(trust_warning(None)))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out[0] == "None" and "pickle code" in out[1] and "SPOTWARP_KEY" in out[1] and out[2] == "None"
