@@ -3,7 +3,7 @@
 # pytest (engine, kernels, server, storage emulators, JupyterHub, install checks) and the browser test,
 # after ruff and the import-layer contract (lint-imports).
 # Python packages come from constraints.txt into a virtual environment (.venv, or $SPOTWARP_VENV);
-# system parts (Node.js >= 20, Debian's chromium) are installed when running as root with apt-get,
+# system parts (Node.js >= 20, Debian's chromium, rsync) are installed when running as root with apt-get,
 # otherwise the script stops with one line saying what to install.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +25,10 @@ python3 -c 'import venv, ensurepip' 2>/dev/null \
 if ! node_ok; then
     can_apt && apt_install nodejs npm || true
     node_ok || die "Node.js >= 20 with npm is needed to build and test the panel: install it and re-run"
+fi
+if ! command -v rsync >/dev/null; then  # SkyPilot provisions through rsync, even in dryrun tests
+    can_apt && apt_install rsync || true
+    command -v rsync >/dev/null || die "rsync is needed by SkyPilot (the failover provider tests): install it and re-run"
 fi
 if [ ! -x /usr/bin/chromium ]; then
     can_apt && apt_install chromium || true

@@ -15,7 +15,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -31,7 +30,7 @@ from spotwarp_jupyter.engine.journal.events import (
 
 from lab_server import Execution, LabServer, host_env
 from metadata_servers import WATCHER_ENV_OFF
-from waiting import wait_for
+from waiting import read_progress, wait_for
 
 pytestmark = pytest.mark.slow  # real `spotwarp start` processes, SIGTERM mid-training, a second host
 
@@ -53,13 +52,6 @@ for step in spotwarp.resumable(range(100000), name="train"):
         break
     time.sleep(0.02)
 """
-
-
-def read_progress(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp_path):

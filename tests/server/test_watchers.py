@@ -20,6 +20,7 @@ from spotwarp_jupyter.server.watchers import AwsWatcher, AzureWatcher, GcpWatche
 from jupyter_api import call, execute, open_notebook
 from lab_server import Execution
 from metadata_servers import FakeAws, FakeAzure, FakeGcp, dead_url
+from waiting import read_progress
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -223,13 +224,6 @@ for step in spotwarp.resumable(range(100000), name="train"):
         break
     time.sleep(0.02)
 """
-
-
-def read_progress(path: Path) -> int:
-    try:
-        return int(path.read_text() or 0)
-    except (FileNotFoundError, ValueError):
-        return 0
 
 
 @pytest.fixture(params=sorted(CLOUDS))

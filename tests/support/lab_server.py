@@ -36,20 +36,28 @@ def host_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def _decode(raw: bytes) -> Any:
+    try:
+        return json.loads(raw) if raw else None
+    except ValueError:  # an HTML error page
+        return raw.decode(errors="replace")
+
+
 class LabServer:
     """`spotwarp start ... -- jupyter args` in its own process group, like a terminal session."""
 
     def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path, plain: bool = False,
-                 start_args: tuple[str, ...] = ()):
+                 start_args: tuple[str, ...] = (), jupyter_args: tuple[str, ...] = ()):
         """`plain` runs `jupyter lab` itself without SpotWarp (the reference a benchmark compares with);
-        `start_args` go to `spotwarp start` (e.g. `--candidate-id`)."""
+        `start_args` go to `spotwarp start` (e.g. `--candidate-id`), `jupyter_args` to JupyterLab."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
+        self.workspace = workspace
         self.env = env
         self.log_path = log
         self.ready_path = "api/status" if plain else "spotwarp/api/status"
-        jupyter_args = ["--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
-                        "--LabApp.extension_manager=readonly"]
+        jupyter_args = ("--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
+                        "--LabApp.extension_manager=readonly", *jupyter_args)
         if plain:
             workspace.mkdir(parents=True, exist_ok=True)
             argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}", f"--port={self.port}",
@@ -73,11 +81,9 @@ class LabServer:
         req = urllib.request.Request(self.url + path, data=data, method=method, headers=headers)
         try:
             with urllib.request.urlopen(req, timeout=timeout) as r:
-                raw = r.read()
-                return r.status, json.loads(raw) if raw else None
+                return r.status, _decode(r.read())
         except urllib.error.HTTPError as exc:
-            raw = exc.read()
-            return exc.code, json.loads(raw) if raw else None
+            return exc.code, _decode(exc.read())
 
     def wait_ready(self, timeout: float = 180) -> float:
         """Seconds from start until the status endpoint answers (the session is served)."""
@@ -100,6 +106,16 @@ class LabServer:
             "path": path, "name": Path(path).name, "type": "notebook", "kernel": {"name": "python3"}})
         assert code == 201, session
         return KernelSocket(self, session["kernel"]["id"])
+
+    def stop(self) -> None:
+        """SIGTERM to the whole process group (SIGKILL if it lingers): the host shuts down."""
+        if self.proc.poll() is not None:
+            return
+        try:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            self.proc.wait(timeout=30)
+        except (ProcessLookupError, subprocess.TimeoutExpired):
+            self.kill()
 
     def kill(self) -> None:
         """SIGKILL to the whole process group: the host vanishes."""
