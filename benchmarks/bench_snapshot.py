@@ -3,7 +3,10 @@
     python benchmarks/bench_snapshot.py            # the reference workload (~2 GB)
     python benchmarks/bench_snapshot.py --scale 0.1 --train-pairs 2 --every 15   # quick (~200 MB)
 
-Every time is a median of --reps runs, divided by a reference measured in the same run.
+Every time is a median of --reps runs, divided by a reference measured in the same run: this disk's
+best sequential write and read of the state's bytes (the better of a buffered write + fsync or cold read
+and O_DIRECT with several 64 MiB blocks in flight). The rows marked "old reference" repeat the snapshot
+and restore figures against the buffered write + fsync and the buffered cold read used before issue 26.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
-from common import MemorySampler, drop_cache, median, raw_read, raw_write, table, timed  # noqa: E402
+from common import MemorySampler, disk_limits, drop_cache, median, table, timed  # noqa: E402
 
 from spotwarp_jupyter.engine import Settings  # noqa: E402
 from spotwarp_jupyter.kernel.policy import Policy  # noqa: E402
@@ -110,15 +113,16 @@ def main() -> None:
 
     if args.train_only:  # the training figure alone, on a store holding one snapshot
         store = scratch / "store-train"
-        raw_w = raw_write(scratch / "raw.bin", state)
-        figures.update(raw_write_s=raw_w, raw_read_s=raw_read(scratch / "raw.bin"))
+        limits = disk_limits(scratch / "raw.bin", state)
+        raw_w = limits.best_write_s
+        figures.update(raw_write_s=raw_w, raw_read_s=limits.best_read_s)
     else:
         # -- full snapshot (synchronous, then background) vs raw write ---------------------------
-        full_sync, full_bg, pauses, mems, raws = [], [], [], [], []
+        full_sync, full_bg, pauses, mems, limits = [], [], [], [], []
         snap_bytes = 0
         for rep in range(args.reps):
             store = scratch / f"store-full-{rep}"
-            raws.append(raw_write(scratch / "raw.bin", state))
+            limits.append(disk_limits(scratch / "raw.bin", state))  # this disk's best write and read of `state` bytes
             took, manifest = timed(lambda: session_for(ns, store).snapshot())
             full_sync.append(took)
             snap_bytes = manifest.stats["bytes_written"]
@@ -133,8 +137,11 @@ def main() -> None:
             mems.append(mem.peak)
             if rep < args.reps - 1:
                 shutil.rmtree(store)
-        raw_w = median(raws)
+        raw_w = median([x.best_write_s for x in limits])
+        old_w = median([x.buffered_write_s for x in limits])  # the reference before issue 26: buffered + fsync
         figures["raw_write_s"] = raw_w
+        figures["buffered_write_s"] = old_w
+        figures["direct_write_s"] = median([x.direct_write_s or float("nan") for x in limits])
         figures["full_sync_ratio"] = median(full_sync) / raw_w
         figures["full_background_ratio"] = median(full_bg) / raw_w
         figures["full_bandwidth_vs_raw"] = raw_w / median(full_bg)
@@ -143,6 +150,9 @@ def main() -> None:
         rows.append(("full snapshot, background (trigger -> commit)", f"{figures['full_bandwidth_vs_raw']:.2f}x raw write bandwidth "
                      f"({median(full_bg):.2f} s vs {raw_w:.2f} s)", ">= 0.9x", "ok" if figures["full_bandwidth_vs_raw"] >= 0.9 else "MISSED"))
         rows.append(("full snapshot, synchronous", f"{raw_w / median(full_sync):.2f}x raw write bandwidth", "", ""))
+        rows.append(("  the same against the old reference (buffered write + fsync)",
+                     f"{old_w / median(full_bg):.2f}x background, {old_w / median(full_sync):.2f}x synchronous "
+                     f"({old_w:.2f} s)", "", ""))
         rows.append(("pause of the kernel per background snapshot", f"{figures['pause_ms']:.0f} ms", "<= 50 ms", "ok" if figures["pause_ms"] <= 50 else "MISSED"))
         rows.append(("extra peak memory during a snapshot", f"{figures['extra_memory_fraction'] * 100:.1f}% of state "
                      f"({median(mems) / 1e6:.0f} MB)", "<= 25%", "ok" if figures["extra_memory_fraction"] <= 0.25 else "MISSED"))
@@ -176,20 +186,24 @@ def main() -> None:
                      "<= 1.1x", "ok" if figures["changed_array_write_factor"] <= 1.1 else "MISSED"))
 
         # -- restore into a fresh process vs a cold raw read -----------------------------------------
-        restores, reads, imports = [], [], []
+        restores, imports = [], []
+        reads = [x.best_read_s for x in limits]
+        old_reads = [x.buffered_read_s for x in limits]
         for _ in range(args.reps):
-            reads.append(raw_read(scratch / "raw.bin"))
             drop_cache(store)
             out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)], capture_output=True, text=True, check=True)
             result = json.loads(out.stdout.strip().splitlines()[-1])
             restores.append(result["restore_s"])
             imports.append(result["imports_s"])
         figures["raw_read_s"] = median(reads)
+        figures["buffered_read_s"] = median(old_reads)
         figures["restore_ratio"] = median(restores) / median(reads)
         figures["imports_s"] = median(imports)
-        rows.append(("restore into a fresh process (cold cache)", f"{figures['restore_ratio']:.2f}x raw cold read "
-                     f"({median(restores):.2f} s vs {median(reads):.2f} s) + {median(imports):.1f} s imports", "<= 1.2x + start",
-                     "ok" if figures["restore_ratio"] <= 1.2 else "MISSED"))
+        rows.append(("restore into a fresh process (cold cache)", f"{figures['restore_ratio']:.2f}x best raw read "
+                     f"({median(restores):.2f} s vs {median(reads):.2f} s) + {median(imports):.1f} s imports", "<= 1.1x + start",
+                     "ok" if figures["restore_ratio"] <= 1.1 else "MISSED"))
+        rows.append(("  the same against the old reference (buffered cold read)",
+                     f"{median(restores) / median(old_reads):.2f}x ({median(old_reads):.2f} s)", "", ""))
 
         # -- cell latency with automatic snapshots --------------------------------------------------
         import numpy as np
@@ -347,7 +361,7 @@ def main() -> None:
                      ("ok" if median(lost[writer]) / args.every <= 0.02 else "MISSED") if writer == "staged" else ""))
 
     print()
-    print(f"SpotWarp snapshot benchmark: state {state / 1e9:.2f} GB, raw write {raw_w:.2f} s, raw cold read "
+    print(f"SpotWarp snapshot benchmark: state {state / 1e9:.2f} GB, best raw write {raw_w:.2f} s, best raw cold read "
           f"{figures['raw_read_s']:.2f} s, medians of {args.reps}")
     print(table(rows))
     if args.json:

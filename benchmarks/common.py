@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import mmap
 import os
 import statistics
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -31,7 +34,7 @@ def drop_cache(path: Path) -> None:
 
 
 def raw_write(path: Path, nbytes: int, block: int = 64 << 20) -> float:
-    """Seconds to write `nbytes` sequentially with fsync: the write limit."""
+    """Seconds to write `nbytes` sequentially through the page cache, then fsync (the old write reference)."""
     buf = os.urandom(min(block, nbytes))
     started = time.perf_counter()
     with open(path, "wb") as f:
@@ -46,7 +49,7 @@ def raw_write(path: Path, nbytes: int, block: int = 64 << 20) -> float:
 
 
 def raw_read(path: Path, block: int = 64 << 20) -> float:
-    """Seconds to read a file sequentially from a cold cache: the read limit."""
+    """Seconds to read a file sequentially through the page cache from a cold cache (the old read reference)."""
     drop_cache(path)
     started = time.perf_counter()
     buf = bytearray(block)
@@ -54,6 +57,119 @@ def raw_read(path: Path, block: int = 64 << 20) -> float:
         while f.readinto(buf):
             pass
     return time.perf_counter() - started
+
+
+_ALIGN = 4096
+
+
+def _aligned_buffers(count: int, block: int) -> list[mmap.mmap]:
+    """Page-aligned buffers (anonymous maps), as O_DIRECT needs."""
+    return [mmap.mmap(-1, block) for _ in range(count)]
+
+
+def direct_write(path: Path, nbytes: int, block: int = 64 << 20, inflight: int = 4) -> float | None:
+    """Seconds to write `nbytes` with O_DIRECT, `inflight` blocks at a time, then fsync; None where refused."""
+    rounded = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+    buffers = _aligned_buffers(inflight, block)
+    for buf in buffers:
+        buf.write(os.urandom(1 << 20) * (block >> 20))
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
+    except OSError:
+        return None
+    offsets = list(range(0, rounded, block))
+
+    def write(i: int) -> None:
+        offset = offsets[i]
+        view = memoryview(buffers[i % inflight])[: min(block, rounded - offset)]
+        done = 0
+        while done < view.nbytes:
+            done += os.pwrite(fd, view[done:], offset + done)
+
+    started = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(max_workers=inflight) as pool:
+            for first in range(0, len(offsets), inflight):
+                list(pool.map(write, range(first, min(first + inflight, len(offsets)))))
+        os.ftruncate(fd, nbytes)
+        os.fsync(fd)
+    except OSError:
+        return None  # a filesystem that accepts the flag but refuses the writes (tmpfs, some overlays)
+    finally:
+        os.close(fd)
+    return time.perf_counter() - started
+
+
+def direct_read(path: Path, block: int = 64 << 20, inflight: int = 4) -> float | None:
+    """Seconds to read a file with O_DIRECT (no page cache), `inflight` blocks at a time; None where refused."""
+    size = path.stat().st_size
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+    except OSError:
+        return None
+    buffers = _aligned_buffers(inflight, block)
+    offsets = list(range(0, size, block))
+
+    def read(i: int) -> None:
+        view = memoryview(buffers[i % inflight])
+        got = 0
+        while offsets[i] + got < size and got < block:
+            n = os.preadv(fd, [view[got:]], offsets[i] + got)
+            if n <= 0:
+                break
+            got += n
+
+    started = time.perf_counter()
+    try:
+        with ThreadPoolExecutor(max_workers=inflight) as pool:
+            for first in range(0, len(offsets), inflight):
+                list(pool.map(read, range(first, min(first + inflight, len(offsets)))))
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+    return time.perf_counter() - started
+
+
+@dataclass
+class DiskLimits:
+    """This disk's sequential limits for one size, measured in the same run: each way, and the better one.
+
+    `buffered_*` are the old references (page cache, fsync'd writes, cold reads); `best_*` the better of
+    those and O_DIRECT with several blocks in flight: the real limits ratios are taken against.
+    """
+
+    buffered_write_s: float
+    buffered_read_s: float
+    direct_write_s: float | None
+    direct_read_s: float | None
+
+    @property
+    def best_write_s(self) -> float:
+        return min(t for t in (self.buffered_write_s, self.direct_write_s) if t is not None)
+
+    @property
+    def best_read_s(self) -> float:
+        return min(t for t in (self.buffered_read_s, self.direct_read_s) if t is not None)
+
+    def as_dict(self) -> dict[str, float | None]:
+        return {"buffered_write_s": self.buffered_write_s, "buffered_read_s": self.buffered_read_s,
+                "direct_write_s": self.direct_write_s, "direct_read_s": self.direct_read_s,
+                "best_write_s": self.best_write_s, "best_read_s": self.best_read_s}
+
+
+def disk_limits(path: Path, nbytes: int, reps: int = 1) -> DiskLimits:
+    """Median over `reps` of each way to write and read `nbytes` at `path` (the file is left there)."""
+    bw, br, dw, dr = [], [], [], []
+    for _ in range(reps):
+        dw.append(direct_write(path, nbytes))
+        dr.append(direct_read(path))
+        bw.append(raw_write(path, nbytes))
+        br.append(raw_read(path))
+    direct_w = [t for t in dw if t is not None]
+    direct_r = [t for t in dr if t is not None]
+    return DiskLimits(median(bw), median(br), median(direct_w) if direct_w else None,
+                      median(direct_r) if direct_r else None)
 
 
 class MemorySampler:
