@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine, StorageError
 from spotwarp_jupyter.engine.storage.store import Store
 
 from kernels import SESSION
@@ -282,6 +282,49 @@ def test_store_round_trip_and_listing(storage: StorageTarget):
     assert store.manifest_names() == []
     store.delete_object(results[0][0])
     assert not store.has_object(results[0][0]) and store.has_object(results[1][0])
+
+
+LARGE = 40 * 1024 * 1024 + 123  # read from S3 as concurrent ranged GETs; whole elsewhere
+
+
+@pytest.fixture
+def large_object(storage: StorageTarget) -> tuple[Store, str, bytes]:
+    store = Store(storage.url, "proj", storage.options)
+    data = os.urandom(LARGE)
+    oid, _size = store.put_object(data)
+    return store, oid, data
+
+
+def test_a_large_object_reads_back_whole_into_its_buffer(large_object):
+    store, oid, data = large_object
+    target = bytearray(LARGE)
+    store.read_object_into(oid, memoryview(target))
+    assert target == data
+
+
+@pytest.mark.parametrize("damage", ["first-byte", "middle", "range-boundary", "last-byte", "shortened", "lengthened"])
+def test_damage_anywhere_in_a_large_object_is_refused(large_object, damage):
+    store, oid, data = large_object
+    body = bytearray(data)
+    if damage == "first-byte":
+        body[0] ^= 0xFF
+    elif damage == "middle":
+        body[LARGE // 2] ^= 0xFF
+    elif damage == "range-boundary":
+        body[16 * 1024 * 1024] ^= 0xFF
+    elif damage == "last-byte":
+        body[-1] ^= 0xFF
+    elif damage == "shortened":
+        del body[-1:]
+    else:
+        body += b"\0"
+    path = store.object_path(oid)
+    if store.local:
+        os.chmod(path, 0o644)
+    store.fs.pipe_file(path, bytes(body))
+    target = bytearray(LARGE)
+    with pytest.raises(DamagedObjectError):
+        store.read_object_into(oid, memoryview(target))
 
 
 # -- workspace files and the command line, through object storage -------------------------------------
