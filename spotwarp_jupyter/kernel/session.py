@@ -183,10 +183,9 @@ class KernelSession:
         """`latest` means this notebook's newest snapshot: never another notebook's state, silently."""
         if any(self.notebook in m.kernels for m in listing):
             return
-        others = listing
-        if not others:
+        if not listing:
             return  # the engine says there is no snapshot at all
-        newest = others[0]
+        newest = listing[0]
         raise SpotWarpError(
             f"notebook {self.notebook!r} has no snapshot of its own yet; the newest in project "
             f"{self.settings.project!r} is {newest.id} of {describe_notebooks(newest)} ({newest.host}, {newest.created_iso}): "
