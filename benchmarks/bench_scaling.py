@@ -41,6 +41,7 @@ RESTORE_CHILD = r"""
 import json, sys, time
 sys.path.insert(0, sys.argv[2])  # the workload's code is saved by reference, as any imported module's
 import numpy, pandas, torch
+import torch._dynamo  # an optimizer's first step (or its constructor) imports it, ~1 s: an import, not restore work
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]), create=False)
 ns = {}

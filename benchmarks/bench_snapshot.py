@@ -37,6 +37,7 @@ import json, sys, time
 sys.path.insert(0, sys.argv[2])  # the workload's code is saved by reference, as any imported module's
 t0 = time.perf_counter()
 import numpy, pandas, torch
+import torch._dynamo  # an optimizer's first step (or its constructor) imports it, ~1 s: an import, not restore work
 t1 = time.perf_counter()
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]))

@@ -1,5 +1,5 @@
 # The single-user image's server config for SpotWarp (copy it to /etc/jupyter/ in the image).
-# The extension itself is enabled by `pip install spotwarp`; this adds what a hub deployment wants.
+# The extension itself is enabled by `pip install spotwarp-jupyter`; this adds what a hub deployment wants.
 # See docs/jupyterhub.md.
 c = get_config()  # noqa: F821 - provided by Jupyter when it loads this file
 

@@ -1,6 +1,6 @@
 # SpotWarp for every user of a JupyterHub (any spawner): include this file from your own
 # jupyterhub_config.py with `load_subconfig("/etc/jupyterhub/spotwarp_config.py")`, or copy its lines.
-# See docs/jupyterhub.md. The single-user image installs `spotwarp` (the server extension is then on
+# See docs/jupyterhub.md. The single-user image installs `spotwarp-jupyter` (the server extension is then on
 # by itself) and carries deploy/jupyter_server_config.py and deploy/ipython_*config.py.
 import hashlib
 import hmac

@@ -7,6 +7,11 @@ Three conversations, each built and read only here (no Jupyter imports, so both 
 - preemption notices (control channel, `spotwarp_notice_request` / `_reply`): served even while a cell runs.
   The kernel answers at once with the notice's `request_id`; the snapshot it then takes at its next safe
   point names that id in its manifest (`Manifest.requests`), which is how the server finds it in the store.
+- renames (control channel, `spotwarp_rename_request` / `_reply`): the session's notebook was renamed or
+  moved (JupyterLab's rename, a move in the file browser); the kernel takes the new name, served even while a
+  cell runs, and keeps the old one as an alias so its snapshots stay its own. The server also writes the new
+  name beside the kernel's connection file (`notebook_record_path`), where a kernel that loads SpotWarp
+  later, or restarts with its first `JPY_SESSION_NAME`, reads it.
 - widget actions: the browser sends `{"action": ..., "request_id": ...}`; the kernel answers by updating the
   widget's traits, `answered` last (the request id).
 
@@ -16,13 +21,20 @@ Every parser raises ProtocolError with one line saying what is wrong; nothing is
 from __future__ import annotations
 
 import math
+import os
 import secrets
 from dataclasses import dataclass
 from typing import Any
 
 COMM_TARGET = "spotwarp"
+# the status widget's text/plain: what a saved notebook shows in its place (the server drops the widget view
+# from saved outputs, whose model no reopened notebook has: "Error displaying widget: model not found")
+WIDGET_TEXT = "SpotWarp status widget (run %spotwarp widget to show it again)"
+WIDGET_VIEW_MIME = "application/vnd.jupyter.widget-view+json"
 NOTICE_REQUEST = "spotwarp_notice_request"
 NOTICE_REPLY = "spotwarp_notice_reply"
+RENAME_REQUEST = "spotwarp_rename_request"
+RENAME_REPLY = "spotwarp_rename_reply"
 PREEMPTION = "preemption"  # the safe-point reason of a notice's snapshot
 
 SNAPSHOT, STATUS, RESTORE = "snapshot", "status", "restore"
@@ -79,6 +91,7 @@ class KernelRequest:
     message: str | None = None  # snapshot: the snapshot's message
     snapshot: str = "latest"  # restore: which snapshot
     variables: tuple[str, ...] | None = None  # restore: only these names (None: all)
+    notebook: str | None = None  # the session's notebook now: a kernel still under an older name takes it first
 
     @classmethod
     def snapshot_now(cls, message: str | None = None) -> "KernelRequest":
@@ -102,6 +115,8 @@ class KernelRequest:
             out["snapshot"] = self.snapshot
             if self.variables is not None:
                 out["variables"] = list(self.variables)
+        if self.notebook is not None:
+            out["notebook"] = self.notebook
         return out
 
     @classmethod
@@ -118,8 +133,11 @@ class KernelRequest:
         if variables is not None and (not isinstance(variables, list)
                                       or not all(isinstance(v, str) and v for v in variables)):
             raise ProtocolError("a restore request's variables must be a list of variable names")
+        notebook = data.get("notebook")
+        if notebook is not None and (not isinstance(notebook, str) or not notebook.strip()):
+            raise ProtocolError("a request's notebook must be the session's notebook path")
         return cls(kind, request_id, message=message, snapshot=snapshot.strip(),
-                   variables=None if variables is None else tuple(variables))
+                   variables=None if variables is None else tuple(variables), notebook=notebook)
 
 
 def kernel_answer(request: KernelRequest, **fields: Any) -> dict[str, Any]:
@@ -219,6 +237,57 @@ class NoticeAnswer:
 def answers_request(requests: Any, request_id: str) -> bool:
     """Whether a snapshot's recorded requests (`Manifest.requests`) include `request_id`."""
     return isinstance(requests, (list, tuple)) and request_id in requests
+
+
+# -- renames: server -> kernel, on the control channel ----------------------------------------------------
+@dataclass(frozen=True)
+class RenameRequest:
+    """The kernel's notebook is now `notebook` (a path relative to the workspace)."""
+
+    request_id: str
+    notebook: str
+
+    @classmethod
+    def new(cls, notebook: str) -> "RenameRequest":
+        return cls(new_request_id(), notebook)
+
+    def to_message(self) -> dict[str, Any]:
+        return {"request_id": self.request_id, "notebook": self.notebook}
+
+    @classmethod
+    def from_message(cls, content: Any) -> "RenameRequest":
+        """Parse a rename's content; ProtocolError when it is malformed."""
+        content = _object(content, "a rename")
+        notebook = content.get("notebook")
+        if not isinstance(notebook, str) or not notebook.strip() or "\0" in notebook:
+            raise ProtocolError("a rename must name the notebook's new path")
+        return cls(_request_id(content), notebook.strip())
+
+
+NOTEBOOK_RECORD_PREFIX = "spotwarp-notebook-of-"
+
+
+def notebook_record_path(connection_file: str) -> str:
+    """Where the server records a kernel's notebook after a rename: beside the kernel's connection file, which
+    both know (`spotwarp-notebook-of-kernel-<id>.json`); it holds `{"notebook": <path in the workspace>}`."""
+    folder, name = os.path.split(connection_file)
+    return os.path.join(folder, NOTEBOOK_RECORD_PREFIX + name)
+
+
+def read_notebook_record(content: Any) -> str | None:
+    """The notebook a record names, or None when it names none."""
+    notebook = content.get("notebook") if isinstance(content, dict) else None
+    if not isinstance(notebook, str) or not notebook.strip() or "\0" in notebook:
+        return None
+    return notebook.strip()
+
+
+def rename_answer(request_id: str | None, notebook: str | None = None, former: list[str] | None = None,
+                  error: str | None = None) -> dict[str, Any]:
+    """A kernel's answer to a rename: its notebook and former names now, or why not."""
+    if error is not None:
+        return {"request_id": request_id, "ok": False, "error": one_line(error)}
+    return {"request_id": request_id, "ok": True, "notebook": notebook, "former": list(former or [])}
 
 
 # -- widget actions: browser -> kernel --------------------------------------------------------------------

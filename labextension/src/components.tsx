@@ -12,7 +12,7 @@ import {
   formatTime,
   previousOf
 } from './format';
-import { IReport, IReportRow, ISnapshotSummary, IStatus } from './types';
+import { IReport, IReportRow, ISnapshotSummary, IStatus, IWatcherState } from './types';
 
 export function ServerNotice(props: { state: ServerState; message: string }): JSX.Element | null {
   if (props.state === 'ok') {
@@ -40,6 +40,9 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
   }
   const last = status.last_snapshot;
   const watchers = status.watchers ?? [];
+  // what watches this host comes first; the other clouds' watchers are diagnostics, behind a disclosure
+  const active = watchers.filter(w => stateWord(w.state) === 'watching' || w.last_notice);
+  const idle = watchers.filter(w => !active.includes(w));
   const kernels = status.kernels ?? [];
   return (
     <div className="jp-SpotWarp-status">
@@ -75,21 +78,16 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
         </dd>
       </dl>
       <h4 className="jp-SpotWarp-subhead">Watchers</h4>
-      {watchers.length ? (
-        <ul className="jp-SpotWarp-watchers">
-          {watchers.map(w => (
-            <li
-              key={w.name}
-              className={`jp-SpotWarp-watcher jp-SpotWarp-watcher-${stateWord(w.state)}`}
-              title={w.endpoint ? `endpoint ${w.endpoint}` : undefined}
-            >
-              <span className="jp-SpotWarp-dot" /> {w.name}: {w.state}
-              {noticeOf(w.last_notice)}
-            </li>
-          ))}
-        </ul>
+      {active.length ? (
+        <ul className="jp-SpotWarp-watchers">{active.map(watcherItem)}</ul>
       ) : (
-        <div className="jp-SpotWarp-empty">No preemption watchers running.</div>
+        <div className="jp-SpotWarp-empty">No preemption watcher is watching this host.</div>
+      )}
+      {idle.length > 0 && (
+        <details className="jp-SpotWarp-diagnostics">
+          <summary>{idle.length} more not watching (another cloud, or off)</summary>
+          <ul className="jp-SpotWarp-watchers">{idle.map(watcherItem)}</ul>
+        </details>
       )}
       <h4 className="jp-SpotWarp-subhead">Kernels</h4>
       {kernels.length ? (
@@ -104,6 +102,19 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
         <div className="jp-SpotWarp-empty">No live kernels.</div>
       )}
     </div>
+  );
+}
+
+function watcherItem(w: IWatcherState): JSX.Element {
+  return (
+    <li
+      key={w.name}
+      className={`jp-SpotWarp-watcher jp-SpotWarp-watcher-${stateWord(w.state)}`}
+      title={w.endpoint ? `endpoint ${w.endpoint}` : undefined}
+    >
+      <span className="jp-SpotWarp-dot" /> {w.name}: {w.state}
+      {noticeOf(w.last_notice)}
+    </li>
   );
 }
 

@@ -99,7 +99,7 @@ export class SpotWarpModel implements IDisposable {
         this._setServer(
           'mismatch',
           `The SpotWarp server extension is version ${status.version ?? 'unknown'} but this panel is ${this.version}. ` +
-            'Install one version of spotwarp (pip install -U spotwarp) and restart JupyterLab.'
+            'Install one version of spotwarp (pip install -U spotwarp-jupyter) and restart JupyterLab.'
         );
       } else {
         this._setServer('ok', '');

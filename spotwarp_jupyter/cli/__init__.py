@@ -30,7 +30,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     if "--" in argv:  # everything after `--` belongs to jupyter lab
         cut = argv.index("--")
         argv, passthrough = argv[:cut], argv[cut + 1:]
-    args = parser.parse_args(argv)
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:
+        hint = (f"; Jupyter's own flags go after --: spotwarp start ... -- {' '.join(unknown)}"
+                if args.command == "start" else "")
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}{hint}")
     if passthrough and args.command != "start":
         parser.error(f"only `start` takes arguments after --, got {' '.join(passthrough)!r}")
     args.passthrough = passthrough

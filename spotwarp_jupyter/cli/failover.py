@@ -17,6 +17,7 @@ from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, command
 @command("watch")
 def cmd_watch(args: argparse.Namespace) -> int:
     args.watch, args.adopt_only = True, True
+    _check_dead_after(args)  # before anything is created in the store: a refused watch leaves no trace
     return cmd_launch(args)
 
 
@@ -25,14 +26,18 @@ def cmd_launch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from ..failover.race import finish, race, wait_promotion_seen
     from ..failover.registry import make_provider
-    from ..failover.watch import adopt, holder_of, watch
+    from ..failover.watchers import Announcement, refuse_second_watch
 
-    engine = _engine(args, create=True)
     provider = make_provider(args.provider, dict(args.provider_options))
+    _refuse_host_local_storage(args, provider)
+    engine = _existing_project(args)
     spec = _launch_spec(args, engine)
     store = engine.store
+
+    def floor() -> int:
+        """The highest generation a snapshot of the project recorded (the lease may have lost it)."""
+        return max((m.generation for m in engine.manifests()), default=0)
 
     def say(kind: str, data: dict[str, Any]) -> None:
         if args.json:
@@ -42,23 +47,55 @@ def cmd_launch(args: argparse.Namespace) -> int:
         print(_launch_line(kind, data), flush=True)
 
     stop = threading.Event()
+    announcement = None
+    # SIGTERM and SIGHUP (a closed terminal) end a race as Ctrl-C does: every unpromoted candidate goes down
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
     if args.watch:
-        signal.signal(signal.SIGTERM, lambda *_: stop.set())
-    holder = adopt(store, args.dead_after) if args.watch else None
+        refuse_second_watch(store, engine.settings.project, stop)
+        announcement = Announcement(store, engine.settings.project).start()
+    try:
+        return _launch_and_watch(args, engine, provider, spec, store, say, stop, floor)
+    finally:
+        if announcement is not None:
+            announcement.end()
+
+
+def _launch_and_watch(args: argparse.Namespace, engine: Any, provider: Any, spec: Any, store: Any, say: Any,
+                      stop: Any, floor: Any) -> int:
+    from ..failover.race import finish, race, wait_promotion_seen
+    from ..failover.watch import adopt, holder_of, watch
+
+    replace = getattr(args, "replace", False)
+    holder = adopt(store, args.dead_after, stop)
+    if holder is not None and not args.watch and not replace:
+        raise SpotWarpError(f"project {engine.settings.project!r} is served by the live host {holder.id} (generation "
+                            f"{holder.generation}): follow it with `spotwarp watch`, or move it to a new host with "
+                            "`spotwarp launch --replace` (it takes a final snapshot first)")
+    if holder is not None and replace:
+        final_snapshot(store, holder, say, timeout=min(args.timeout, 120.0), stop=stop)
+        holder = None
     if holder is None and getattr(args, "adopt_only", False):
         raise SpotWarpError(f"no live host serves project {engine.settings.project!r} (no heartbeat within "
                             f"{format_duration(args.dead_after)}): start one with `spotwarp launch`")
+    if holder is not None and holder.interval and args.dead_after < 2 * holder.interval:
+        raise ConfigError(f"--dead-after {format_duration(args.dead_after)} is too short for {holder.id}, which beats "
+                          f"every {format_duration(holder.interval)}: give at least twice that")
     if holder is not None:
         say("adopted", {"holder": holder.id, "generation": holder.generation})
     else:
-        result = race(provider, spec, store, args.candidates, timeout=args.timeout, on_event=say)
-        wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, args.dead_after)))
+        if getattr(provider, "notice", None):
+            say("provider_note", {"note": provider.notice})
+            provider.notice = None
+        result = race(provider, spec, store, args.candidates, timeout=args.timeout, on_event=say, floor=floor,
+                      stop=stop)
+        wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, args.dead_after)), on_event=say)
         say("failover_finished", finish(store, result, "launch"))
         holder = holder_of(result)
     if args.watch:
         try:
             holder = watch(provider, spec, store, args.candidates, holder, args.dead_after, stop, say,
-                           race_timeout=args.timeout)
+                           race_timeout=args.timeout, floor=floor)
         except KeyboardInterrupt:
             stop.set()
         say("stopped", {"holder": holder.id, "leaks": provider.leaks()})
@@ -69,10 +106,94 @@ def cmd_launch(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
+def _existing_project(args: argparse.Namespace) -> Any:
+    """The project's engine, refusing (before anything is created) a project with no snapshot: a typo in
+    --storage or --project-id would otherwise race an empty session. `--allow-empty` races it anyway."""
+    from ..engine import StorageError
+
+    allow_empty = getattr(args, "allow_empty", False)
+    check = not allow_empty and not getattr(args, "adopt_only", False)
+    try:
+        engine = _engine(args, create=False)
+    except StorageError as exc:
+        if allow_empty:
+            return _engine(args, create=True)
+        if not check or "does not exist" not in str(exc):
+            raise
+        engine = None
+    if check and (engine is None or not engine.manifests()):
+        settings = engine.settings if engine is not None else _settings(args)
+        raise ConfigError(f"project {settings.project!r} has no snapshot in {settings.storage} (a typo in "
+                          "--project-id or --storage?): take one with `spotwarp snapshot` or `spotwarp start` first, "
+                          "or pass --allow-empty to race an empty session")
+    return engine
+
+
+HOST_LOCAL_PROTOCOLS = ("file", "local", "memory")
+
+
+def _refuse_host_local_storage(args: argparse.Namespace, provider: Any) -> None:
+    """A provider whose hosts are other machines needs storage they all reach: refuse a folder on this one (each
+    cloud host would restore from its own empty disk) in one line, before anything is created."""
+    if not getattr(provider, "shared_storage_only", False):
+        return
+    storage = _settings(args).storage
+    protocol = storage.split("://", 1)[0].lower() if "://" in storage else "file"
+    if protocol in HOST_LOCAL_PROTOCOLS:
+        raise ConfigError(f"--provider {provider.name} needs storage every host reaches (s3://, gs://, ...), but "
+                          f"{storage} is on this machine only: each cloud host would restore from its own empty disk")
+
+
+def _settings(args: argparse.Namespace) -> Any:
+    from ..engine import Settings
+    from ..jupyter_config import server_config_layer
+
+    return Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
+                            config=server_config_layer())
+
+
+def final_snapshot(store: Any, holder: Any, say: Any, timeout: float, stop: Any) -> str | None:
+    """Ask the live holder for a final snapshot (through the store: its next beat reads the request) and wait
+    for it; the snapshot's id, or None (said) when none came within `timeout`."""
+    import secrets
+
+    from ..engine.coordination.heartbeats import delete_request, write_request
+    from ..engine.journal import FINAL_SNAPSHOT_COMMITTED, Journal
+
+    nonce = secrets.token_hex(8)
+    write_request(store, holder.id, {"request": nonce, "kind": "final_snapshot", "generation": holder.generation,
+                                     "window_s": timeout, "time": time.time()})
+    say("replace_requested", {"holder": holder.id, "request": nonce})
+    deadline = time.monotonic() + timeout
+    found = None
+    try:
+        while found is None and time.monotonic() < deadline and not stop.is_set():
+            found = next((e for e in Journal(store).events(limit=50) if e.event == FINAL_SNAPSHOT_COMMITTED
+                          and e.details.get("kind") == f"replace-{nonce}" and e.details.get("host_id") == holder.id),
+                         None)
+            if found is None:
+                stop.wait(0.5)  # deadline-bounded poll of the store
+    finally:
+        delete_request(store, holder.id)
+    say("replace_snapshot", {"holder": holder.id, "snapshot": found.snapshot if found else None,
+                             "waited_s": round(timeout - max(0.0, deadline - time.monotonic()), 3)})
+    return found.snapshot if found else None
+
+
 def _launch_spec(args: argparse.Namespace, engine: Any) -> Any:
     """What each candidate runs: the project, its storage and key, the offer wanted; checks --dead-after."""
-    from ..engine.settings import resolve_setting
     from ..failover.provider import LaunchSpec
+
+    env = _check_dead_after(args)
+    if engine.settings.storage_options:
+        env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
+    return LaunchSpec(engine.settings.project, engine.settings.storage, args.gpus, tuple(args.clouds),
+                      args.max_price, args.remote_workspace, env, args.remote_port)
+
+
+def _check_dead_after(args: argparse.Namespace) -> dict[str, str]:
+    """Refuse a --dead-after shorter than two of the candidates' heartbeats; the environment passed to them."""
+    from ..engine.settings import resolve_setting
     from ..jupyter_config import server_config_layer
 
     passed = ("SPOTWARP_KEY", "SPOTWARP_STORAGE_OPTIONS", "SPOTWARP_HEARTBEAT_INTERVAL")
@@ -82,10 +203,7 @@ def _launch_spec(args: argparse.Namespace, engine: Any) -> Any:
     if args.dead_after < 2 * beat:
         raise ConfigError(f"--dead-after {format_duration(args.dead_after)} is too short for heartbeats every "
                           f"{format_duration(beat)} (SPOTWARP_HEARTBEAT_INTERVAL): give at least twice that")
-    if engine.settings.storage_options:
-        env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
-    return LaunchSpec(engine.settings.project, engine.settings.storage, args.gpus, tuple(args.clouds),
-                      args.max_price, args.remote_workspace, env, args.remote_port)
+    return env
 
 
 def _launch_line(kind: str, d: dict[str, Any]) -> str:
@@ -99,7 +217,8 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
         return (f"candidate {d['id']} serves the restored session (provision {fmt(d.get('provision_s'))}, "
                 f"restore and serve {fmt(d.get('restore_serve_s'))})")
     if kind == "promoted":
-        return f"promoted {d['candidate']} (generation {d['generation']}): {d.get('url') or ''}"
+        url = d.get("url")  # the provider's own; a provider that knows none (SkyPilot) prints none
+        return f"promoted {d['candidate']} (generation {d['generation']})" + (f": {url}" if url else "")
     if kind == "failover_finished":
         return (f"session served by {d['winner']} on {d['offer']}: detect {fmt(d.get('detect_s'))}, provision "
                 f"{fmt(d.get('provision_s'))}, restore and serve {fmt(d.get('restore_serve_s'))}, race "
@@ -108,32 +227,124 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
         return f"host {d['lost']} lost ({d['reason']}), detected {fmt(d.get('detect_s'))} after its last sign"
     if kind == "race_failed":
         return f"race failed: {d['error']}; trying again"
+    if kind == "clock_skew":
+        behind = d["behind_s"]
+        return (f"warning: the clock of {d['host']} is {abs(behind):g} s {'behind' if behind > 0 else 'ahead of'} "
+                "this machine's (silence is judged on this machine's clock alone; check NTP on both)")
+    if kind == "store_unreachable":
+        return f"warning: the store is unreachable ({d['error']}); the watch retries and declares nothing meanwhile"
+    if kind == "store_reachable":
+        return f"the store answers again after {fmt(d.get('outage_s'))}; watching {d['holder']}"
+    if kind == "replace_requested":
+        return f"asking {d['holder']} for a final snapshot before replacing it"
+    if kind == "replace_snapshot":
+        if d.get("snapshot"):
+            return f"{d['holder']} committed its final snapshot {d['snapshot']}; racing its replacement"
+        return (f"warning: {d['holder']} committed no final snapshot within {fmt(d.get('waited_s'))}: racing its "
+                "replacement from the latest snapshot (work since then on it is lost)")
+    if kind == "promotion_unseen":
+        return (f"warning: {d['candidate']} has not shown itself holder within {fmt(d.get('waited_s'))}: is "
+                "SPOTWARP_KEY the same here and on the hosts? (a lease entry signed with another key, or unsigned "
+                "where a host has a key, is refused there)")
+    if kind == "provider_note":
+        return str(d["note"])
     if kind == "adopted":
         return f"watching {d['holder']} (generation {d['generation']}), already serving"
+    if kind == "stopped":
+        leaks = f"; still up after teardown: {'; '.join(d['leaks'])}" if d.get("leaks") else ""
+        return f"stopped watching: {d['holder']} stays up and serves the session{leaks}"
     return f"{kind}: {json.dumps(d, default=str)}"
 
 
 @command("hosts")
 def cmd_hosts(args: argparse.Namespace) -> int:
-    from ..engine.coordination import age, read_heartbeats, read_lease
+    from ..engine.coordination import DamagedLease, Lease, read_lease
+    from ..engine.coordination.heartbeats import MAX_HOSTS, heartbeat_ids
 
     engine = _engine(args)
-    lease = read_lease(engine.store)
+    damaged = None
+    try:
+        lease = read_lease(engine.store)
+    except DamagedLease as exc:
+        lease, damaged = Lease(exc.generation), str(exc)
     now = time.time()
-    hosts = [{**doc, "age_s": round(age(doc, now) or 0.0, 1)} for doc in read_heartbeats(engine.store)]
-    data = {"project": engine.settings.project, "lease": lease.as_dict(), "hosts": hosts}
-    lines = [f"lease    generation {lease.generation}, holder {lease.holder or '- (no failover yet)'}"
+    ids = heartbeat_ids(engine.store)
+    hosts, unreadable = _read_hosts(engine.store, ids[:MAX_HOSTS], now)
+    pruned: list[str] = []
+    if args.prune is not None:
+        pruned = _prune_hosts(engine.store, hosts, unreadable, lease, args.prune, now)
+        hosts = [h for h in hosts if h["id"] not in pruned]
+        unreadable = [i for i in unreadable if i not in pruned]
+    hosts.sort(key=lambda h: -float(h["time"]))
+    data = {"project": engine.settings.project, "lease": {**lease.as_dict(), "damaged": damaged}, "hosts": hosts,
+            "unreadable": unreadable, "pruned": pruned, "more": max(0, len(ids) - MAX_HOSTS)}
+    _print(args, data, _hosts_text(data, lease, damaged, now))
+    return EXIT_OK
+
+
+def _read_hosts(store: Any, ids: list[str], now: float) -> tuple[list[dict[str, Any]], list[str]]:
+    """The well-formed heartbeats of `ids` with their age and staleness, and the ids of unreadable ones."""
+    from ..engine.coordination.heartbeats import read_heartbeat, stale_after
+
+    hosts, unreadable = [], []
+    for ident in ids:
+        doc = read_heartbeat(store, ident)
+        if doc is None:
+            unreadable.append(ident)
+            continue
+        # the writer's clock against this one: for display only (the watch never decides on it)
+        age_s = max(0.0, now - float(doc["time"]))
+        stale = age_s > stale_after(doc)  # not serving, whatever its last beat said ("silent": issue 24's name)
+        hosts.append({**doc, "age_s": round(age_s, 1), "stale": stale, "silent": stale})
+    return hosts, unreadable
+
+
+def _prune_hosts(store: Any, hosts: list[dict[str, Any]], unreadable: list[str], lease: Any, older_than: float,
+                 now: float) -> list[str]:
+    """Delete heartbeats older than `older_than` seconds (never the lease holder's); the ids deleted."""
+    from ..engine.coordination.heartbeats import delete_heartbeat, heartbeat_modified
+
+    pruned = []
+    for h in hosts:
+        if h["age_s"] > older_than and not (h["id"] == lease.holder and h["generation"] == lease.generation):
+            delete_heartbeat(store, h["id"])
+            pruned.append(h["id"])
+    for ident in unreadable:
+        written = heartbeat_modified(store, ident)
+        if written is not None and now - written > older_than:
+            delete_heartbeat(store, ident)
+            pruned.append(ident)
+    return pruned
+
+
+def _hosts_text(data: dict[str, Any], lease: Any, damaged: str | None, now: float) -> str:
+    from ..engine.coordination.heartbeats import MAX_HOSTS
+
+    hosts, unreadable, pruned = data["hosts"], data["unreadable"], data["pruned"]
+    lines = [f"lease    DAMAGED: {damaged}" if damaged else
+             f"lease    generation {lease.generation}, holder {lease.holder or '- (no failover yet)'}"
              + (f", since {format_duration(now - lease.time)} ago" if lease.time else "")]
     if hosts:
-        lines.append(f"{'id':<22} {'state':<9} {'gen':>4} {'beat':>8} {'restored':<10} {'restore':>8}  url")
+        lines.append(f"{'id':<22} {'state':<18} {'gen':>4} {'beat':>8} {'restored':<10} {'restore':>8}  url")
     for h in hosts:
         restore = h.get("restore") or {}
-        mark = " *" if h.get("id") == lease.holder else ""
-        lines.append(f"{str(h.get('id'))[:22]:<22} {str(h.get('state')):<9} {h.get('generation', 0):>4} "
-                     f"{format_duration(h['age_s']) + ' ago':>8} {restore.get('snapshot') or '-':<10} "
-                     f"{format_duration(restore['duration_s']) if restore.get('duration_s') is not None else '-':>8}  "
-                     f"{h.get('url') or ''}{mark}")
+        mark = " *" if h["id"] == lease.holder else ""
+        state = f"lost (was {h['state']})" if h["stale"] else h["state"]
+        lines.append(f"{h['id'][:22]:<22} {state:<18} {h['generation']:>4} "
+                     f"{format_duration(h['age_s']) + ' ago':>8} {str(restore.get('snapshot') or '-'):<10} "
+                     f"{_seconds(restore.get('duration_s')):>8}  {h.get('url') or ''}{mark}")
     if not hosts:
         lines.append("no host has written a heartbeat for this project")
-    _print(args, data, "\n".join(lines))
-    return EXIT_OK
+    if unreadable:
+        lines.append(f"{len(unreadable)} unreadable file(s) in hosts/ skipped (damaged, or unsigned where SPOTWARP_KEY "
+                     f"is set): {', '.join(unreadable[:5])}" + (" ..." if len(unreadable) > 5 else "")
+                     + " (`spotwarp hosts --prune` removes old ones)")
+    if data["more"]:
+        lines.append(f"{data['more']} more heartbeat file(s) not read (at most {MAX_HOSTS})")
+    if pruned:
+        lines.append(f"pruned {len(pruned)}: {', '.join(pruned[:10])}" + (" ..." if len(pruned) > 10 else ""))
+    return "\n".join(lines)
+
+
+def _seconds(value: Any) -> str:
+    return format_duration(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else "-"

@@ -21,7 +21,7 @@ class _Parser(argparse.ArgumentParser):
 
 def _common(p: argparse.ArgumentParser, project: bool = True) -> None:
     if project:
-        p.add_argument("--project-id", dest="project", help="project id (default: $SPOTWARP_PROJECT or 'default')")
+        p.add_argument("--project-id", dest="project", type=_project_id, help="project id (default: $SPOTWARP_PROJECT or 'default')")
     p.add_argument("--storage", help="storage URL, any fsspec URL (default: $SPOTWARP_STORAGE or ~/.spotwarp/store)")
     p.add_argument("--json", action="store_true", help="print machine-readable JSON")
 
@@ -38,7 +38,8 @@ def build_parser() -> argparse.ArgumentParser:
     _common(p)
 
     p = sub.add_parser("start", help="run JupyterLab with SpotWarp on; on an empty workspace, restore it first",
-                       description="Run JupyterLab with SpotWarp on. Arguments after -- go to jupyter lab.")
+                       description="Run JupyterLab with SpotWarp on. Jupyter's own flags go after --, "
+                                   "e.g. spotwarp start --workspace-path W -- --ServerApp.ip=0.0.0.0")
     _common(p)
     p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
     p.add_argument("--port", type=_port, help="port JupyterLab listens on")
@@ -46,6 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--candidate-id", dest="candidate_id", type=_candidate_id,
                    help="failover: start as this race candidate, in standby until promoted (set by `spotwarp launch`)")
     p.add_argument("--generation", type=_positive_int, help="failover: the lease generation this candidate races for")
+    p.add_argument("--take-over", dest="take_over", action="store_true",
+                   help="failover: on a project that failed over, move the lease to this host (refused while its "
+                        "holder is live)")
+    p.add_argument("--allow-root", dest="allow_root", action="store_true",
+                   help="let Jupyter run as root (the default when started as root, e.g. on a spot GPU image)")
+    p.add_argument("--no-resume", dest="no_resume", action="store_true",
+                   help="restore files only: start no kernel, run no cell (docs/resume.md)")
 
     p = sub.add_parser("snapshot", help="a snapshot now: files, and live kernels when a server runs the project")
     _common(p)
@@ -69,6 +77,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")
     _common(p)
+    p.add_argument("--prune", nargs="?", const=3600.0, type=_duration, metavar="AGE",
+                   help="delete heartbeats (and unreadable files in hosts/) not written for AGE (default 1h), "
+                        "except the lease holder's")
 
     p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
     _common(p)
@@ -88,11 +99,17 @@ def _launch_parser(sub: Any, name: str) -> None:
                                        "stay on: when the host is lost, race again (docs/failover.md).")
     _common(p)
     p.add_argument("--provider", default="skypilot", help="where candidates run: local or skypilot (default)")
-    p.add_argument("--candidates", type=_positive_int, default=3, help="how many candidates race (default 3)")
+    p.add_argument("--candidates", type=_candidates, default=3,
+                   help=f"how many candidates race (default 3, at most {MAX_CANDIDATES})")
     p.add_argument("--gpus", help="accelerators per candidate, SkyPilot syntax, e.g. A100:1")
     p.add_argument("--clouds", type=_clouds, default=(), help="clouds to pick offers from, comma-separated")
     p.add_argument("--max-price", dest="max_price", type=_price, help="highest spot price per hour, USD")
     p.add_argument("--watch", action="store_true", help="stay on: detect the host's loss and race again")
+    if name == "launch":
+        p.add_argument("--allow-empty", dest="allow_empty", action="store_true",
+                       help="race even though the project has no snapshot yet (candidates start empty)")
+        p.add_argument("--replace", action="store_true",
+                       help="a live host serves the project: ask it for a final snapshot, then race its replacement")
     p.add_argument("--dead-after", dest="dead_after", type=_duration, default=20.0,
                    help="a host silent this long is lost (default 20s)")
     p.add_argument("--timeout", type=_duration, default=900.0, help="give up a race after this long (default 15m)")
@@ -136,9 +153,27 @@ def _price(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"expected a price in USD per hour above 0, got {text!r}")
+    if not 0 < value <= MAX_PRICE:
+        raise argparse.ArgumentTypeError(f"expected a price in USD per hour above 0 and at most {MAX_PRICE:g}, "
+                                         f"got {text[:40]!r}")
     return value
+
+
+MAX_PRICE = 1000.0  # USD per hour: no spot machine costs more; 1e309 (infinity) is a typo
+MAX_CANDIDATES = 16  # each is a machine (or a local server): more is a typo, not a race
+
+
+def _candidates(text: str) -> int:
+    value = _positive_int(text)
+    if value > MAX_CANDIDATES:
+        raise argparse.ArgumentTypeError(f"expected at most {MAX_CANDIDATES} candidates, got {text[:20]!r}")
+    return value
+
+
+def _project_id(text: str) -> str:
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a project id, got an empty one")
+    return text
 
 
 def _option(text: str) -> tuple[str, str]:

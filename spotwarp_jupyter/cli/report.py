@@ -37,5 +37,13 @@ def cmd_report(args: argparse.Namespace) -> int:
             lines.append(f"{'':<25} {'':<13} {'':<9} {c['id'][:16]:<16} {(c['offer'] or '')[:24]:<24} {'':>8} "
                          f"{fmt(c['provision_s']):>9} {fmt(c['restore_serve_s']):>13} {'':>8}  "
                          f"{c['state']}{': ' + c['message'] if c.get('message') else ''}")
+    if data.get("resumes"):
+        lines.append(f"resumed by the server (docs/resume.md): {len(data['resumes'])}")
+        lines.append(f"{'time (UTC)':<25} {'host':<16} {'notebook':<20} {'snapshot':<10} {'continued after':<24} "
+                     f"{'start to running':>16}")
+    for r in data.get("resumes") or []:
+        steps = ", ".join(f"{name} {n}" for name, n in sorted(r["positions"].items())) or "-"
+        lines.append(f"{r['time']:<25} {r['host'][:16]:<16} {(r['notebook'] or '-')[:20]:<20} {r['snapshot'] or '-':<10} "
+                     f"{steps[:24]:<24} {fmt(r['start_to_running_s']):>16}")
     _print(args, data, "\n".join(lines))
     return EXIT_OK

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ..engine import ConfigError
+from ..engine import ConfigError, ManifestError
 from ..engine.coordination import Fence
 from ..engine.units import format_duration, format_size
 from ..service import VIA_CLI, VIA_START, Project, RestoreResult
@@ -32,9 +32,21 @@ def cmd_restore(args: argparse.Namespace) -> int:
     return EXIT_OK
 
 
-def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool = False) -> RestoreResult | None:
-    """`project.restore`, with a progress bar on a terminal once the snapshot is chosen."""
-    manifest = project.choose(ref, files_only)
+def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool = False,
+             past_refused: bool = False) -> RestoreResult | None:
+    """`project.restore`, with a progress bar on a terminal once the snapshot is chosen.
+
+    `past_refused` (a failover candidate, restoring `latest` unattended): a newer snapshot that fails its checks
+    (unsigned or altered where SPOTWARP_KEY is set, damaged) is skipped, saying so, for the newest that passes.
+    """
+    try:
+        manifest = project.choose(ref, files_only)
+    except ManifestError as exc:
+        if not past_refused or ref not in ("latest", "", None) or project.workspace is None:
+            raise
+        manifest = project.engine.with_files(ref, past_refused=True)
+        print(f"spotwarp: skipping a newer snapshot that fails its checks ({exc}): restoring "
+              f"{manifest.id if manifest else 'nothing'}, the newest that passes them", file=sys.stderr)
     if manifest is None:
         return None
     bar = _ProgressBar(f"restoring {manifest.id}", enabled=False if quiet or project.workspace is None else None)
@@ -66,8 +78,13 @@ def cmd_start(args: argparse.Namespace) -> int:
     started_at = time.time()
     if (args.candidate_id is None) != (args.generation is None):
         raise ConfigError("--candidate-id and --generation go together (both are set by `spotwarp launch`)")
+    if args.candidate_id is not None and getattr(args, "take_over", False):
+        raise ConfigError("--take-over is for a plain `spotwarp start`, not a race candidate")
     fence = Fence(args.generation or 0, args.candidate_id)
     engine = _engine(args, create=True, fence=fence)
+    if fence.candidate is None:
+        fence = _plain_start_fence(args, engine)
+        engine.fence = fence
     workspace = _workspace(engine.settings, "start")
     if os.path.exists(workspace) and not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} exists and is not a folder")
@@ -75,21 +92,65 @@ def cmd_start(args: argparse.Namespace) -> int:
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
     if not os.path.isdir(workspace) or not os.listdir(workspace):
         # a standby candidate journals nothing (Project.restore): it writes nothing to the project
-        result = _restore(Project(engine, workspace), args.snapshot, VIA_START, quiet=args.json, files_only=True)
+        result = _restore(Project(engine, workspace), args.snapshot, VIA_START, quiet=args.json, files_only=True,
+                          past_refused=args.candidate_id is not None)
         if result is None:
             print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
         else:
             summary["restored"] = start_restore_json(result)
             if not args.json:
                 print(_restore_summary(result))
-                if result.snapshot.notebooks:
+                if result.snapshot.notebooks and getattr(args, "no_resume", False):
                     print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "
                           f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
+                elif result.snapshot.notebooks:
+                    print(f"kernels of {', '.join(result.snapshot.notebooks)} are started and restored by the server "
+                          "(docs/resume.md; --no-resume leaves that to you)")
     os.makedirs(workspace, exist_ok=True)
     summary["prepared_s"] = round(time.perf_counter() - started, 3)
     if args.json:
         print(json.dumps(summary, sort_keys=True))
-    return _serve(args, workspace, _server_env(engine, fence, workspace, started_at, summary))
+    env = _server_env(engine, fence, workspace, started_at, {**summary, "ref": args.snapshot})
+    if getattr(args, "no_resume", False):
+        env["SPOTWARP_RESUME_KERNELS"] = "false"  # the flag beats the variable and c.SpotWarp.resume_kernels
+    return _serve(args, workspace, env)
+
+
+def _plain_start_fence(args: argparse.Namespace, engine: Any) -> Fence:
+    """A plain start on a project that failed over: refused in one line (it would be fenced off at once), or
+    with --take-over the lease moves to this host at a new generation (refused while the holder is live)."""
+    import secrets
+    import socket
+
+    from ..engine.coordination import DamagedLease, read_lease
+    from ..failover.lease import move_lease, next_generation
+    from ..failover.watch import adopt
+
+    project = engine.settings.project
+    try:
+        lease = read_lease(engine.store)
+        held = f"lease generation {lease.generation}, holder {lease.holder or '-'}"
+    except DamagedLease as exc:
+        lease, held = None, f"a damaged lease at generation {exc.generation}"
+    if lease is not None and lease.generation == 0:
+        return Fence()
+    if not getattr(args, "take_over", False):
+        raise ConfigError(f"project {project!r} failed over ({held}): a plain `spotwarp start` would be fenced off "
+                          "at once; `spotwarp start --take-over` makes this host the writer (refused while the "
+                          "holder is live), `spotwarp hosts` shows who serves it")
+    live = adopt(engine.store, TAKE_OVER_WAIT_S)
+    if live is not None:
+        raise ConfigError(f"project {project!r} is served by the live host {live.id} (generation {live.generation}): "
+                          "stop it first, or move it with `spotwarp launch --replace`")
+    name = "".join(c if c.isalnum() else "-" for c in socket.gethostname())[:40].strip("-") or "host"
+    candidate = f"takeover-{name}-{secrets.token_hex(2)}"
+    generation = next_generation(engine.store, lambda: max((m.generation for m in engine.manifests()), default=0))
+    move_lease(engine.store, generation, candidate)
+    print(f"spotwarp: took the lease over: this host is {candidate}, generation {generation}")
+    return Fence(generation, candidate)
+
+
+TAKE_OVER_WAIT_S = 15.0  # a live holder's heartbeat changes within three default beats
 
 
 def _server_env(engine: Any, fence: Fence, workspace: str, started_at: float,
@@ -101,7 +162,8 @@ def _server_env(engine: Any, fence: Fence, workspace: str, started_at: float,
            "SPOTWARP_START_RESTORE": json.dumps(None if restored is None else {
                "snapshot": restored["id"], "duration_s": summary["prepared_s"],
                "files_restored": restored.get("files_restored"),
-               "bytes_restored": restored.get("bytes_restored")}), **fence.env()}
+               "bytes_restored": restored.get("bytes_restored"), "ref": summary.get("ref", "latest")}),
+           **fence.env()}
     for name in ("SPOTWARP_CANDIDATE_ID", "SPOTWARP_GENERATION"):
         if not fence.candidate:
             env.pop(name, None)
@@ -110,13 +172,28 @@ def _server_env(engine: Any, fence: Fence, workspace: str, started_at: float,
     return env
 
 
+def _allow_root(args: argparse.Namespace, passthrough: list[str]) -> bool:
+    """Whether Jupyter gets --allow-root: asked for, or started as root (spot GPU images run as root)."""
+    if any(a.split("=")[0] in ("--allow-root", "--ServerApp.allow_root") for a in passthrough):
+        return False  # already among Jupyter's own flags
+    if getattr(args, "allow_root", False):
+        return True
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        print("spotwarp: running as root: Jupyter is started with --allow-root")
+        return True
+    return False
+
+
 def _serve(args: argparse.Namespace, workspace: str, env: dict[str, str]) -> int:
     """Hand this process to JupyterLab with SpotWarp on: same pid, same signals."""
     argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}",
             "--ServerApp.jpserver_extensions=spotwarp_jupyter.server=True"]
     if args.port:
         argv += [f"--port={args.port}", "--ServerApp.port_retries=0"]
-    argv += list(getattr(args, "passthrough", []))
+    passthrough = list(getattr(args, "passthrough", []))
+    if _allow_root(args, passthrough):
+        argv.append("--allow-root")
+    argv += passthrough
     _show_held_warnings()
     sys.stdout.flush()
     sys.stderr.flush()

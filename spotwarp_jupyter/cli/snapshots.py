@@ -32,9 +32,13 @@ def cmd_list(args: argparse.Namespace) -> int:
 
 @command("status")
 def cmd_status(args: argparse.Namespace) -> int:
+    served = _served_project(args)
+    if served is not None:  # no project named anywhere: the one the running server serves, not `default`
+        args.project, args.storage = served["project"], args.storage or served["storage"]
     status = Project(_engine(args)).status(recent_events=5)
     data = cli_status_json(status)
-    text = [f"project  {status.project}", f"storage  {status.storage}", f"snapshots {status.snapshots}"]
+    text = [f"project  {status.project}" + (f" (served at {served['url']})" if served else ""),
+            f"storage  {status.storage}", f"snapshots {status.snapshots}"]
     last = status.last_snapshot
     if last:
         text.append(f"last     {last.id} from {last.host}, {format_duration(status.age_s or 0.0)} ago, "
@@ -46,6 +50,40 @@ def cmd_status(args: argparse.Namespace) -> int:
     text += [f"event    {e['time']} {e['host'][:20]} {e['event']} {e['snapshot'] or ''}" for e in data["events"]]
     _print(args, data, "\n".join(text))
     return EXIT_OK
+
+
+def _served_project(args: argparse.Namespace) -> dict[str, Any] | None:
+    """When no project is named (flag, $SPOTWARP_PROJECT, config), the one running SpotWarp servers serve:
+    `{"project", "storage", "url"}`; None when none runs. Servers of several projects: name one."""
+    from ..jupyter_config import server_config_layer
+
+    if args.project or os.environ.get("SPOTWARP_PROJECT") or server_config_layer().get("project"):
+        return None
+    served = {}
+    for info, status in _spotwarp_servers():
+        served.setdefault(status.get("project"), {"project": status.get("project"), "storage": status.get("storage"),
+                                                  "url": info.get("url")})
+    served.pop(None, None)
+    if len(served) > 1:
+        raise ConfigError(f"SpotWarp servers run for projects {', '.join(sorted(served))}: pass --project-id")
+    return next(iter(served.values()), None)
+
+
+def _spotwarp_servers() -> list[tuple[dict[str, Any], dict[str, Any]]]:
+    """Every running Jupyter server with SpotWarp on that answers, with its status."""
+    try:
+        from jupyter_server.serverapp import list_running_servers
+    except ImportError:
+        return []
+    import urllib.error
+
+    out = []
+    for info in list_running_servers():
+        try:
+            out.append((info, _server_call(info, "GET", "status", timeout=5)))
+        except (OSError, ValueError, urllib.error.HTTPError):
+            continue
+    return out
 
 
 def _running_server(settings: Settings) -> dict[str, Any] | None:

@@ -155,6 +155,7 @@ _ALL = (
     Setting("watcher_max_backoff", "SPOTWARP_WATCHER_MAX_BACKOFF", _seconds, 300.0),
     Setting("shutdown_grace", "SPOTWARP_SHUTDOWN_GRACE", _seconds, 20.0),
     Setting("notice_window", "SPOTWARP_NOTICE_WINDOW", _seconds, 25.0),
+    Setting("resume_kernels", "SPOTWARP_RESUME_KERNELS", _flag, True),
     # a kernel's automatic-snapshot policy (`c.SpotWarpMagics.*`, `%spotwarp policy`)
     Setting("every", "SPOTWARP_EVERY", parse_duration, 300.0),
     Setting("after_cell", "SPOTWARP_AFTER_CELL", _flag, True),
@@ -166,7 +167,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in _ALL}
 LOCATION = ("project", "storage", "storage_options", "workspace")
 SERVER = ("backup_interval", "kernel_timeout", "heartbeat_interval", "restore_on_start", "watchers",
           "aws_metadata_url", "gcp_metadata_url", "azure_metadata_url", "metadata_poll_interval",
-          "watcher_max_backoff", "shutdown_grace", "notice_window")
+          "watcher_max_backoff", "shutdown_grace", "notice_window", "resume_kernels")
 POLICY = ("every", "after_cell", "autosnapshot", "max_var_size", "keep")
 
 

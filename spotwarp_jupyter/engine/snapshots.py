@@ -16,6 +16,7 @@ import time
 from typing import Any, Callable, Iterator, Mapping
 
 from .coordination import Fence, Fenced, WriteLock
+from .coordination.fence import lease_entry_times
 from .errors import SnapshotNotFound, SpotWarpError, StorageError
 from .files import FileRestoreReport, IgnoreRules, Progress, backup_workspace, files_changed, restore_files
 from .incremental import ReusePlan, StaleBaseline
@@ -60,6 +61,9 @@ def _modules_used(record: dict[str, Any]) -> set[str]:
     return {m for m in modules if m}
 
 
+LEASE_TIMES_TTL_S = 2.0  # how long the lease entries' times are reused between listings
+
+
 class SnapshotEngine:
     """Snapshots of one project in one storage location."""
 
@@ -70,6 +74,9 @@ class SnapshotEngine:
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self.scope = signing_scope(settings)
         self.catalog = ManifestCatalog(self.store, settings, self.key, self.scope)
+        self.catalog.screen = self._drop_late_writes
+        self._written_at: dict[str, float | None] = {}  # manifest name -> the store's write time (immutable)
+        self._lease_times: tuple[float, dict[int, float | None]] = (0.0, {})
         self._lock = threading.Lock()
 
     # -- reading: manifests/catalog.py ---------------------------------------------------------------
@@ -81,6 +88,40 @@ class SnapshotEngine:
     def manifests(self, notebook: str | None = None) -> list[Manifest]:
         """Committed snapshots, newest first (for one notebook's kernel when `notebook` is given)."""
         return self.catalog.manifests(notebook)
+
+    def _drop_late_writes(self, listing: list[Manifest]) -> list[Manifest]:
+        """Leave out manifests written after the lease moved past their generation (by the store's own times).
+
+        A writer that dies between its manifest's write and its re-check of the lease leaves such a manifest
+        behind; it would otherwise be `latest` until the new holder's first snapshot lands.
+        """
+        if not listing:
+            return listing
+        when, entries = self._lease_times
+        if time.monotonic() - when > LEASE_TIMES_TTL_S:
+            try:
+                entries = lease_entry_times(self.store, self.key)
+            except SpotWarpError:
+                return listing  # the store unreachable: nothing to compare with
+            self._lease_times = (time.monotonic(), entries)
+        if not entries:
+            return listing
+        top = max(entries)
+        suspects = [m.name for m in listing if m.generation < top and m.name not in self._written_at]
+        if suspects:
+            try:
+                self._written_at.update(self.store.manifest_times(suspects))
+            except SpotWarpError:
+                return listing
+        out = []
+        for m in listing:
+            if m.generation < top:
+                moved = min((t for g, t in entries.items() if g > m.generation and t is not None), default=None)
+                written = self._written_at.get(m.name)
+                if moved is not None and written is not None and written > moved:
+                    continue  # a late write of a fenced-off holder: never `latest`, never restored
+            out.append(m)
+        return out
 
     def get(self, ref: str = "latest", notebook: str | None = None) -> Manifest:
         """A snapshot by `latest`, full id, or unique id prefix."""
@@ -112,27 +153,36 @@ class SnapshotEngine:
         requests: list[str] | None = None,
         reuse: ReusePlan | None = None,
         stats: dict[str, Any] | None = None,
+        annotations: Mapping[str, Any] | None = None,
     ) -> Manifest:
         """Capture and commit the variables of `namespace` as one snapshot, synchronously.
 
         `requests`: ids of the requests (protocol.py) this snapshot answers, recorded in its manifest.
+        `annotations`: facts about the kernel kept in its record (`aliases`, `policy`, `positions`: docs/design.md).
         """
         started = time.perf_counter()
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
             image = capture_namespace(namespace, hidden, options, extras, lazy=True, reuse=reuse)
-            return self.commit_image(image, notebook, message, started=started, stats=stats, requests=requests)
+            return self.commit_image(image, notebook, message, started=started, stats=stats, requests=requests,
+                                     annotations=annotations)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
                      on_written: Callable[[memoryview], None] | None = None,
-                     requests: list[str] | None = None) -> Manifest:
-        """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers)."""
+                     requests: list[str] | None = None, annotations: Mapping[str, Any] | None = None) -> Manifest:
+        """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers).
+
+        `annotations`: facts about the kernel kept in its record: the notebook's former names (`aliases`), its
+        policy, its `resumable` positions (docs/design.md)."""
         started = time.perf_counter() if started is None else started
         with self._lock, self.writing() as lock:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]
             dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
+            for name, value in (annotations or {}).items():
+                if value and name not in kernel:  # what persist_image wrote is never replaced
+                    kernel[name] = value
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
                                          kernels={notebook: kernel}, objects=objects, requests=list(requests or []))
             manifest.stats = {
@@ -282,14 +332,19 @@ class SnapshotEngine:
         )
 
     # -- project snapshots: the workspace's files plus every live notebook's kernel record ----------
-    def with_files(self, ref: str = "latest") -> Manifest | None:
-        """The snapshot `ref`, or for `latest` the newest one holding workspace files; None when there is none."""
+    def with_files(self, ref: str = "latest", past_refused: bool = False) -> Manifest | None:
+        """The snapshot `ref`, or for `latest` the newest one holding workspace files; None when there is none.
+
+        `past_refused`: for `latest`, the newest that passes its checks even when a newer one fails them (a
+        failover candidate, which nobody is there to ask); otherwise such a newer one is refused.
+        """
         if ref not in ("latest", "", None):
             return self.get(ref)
         found = next((m for m in self.manifests()
                       if (m.files or {}).get("entries") is not None and m.kind == PROJECT_KIND), None)
         # a newer snapshot that fails its checks may be the one with files: refuse rather than fall back past it
-        self.refuse_newer_than(found)
+        if not past_refused:
+            self.refuse_newer_than(found)
         return found
 
     def ignore_rules(self, workspace: str) -> IgnoreRules:

@@ -7,7 +7,8 @@ group. Start delays and failures are scriptable, for tests and demos (options, o
   (one per candidate, in launch order, the last repeated: the "provisioning" time of a machine);
 - `fail`    (SPOTWARP_LOCAL_FAIL): candidates (0-based, in launch order) that exit with an error after their delay;
 - `root`    (SPOTWARP_LOCAL_ROOT): where candidates' folders go (default: a new temporary folder);
-- `token`   (SPOTWARP_LOCAL_TOKEN): the Jupyter token of every candidate (default: a random one, printed);
+- `token`   (SPOTWARP_LOCAL_TOKEN): the Jupyter token of every candidate (default: a random one, printed to
+  once by `spotwarp launch`); given to candidates in their environment (`JUPYTER_TOKEN`), never on a command line `ps` shows;
 - `grace`   seconds between SIGTERM and SIGKILL on teardown (default 10).
 
 Teardown sends SIGTERM to the candidate's process group, then SIGKILL, and ends its kernels (they run in
@@ -20,6 +21,7 @@ import dataclasses
 import os
 import secrets
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -32,6 +34,8 @@ from typing import Any, Sequence
 
 from ..engine.errors import ConfigError
 from .provider import FAILED, GONE, PENDING, RUNNING, CandidateHandle, CandidateStatus, LaunchSpec, Offer
+
+OPTIONS = ("delays", "fail", "root", "token", "grace", "jupyter_args")
 
 
 def _free_port() -> int:
@@ -60,17 +64,34 @@ class LocalProvider:
 
     def __init__(self, options: dict[str, Any] | None = None):
         options = dict(options or {})
+        unknown = sorted(set(options) - set(OPTIONS))
+        if unknown:
+            raise ConfigError(f"local provider: unknown option {unknown[0]!r}: use {', '.join(OPTIONS)}")
         env = os.environ
         self.delays = _floats(options.get("delays", env.get("SPOTWARP_LOCAL_DELAYS")), "delays")
         self.fail = {int(x) for x in _floats(options.get("fail", env.get("SPOTWARP_LOCAL_FAIL")), "fail")}
         root = options.get("root") or env.get("SPOTWARP_LOCAL_ROOT")
-        self.root = Path(root) if root else Path(tempfile.mkdtemp(prefix="spotwarp-local-"))
-        self.token = str(options.get("token") or env.get("SPOTWARP_LOCAL_TOKEN") or secrets.token_hex(16))
-        self.grace = _floats(options.get("grace", "10"), "grace")[0]
+        self._root = Path(root) if root else None  # a temporary folder is made at the first launch only
+        given = options.get("token") or env.get("SPOTWARP_LOCAL_TOKEN")
+        self.token = str(given or secrets.token_hex(16))
+        # what the user needs to open a candidate: `spotwarp launch` prints it once before its first race
+        self.notice = None if given else (f"local provider: the candidates' Jupyter token is {self.token} (set it "
+                                          "with --provider-option token=T or SPOTWARP_LOCAL_TOKEN)")
+        grace = _floats(options.get("grace", "10"), "grace")
+        if len(grace) != 1:
+            raise ConfigError(f"local provider: grace must be one number of seconds, got {options.get('grace')!r}")
+        self.grace = grace[0]
         self.jupyter_args = shlex.split(str(options.get("jupyter_args", "")))
         self.launched = 0
         self._lock = threading.Lock()
         self._handles: list[CandidateHandle] = []
+
+    @property
+    def root(self) -> Path:
+        """Where candidates' folders go: made at the first launch, so that a refused command creates nothing."""
+        if self._root is None:
+            self._root = Path(tempfile.mkdtemp(prefix="spotwarp-local-"))
+        return self._root
 
     def offers(self, spec: LaunchSpec, count: int) -> Sequence[Offer]:
         """`count` slots on this machine (no price)."""
@@ -88,7 +109,7 @@ class LocalProvider:
         mine = dataclasses.replace(spec, workspace_path=str(folder / "ws"), port=port)
         start = shlex.split(mine.start_command(candidate_id, generation))[2:]  # after `spotwarp start`
         argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", *start, "--", "--no-browser",
-                "--ServerApp.ip=127.0.0.1", f"--ServerApp.token={self.token}", "--allow-root",
+                "--ServerApp.ip=127.0.0.1", "--allow-root",
                 "--LabApp.extension_manager=readonly", *self.jupyter_args]
         if index in self.fail:
             script = f"sleep {delay}; echo 'scripted failure of candidate {index}' >&2; exit 3"
@@ -99,7 +120,7 @@ class LocalProvider:
         env.pop("SPOTWARP_GENERATION", None)
         env.update(spec.env)
         env.update(HOME=str(home), JUPYTER_CONFIG_DIR=str(home / ".jupyter"), JUPYTER_RUNTIME_DIR=str(home / "runtime"),
-                   IPYTHONDIR=str(home / ".ipython"), PYTHONUNBUFFERED="1")
+                   IPYTHONDIR=str(home / ".ipython"), PYTHONUNBUFFERED="1", JUPYTER_TOKEN=self.token)
         log = open(folder / "candidate.log", "wb")  # noqa: SIM115 - handed to the candidate, closed below
         try:
             proc = subprocess.Popen(["/bin/sh", "-c", script], stdout=log, stderr=subprocess.STDOUT, env=env,
@@ -129,6 +150,7 @@ class LocalProvider:
             pass
         if code < 0:
             return CandidateStatus(GONE, f"killed by {signal.Signals(-code).name}")
+        tail = tail if len(tail) <= 200 else tail[:200] + "..."
         return CandidateStatus(FAILED, f"exited with {code}" + (f": {tail}" if tail else ""))
 
     def down(self, handle: CandidateHandle) -> None:
@@ -152,6 +174,13 @@ class LocalProvider:
                 os.kill(pid, signal.SIGKILL)
             except ProcessLookupError:
                 pass
+        # a loser's copy of the workspace goes with it (its log and runtime folder stay, for diagnosis)
+        shutil.rmtree(os.path.join(data["folder"], "ws"), ignore_errors=True)
+
+    def discard(self, handle: CandidateHandle) -> None:
+        """Remove a torn-down candidate's folder (a full copy of the workspace; the store keeps the project)."""
+        if handle.data.get("down"):
+            shutil.rmtree(handle.data["folder"], ignore_errors=True)
 
     def _kernels(self, handle: CandidateHandle) -> list[int]:
         """Kernel processes of a candidate: their command line names a connection file in its runtime folder."""

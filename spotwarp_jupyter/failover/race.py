@@ -21,7 +21,7 @@ from ..engine.errors import SpotWarpError
 from ..engine.journal import CANDIDATE_READY, FAILOVER_FINISHED, PROMOTED, RACE_STARTED, Journal
 from ..engine.storage import Store
 from .heartbeat import read_heartbeat, ready_candidate
-from .lease import move_lease, read_lease
+from .lease import LeaseConflict, move_lease, next_generation, taken_generation
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Offer, Provider
 
 log = logging.getLogger("spotwarp")
@@ -50,7 +50,12 @@ class Candidate:
 
     @property
     def provision_s(self) -> float | None:
-        return None if self.started_at is None else round(max(0.0, self.started_at - self.launched_at), 3)
+        """From the launch to `spotwarp start` beginning: the orchestrator's launch-to-ready (its own clock) less
+        the candidate's restore-and-serve (its own clock): never one machine's time minus another's."""
+        serve = self.restore_serve_s
+        if self.seen_ready_at is None or serve is None:
+            return None
+        return round(max(0.0, self.seen_ready_at - self.launched_at - serve), 3)
 
     @property
     def restore_serve_s(self) -> float | None:
@@ -93,6 +98,20 @@ class RaceResult:
                 "error": self.error, "candidates": [c.as_dict() for c in self.candidates]}
 
 
+def _number(value: Any) -> float | None:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
+
+
+def _confirmed_url(c: Candidate, doc: dict[str, Any]) -> str | None:
+    """The candidate's URL as its provider's handle knows it (None where the provider cannot tell, e.g. SkyPilot:
+    `sky status --endpoints`); a different URL in its heartbeat is not shown, only logged."""
+    url = (c.handle.data.get("url") if c.handle is not None else None) or None
+    said = doc.get("url")
+    if said and url and said.rstrip("/") != url.rstrip("/"):
+        log.warning("SpotWarp: %s's heartbeat names %s, its provider %s: showing the provider's", c.id, said, url)
+    return url
+
+
 def _quietly(journal: Journal, event: str, **details: Any) -> None:
     try:
         journal.record(event, **details)
@@ -102,25 +121,32 @@ def _quietly(journal: Journal, event: str, **details: Any) -> None:
 
 def race(provider: Provider, spec: LaunchSpec, store: Store, count: int, *, timeout: float = 900.0,
          poll_s: float = 0.2, provider_poll_s: float = 1.0, reason: str = "launch",
-         on_event: OnEvent | None = None) -> RaceResult:
-    """Race `count` candidates; promote the first ready; tear the rest down. RaceFailed when none comes up."""
+         on_event: OnEvent | None = None, floor: Callable[[], int] | None = None,
+         stop: threading.Event | None = None) -> RaceResult:
+    """Race `count` candidates; promote the first ready; tear the rest down. RaceFailed when none comes up.
+
+    The race is for the generation above every one the project recorded (`floor()`: its manifests' highest).
+    """
     offers = list(provider.offers(spec, count))[:count]
     if not offers:
         raise RaceFailed(f"provider {provider.name} has no offer for {spec.gpus or 'this task'}"
                          + (f" on {', '.join(spec.clouds)}" if spec.clouds else "")
                          + (f" under ${spec.max_price:g}/h" if spec.max_price is not None else ""))
-    return _Race(provider, spec, store, on_event).run(offers, timeout, poll_s, provider_poll_s, reason)
+    return _Race(provider, spec, store, on_event, floor, stop).run(offers, timeout, poll_s, provider_poll_s, reason)
 
 
 class _Race:
     """One race's moving parts: its candidates, the pool launching them, the journal."""
 
-    def __init__(self, provider: Provider, spec: LaunchSpec, store: Store, on_event: OnEvent | None):
+    def __init__(self, provider: Provider, spec: LaunchSpec, store: Store, on_event: OnEvent | None,
+                 floor: Callable[[], int] | None = None, stop: threading.Event | None = None):
         self.provider, self.spec, self.store = provider, spec, store
         self.emit: OnEvent = on_event or (lambda kind, data: None)
         self.journal = Journal(store)
         self.lock = threading.Lock()
-        generation = read_lease(store).generation + 1
+        self.conflict: LeaseConflict | None = None
+        self.stop = stop or threading.Event()  # set by a signal: the race ends, every candidate goes down
+        generation = next_generation(store, floor)
         self.result = RaceResult(secrets.token_hex(4), generation, provider.name, time.time())
 
     def run(self, offers: list[Offer], timeout: float, poll_s: float, provider_poll_s: float,
@@ -142,6 +168,11 @@ class _Race:
             for f in launches:
                 f.result()
             self._tear_down_losers(pool)
+        if self.conflict is not None:
+            _quietly(self.journal, FAILOVER_FINISHED, race=result.race, ok=False, provider=self.provider.name,
+                     generation=result.generation, error=result.error,
+                     candidates=[c.as_dict() for c in result.candidates])
+            raise self.conflict
         if not result.ok:
             self._failed()
         return result
@@ -171,15 +202,35 @@ class _Race:
             if time.monotonic() > deadline:
                 result.error = f"no candidate served within {timeout:g} s"
                 return
+            if self.stop.is_set():
+                result.error = "stopped by a signal before any candidate served: every candidate torn down"
+                return
             ready = self._ready(live)
             if ready:
-                result.winner = min(ready, key=lambda c: c.ready_at or c.seen_ready_at or 0)
+                # first seen ready on this machine's clock; candidates' own clocks are never compared
+                result.winner = min(ready, key=lambda c: (c.seen_ready_at or 0, result.candidates.index(c)))
                 result.url = result.winner.url
                 return
             if time.monotonic() >= next_poll:
                 next_poll = time.monotonic() + provider_poll_s
+                if self._lease_moved():
+                    return
                 self._drop_failed(live)
-            time.sleep(poll_s)  # the deadline-bounded poll of the store, not a stand-in for synchronisation
+            self.stop.wait(poll_s)  # the deadline-bounded poll of the store, not a stand-in for synchronisation
+
+    def _lease_moved(self) -> bool:
+        """Whether another orchestrator took this race's generation (or a later one): then this race is over."""
+        try:
+            taken = taken_generation(self.store)
+        except SpotWarpError:
+            return False  # the store unreachable: the promotion's create-only write decides
+        if taken >= self.result.generation:
+            self.conflict = LeaseConflict(f"the lease moved to generation {taken} during the race for generation "
+                                          f"{self.result.generation}: another `spotwarp launch` runs for this "
+                                          "project; run only one")
+            self.result.error = str(self.conflict)
+            return True
+        return False
 
     def _ready(self, live: list[Candidate]) -> list[Candidate]:
         """The running candidates whose heartbeat says they serve a restored session for this generation."""
@@ -190,9 +241,10 @@ class _Race:
             doc = ready_candidate(self.store, c.id, self.result.generation)
             if doc is not None:
                 c.seen_ready_at = time.time()
-                c.started_at, c.ready_at = doc.get("started_at"), doc.get("ready_at")
+                c.started_at, c.ready_at = _number(doc.get("started_at")), _number(doc.get("ready_at"))
                 c.restore = doc.get("restore")
-                c.state, c.url = "ready", doc.get("url")
+                # the address shown and journalled is the provider's own, never one read from the store
+                c.state, c.url = "ready", _confirmed_url(c, doc)
                 ready.append(c)
         return ready
 
@@ -214,6 +266,10 @@ class _Race:
         self.emit(CANDIDATE_READY, winner.as_dict())
         try:
             lease = move_lease(self.store, result.generation, winner.id)
+        except LeaseConflict as exc:
+            # another orchestrator moved the lease: never a failed race to retry, the end of this one's work
+            result.error, self.conflict = str(exc), exc
+            return
         except SpotWarpError as exc:
             result.error = str(exc)
             return
@@ -229,8 +285,20 @@ class _Race:
         for c in losers:
             if c.state not in ("failed",):
                 c.state = "down"
-        list(pool.map(lambda c: c.handle is not None and self.provider.down(c.handle), losers))
+        list(pool.map(self._down, losers))
         pool.shutdown(wait=True)
+
+    def _down(self, c: Candidate) -> None:
+        """Tear one candidate down, then drop what it left on its machine (a provider that can)."""
+        if c.handle is None:
+            return
+        self.provider.down(c.handle)
+        discard = getattr(self.provider, "discard", None)
+        if discard is not None:
+            try:
+                discard(c.handle)
+            except Exception as exc:  # noqa: BLE001 - leftovers are not a failed race
+                log.warning("SpotWarp: %s's folder not removed: %s", c.id, exc)
 
     def _failed(self) -> None:
         result = self.result
@@ -242,14 +310,19 @@ class _Race:
         raise RaceFailed(f"{result.error}: {reasons}")
 
 
-def wait_promotion_seen(store: Store, result: RaceResult, timeout: float = 30.0, poll_s: float = 0.2) -> bool:
-    """Whether the winner's heartbeat said "holder" within `timeout` (it learnt of its promotion)."""
+def wait_promotion_seen(store: Store, result: RaceResult, timeout: float = 30.0, poll_s: float = 0.2,
+                        on_event: OnEvent | None = None) -> bool:
+    """Whether the winner's heartbeat said "holder" within `timeout` (it learnt of its promotion); when it did
+    not, `promotion_unseen` is said: a winner that reads the lease with another SPOTWARP_KEY (or none where
+    this machine has one) refuses the entry that promoted it and stays in standby."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         doc = read_heartbeat(store, result.winner.id) if result.winner else None
         if doc is not None and doc.get("state") == HOLDER:
             return True
         time.sleep(poll_s)  # deadline-bounded poll of the store
+    if on_event is not None and result.winner is not None:
+        on_event("promotion_unseen", {"candidate": result.winner.id, "waited_s": timeout})
     return False
 
 

@@ -18,6 +18,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
+from .._version import __version__
 from ..engine.errors import ConfigError
 from .provider import FAILED, GONE, CandidateHandle, CandidateStatus, LaunchSpec, Offer
 from .skypilot_offers import catalog_offers, enabled_clouds
@@ -28,6 +29,7 @@ __all__ = ["INSTALL_HINT", "OLDEST_SKYPILOT", "SkyPilotProvider", "SkyPilotUnava
            "one_line"]
 
 # The storage extra a candidate needs for the project's storage URL.
+DISTRIBUTION = "spotwarp-jupyter"  # on PyPI; `spotwarp` there is another project's
 _STORAGE_EXTRAS = {"s3": "s3", "s3a": "s3", "gs": "gcs", "gcs": "gcs"}
 
 
@@ -50,8 +52,10 @@ class SkyPilotProvider:
     Options (all optional):
       image_id: machine or container image with SpotWarp preinstalled (SkyPilot syntax,
                 e.g. "docker:ghcr.io/you/spotwarp:1" or an AMI id); setup skips the pip install then.
-      install: what setup pip-installs when the image lacks `spotwarp` (default: "spotwarp" with
-               the storage extra the spec's URL needs).
+      install: what setup pip-installs when the image lacks this version of SpotWarp (default:
+               "spotwarp-jupyter==<this version>" with the storage extra the spec's URL needs; a wheel's
+               URL or path for an unreleased version). Setup then checks that `spotwarp` is SpotWarp at
+               exactly this version: PyPI's `spotwarp` is an unrelated project with a `spotwarp` command.
       open_port: open spec.port on the candidate (default True).
       idle_minutes: SkyPilot autodown after this many idle minutes (default None: down when the job ends).
       dryrun_offers: confirm each catalog offer with `sky.launch(dryrun=True)` (default True).
@@ -59,6 +63,7 @@ class SkyPilotProvider:
     """
 
     name = "skypilot"
+    shared_storage_only = True  # every cloud host must restore from the same store: never a folder on this machine
 
     def __init__(self, options: dict | None = None) -> None:
         opts = dict(options or {})
@@ -85,13 +90,25 @@ class SkyPilotProvider:
     # -- the task -------------------------------------------------------------------------
 
     def setup_command(self, spec: LaunchSpec) -> str:
-        """Install SpotWarp only when the image lacks it, so a prepared image goes straight to `run`."""
+        """Install this version of SpotWarp unless the image has it (a prepared image goes straight to `run`),
+        then check that the `spotwarp` that `run` calls is SpotWarp at exactly this version."""
         requirement = self.install
         if requirement is None:
             scheme = spec.storage.split("://", 1)[0].lower() if "://" in spec.storage else ""
             extra = _STORAGE_EXTRAS.get(scheme)
-            requirement = f"spotwarp[{extra}]" if extra else "spotwarp"
-        return f"command -v spotwarp >/dev/null 2>&1 || python3 -m pip install --quiet {shlex.quote(requirement)}"
+            requirement = f"{DISTRIBUTION}[{extra}]=={__version__}" if extra else f"{DISTRIBUTION}=={__version__}"
+        wanted = shlex.quote(f"spotwarp {__version__}")  # what `spotwarp --version` of this release prints
+        refuse = shlex.quote(f"setup: `spotwarp` here is not SpotWarp {__version__} (install {DISTRIBUTION}=={__version__}"
+                             ", or pass --provider-option install=...); it says: ")
+        return (f"spotwarp --version 2>/dev/null | grep -qxF {wanted} || python3 -m pip install --quiet "
+                f"{shlex.quote(requirement)}; spotwarp --version 2>/dev/null | grep -qxF {wanted} || "
+                f"{{ echo {refuse}\"$(spotwarp --version 2>&1 | head -n 1)\" >&2; exit 1; }}")
+
+    @staticmethod
+    def run_command(spec: LaunchSpec, candidate_id: str, generation: int) -> str:
+        """`spotwarp start` in standby, serving on every interface (the opened port reaches JupyterLab, not a
+        loopback-only server) and as root if need be (CUDA images run as root; Jupyter refuses root otherwise)."""
+        return f"{spec.start_command(candidate_id, generation)} --allow-root -- --ServerApp.ip=0.0.0.0"
 
     def build_task(self, spec: LaunchSpec, offer: Offer | None, candidate_id: str, generation: int) -> Any:
         """The sky.Task for one candidate: `spotwarp start` in standby, pinned to `offer`'s machine."""
@@ -99,7 +116,7 @@ class SkyPilotProvider:
         task = sky.Task(
             name=cluster_name(spec.project_id, candidate_id),
             setup=self.setup_command(spec),
-            run=spec.start_command(candidate_id, generation),
+            run=self.run_command(spec, candidate_id, generation),
             # spec.env carries SPOTWARP_KEY and storage credentials: secrets, which SkyPilot redacts.
             secrets=dict(spec.env) or None,
         )

@@ -13,7 +13,7 @@ from typing import Any
 from ..engine.errors import SpotWarpError
 
 OLDEST_SKYPILOT = (0, 14, 1)
-INSTALL_HINT = 'pip install "spotwarp[failover]"'
+INSTALL_HINT = 'pip install "spotwarp-jupyter[failover]"'
 # SkyPilot's CLUSTER_NAME_VALID_REGEX; 35 characters fit every cloud's own name limit (GCP's is the smallest).
 _CLUSTER_NAME_MAX = 35
 
@@ -41,7 +41,7 @@ def load_sky() -> Any:
         found = str(getattr(sky, "__version__", "0"))
     if _version(found) < OLDEST_SKYPILOT:
         raise SkyPilotUnavailable(
-            f"the SkyPilot provider needs skypilot >= {wanted}, found {found}: pip install -U \"spotwarp[failover]\""
+            f"the SkyPilot provider needs skypilot >= {wanted}, found {found}: pip install -U \"spotwarp-jupyter[failover]\""
         )
     return sky
 

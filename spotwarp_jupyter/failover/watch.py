@@ -13,12 +13,13 @@ import logging
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
 
-from ..engine.coordination import FENCED
+from ..engine.coordination import FENCED, DamagedLease
+from ..engine.errors import one_line
 from ..engine.journal import FINAL_SNAPSHOT_COMMITTED, HOST_LOST, NOTICE_SEEN, Journal
 from ..engine.storage import Store
-from .heartbeat import current_holder, read_heartbeat
+from .heartbeat import BeatClock, candidates_for_adoption, live_host, read_heartbeat, skew_s
 from .lease import LeaseConflict, read_lease
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Provider
 from .race import OnEvent, RaceFailed, RaceResult, finish, race, wait_promotion_seen
@@ -32,27 +33,41 @@ class Holder:
 
     id: str
     generation: int
-    since: float  # promotion (or adoption) time: notices and silence count from here
+    since: float  # promotion (or adoption) time, this machine's clock (for the record)
     handle: CandidateHandle | None = None
+    notices_before: frozenset[str] = frozenset()  # notice events already journalled when the watch began
+    interval: float | None = None  # the seconds between its beats, as its heartbeat says
 
 
 @dataclass
 class Loss:
-    """Why the holder is considered lost, and when."""
+    """Why the holder is considered lost, and when (this machine's clock)."""
 
-    reason: str  # "notice" or "no heartbeat"
-    lost_at: float  # the notice's time, or the last heartbeat's
+    reason: str  # "notice", "no heartbeat", "lease damaged" or "lease lost"
+    lost_at: float  # when the orchestrator last saw a sign of it (its last heartbeat change, or the notice)
     detected_at: float
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def adopt(store: Store, dead_after: float) -> Holder | None:
-    """The live host serving the project now, if any (`launch --watch` then watches it instead of racing)."""
-    lease = read_lease(store)
-    doc = current_holder(store, lease, dead_after)
-    if doc is None or time.time() - float(doc.get("time") or 0) >= dead_after:
+def adopt(store: Store, dead_after: float, stop: threading.Event | None = None) -> Holder | None:
+    """The live host serving the project now, if any (`launch --watch` then watches it instead of racing).
+
+    Alive means its heartbeat changes within `dead_after` seconds of this machine's own clock: a host whose
+    clock is off is still adopted, a dead one is not, however recent the `time` it last wrote.
+    """
+    try:
+        lease = read_lease(store)
+    except DamagedLease:
+        return None  # nobody holds a damaged lease: `launch` races past it
+    ids = candidates_for_adoption(store, lease)
+    if not ids:
         return None
-    return Holder(str(doc["id"]), lease.generation, max(lease.time, time.time() - dead_after))
+    doc = live_host(store, ids, dead_after, stop, generation=lease.generation if lease.holder else None)
+    if doc is None:
+        return None
+    interval = doc.get("interval")
+    return Holder(str(doc["id"]), lease.generation, time.time(), notices_before=_notice_names(store),
+                  interval=float(interval) if isinstance(interval, (int, float)) and interval > 0 else None)
 
 
 def holder_of(result: RaceResult) -> Holder:
@@ -60,57 +75,110 @@ def holder_of(result: RaceResult) -> Holder:
     return Holder(result.winner.id, result.generation, result.promoted_at or time.time(), result.winner.handle)
 
 
+def _notice_names(store: Store) -> frozenset[str]:
+    try:
+        return frozenset(e.name for e in Journal(store).events(limit=20) if e.event == NOTICE_SEEN)
+    except Exception:  # noqa: BLE001 - an unreadable journal: every notice counts
+        return frozenset()
+
+
 def _notice(store: Store, holder: Holder) -> Any:
     for e in reversed(Journal(store).events(limit=20)):
-        if e.event == NOTICE_SEEN and e.details.get("fatal", True) and e.time >= holder.since \
+        if e.event == NOTICE_SEEN and e.details.get("fatal", True) is not False and e.name not in holder.notices_before \
                 and e.details.get("host_id") == holder.id:
             return e
     return None
 
 
 def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provider | None,
-                stop: threading.Event, poll_s: float = 0.5, notice_every_s: float = 1.0) -> Loss | None:
-    """Block until the holder is lost (a Loss) or `stop` is set (None)."""
+                stop: threading.Event, poll_s: float = 0.5, notice_every_s: float = 1.0,
+                on_event: OnEvent | None = None, max_backoff_s: float = 10.0) -> Loss | None:
+    """Block until the holder is lost (a Loss) or `stop` is set (None).
+
+    Silence is measured on this machine's monotonic clock, from the last change of the holder's heartbeat.
+    A bad or missing heartbeat read is no news. While the store cannot be reached the watch retries with
+    backoff and says so, and declares nothing: silence counts again from when the store answers.
+    """
+    say: OnEvent = on_event or (lambda kind, data: None)
+    clock = BeatClock()
+    skew_said = False
+    outage: float | None = None
+    backoff = poll_s
     next_notice = 0.0
     while not stop.is_set():
-        now = time.time()
-        lease = read_lease(store)
-        if lease.generation > holder.generation:
-            raise LeaseConflict(f"the lease moved to {lease.holder} (generation {lease.generation}) under this watch: "
-                                "another `spotwarp launch` runs for this project; run only one")
-        doc = read_heartbeat(store, holder.id)
-        last = max(float(doc.get("time") or 0), holder.since) if doc is not None else holder.since
+        try:
+            lease = read_lease(store)
+            doc = read_heartbeat(store, holder.id)
+            notice = None
+            if time.monotonic() >= next_notice:
+                next_notice = time.monotonic() + notice_every_s
+                notice = _notice(store, holder)
+        except DamagedLease as exc:
+            # nobody may write under a damaged lease: the way out is a race past it (docs/failover.md)
+            return Loss("lease damaged", time.time(), time.time(), {"why": str(exc)})
+        except Exception as exc:  # noqa: BLE001 - the store unreachable: unknown, never a loss by itself
+            if outage is None:
+                outage = time.monotonic()
+                say("store_unreachable", {"holder": holder.id, "error": one_line(exc)})
+                log.warning("SpotWarp: the store is unreachable (%s); the watch retries", one_line(exc))
+            backoff = min(max_backoff_s, backoff * 2)
+            stop.wait(backoff)
+            continue
+        if outage is not None:
+            say("store_reachable", {"holder": holder.id, "outage_s": round(time.monotonic() - outage, 3)})
+            outage, backoff = None, poll_s
+            clock.restart()
+        lost = _lease_verdict(lease, holder, clock)
+        if lost is not None:
+            return lost
+        if clock.see(doc) and not skew_said:
+            off = skew_s(doc)
+            if off is not None:
+                skew_said = True
+                say("clock_skew", {"host": holder.id, "behind_s": off})
         if doc is not None and doc.get("state") == FENCED:
             raise LeaseConflict(f"the holder {holder.id} says it is fenced: {doc.get('why')}")
-        if time.monotonic() >= next_notice:
-            next_notice = time.monotonic() + notice_every_s
-            notice = _notice(store, holder)
-            if notice is not None:
-                return _after_notice(store, holder, notice, stop)
-        if now - last >= dead_after:
-            details: dict[str, Any] = {"silent_s": round(now - last, 3), "last_heartbeat": last}
+        if notice is not None:
+            return _after_notice(store, holder, notice, stop)
+        if clock.silent_s() >= dead_after:
+            details: dict[str, Any] = {"silent_s": round(clock.silent_s(), 3)}
             if provider is not None and holder.handle is not None:
                 status = provider.poll(holder.handle)
                 details.update(provider_state=status.state, provider_message=status.message or None)
-            return Loss("no heartbeat", last, time.time(), details)
+            return Loss("no heartbeat", clock.last_sign(), time.time(), details)
         stop.wait(poll_s)
     return None
 
 
+def _lease_verdict(lease: Any, holder: Holder, clock: BeatClock) -> Loss | None:
+    """LeaseConflict when the lease moved past the holder's generation (another orchestrator); a Loss when the
+    holder's lease entry is gone; None while the lease is the holder's."""
+    if lease.generation > holder.generation:
+        raise LeaseConflict(f"the lease moved to {lease.holder} (generation {lease.generation}) under this watch: "
+                            "another `spotwarp launch` runs for this project; run only one")
+    if holder.generation > 0 and lease.generation < holder.generation:
+        return Loss("lease lost", clock.last_sign(), time.time(),
+                    {"why": f"the lease of generation {holder.generation} is gone from the store"})
+    return None
+
+
 def _after_notice(store: Store, holder: Holder, notice: Any, stop: threading.Event) -> Loss:
-    """A notice: wait (within its window) for the final snapshot, so the race restores it."""
+    """A notice: wait (within its window, on this machine's clock) for the final snapshot, so the race restores it."""
     detected = time.time()
     window = float(notice.details.get("window_s") or 30.0)
-    deadline = notice.time + window + 2.0
+    deadline = time.monotonic() + window + 2.0
     final = None
-    while final is None and time.time() < deadline and not stop.is_set():
-        final = next((e for e in Journal(store).events(limit=20) if e.event == FINAL_SNAPSHOT_COMMITTED
-                      and e.details.get("run") == notice.details.get("run")), None)
+    while final is None and time.monotonic() < deadline and not stop.is_set():
+        try:
+            final = next((e for e in Journal(store).events(limit=20) if e.event == FINAL_SNAPSHOT_COMMITTED
+                          and e.details.get("run") == notice.details.get("run")), None)
+        except Exception:  # noqa: BLE001 - the store unreachable: keep waiting within the window
+            final = None
         if final is None:
             stop.wait(0.25)
-    return Loss("notice", notice.time, detected, {"source": notice.details.get("source"),
-                                                  "kind": notice.details.get("kind"),
-                                                  "final_snapshot": final.snapshot if final else None})
+    return Loss("notice", detected, detected, {"source": notice.details.get("source"),
+                                               "kind": notice.details.get("kind"), "notice_time": notice.time,
+                                               "final_snapshot": final.snapshot if final else None})
 
 
 def record_loss(store: Store, holder: Holder, loss: Loss) -> None:
@@ -122,10 +190,11 @@ def record_loss(store: Store, holder: Holder, loss: Loss) -> None:
 
 
 def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder: Holder, dead_after: float,
-          stop: threading.Event, on_event: OnEvent, race_timeout: float = 900.0, retry_s: float = 10.0) -> Holder:
+          stop: threading.Event, on_event: OnEvent, race_timeout: float = 900.0, retry_s: float = 10.0,
+          floor: Callable[[], int] | None = None) -> Holder:
     """Follow the holder; when it is lost, race again and follow the winner; until `stop` is set (the last holder)."""
     while not stop.is_set():
-        loss = detect_loss(store, holder, dead_after, provider, stop)
+        loss = detect_loss(store, holder, dead_after, provider, stop, on_event=on_event)
         if loss is None:
             return holder
         record_loss(store, holder, loss)
@@ -140,14 +209,14 @@ def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder
         while not stop.is_set():
             try:
                 result = race(provider, spec, store, count, timeout=race_timeout, reason=loss.reason,
-                              on_event=on_event)
+                              on_event=on_event, floor=floor, stop=stop)
                 break
             except RaceFailed as exc:
                 on_event("race_failed", {"error": str(exc)})
                 stop.wait(retry_s)
         else:
             return holder
-        wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, dead_after)))
+        wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, dead_after)), on_event=on_event)
         row = finish(store, result, loss.reason, holder.id, loss.lost_at, loss.detected_at)
         on_event("failover_finished", row)
         holder = holder_of(result)

@@ -56,6 +56,8 @@ def answer(data: Any) -> dict[str, Any]:
     except ProtocolError as exc:
         return kernel_refusal(data, str(exc))  # malformed: nothing is done
     try:
+        if request.notebook:  # renamed before SpotWarp was loaded here: the server names the session's notebook
+            session_module.current().rename(request.notebook)
         return kernel_answer(request, **REQUESTS[request.kind](request))
     except Exception as exc:  # noqa: BLE001 - the server gets the reason; the kernel keeps running
         return kernel_refusal(data, f"{type(exc).__name__}: {exc}")

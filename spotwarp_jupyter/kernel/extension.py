@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import safepoints
 from ..training import register_state_providers
 from ..training.resumable import on_resume as resume_hooks
@@ -9,8 +11,10 @@ from . import access_hook, notices
 from . import comm as comm_target
 from . import session as session_module
 from .magics import SpotWarpMagics, cell_id
+from .notebooks import notebook_from_server
 
 _loaded: dict[int, SpotWarpMagics] = {}
+_idle: dict[str, Any] = {"loop": None, "timer": None}  # the kernel's main loop; the pending idle safe point
 
 
 def load_ipython_extension(ipython) -> None:
@@ -26,10 +30,16 @@ def load_ipython_extension(ipython) -> None:
     magics.session.arrivals.transform = ipython.transform_cell
     if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
         magics.session.arrivals.running_cell = _cell_source(ipython)
+        magics.session.cell_started(_cell_id(), magics.session.arrivals.running_cell or "")
     ipython.events.register("post_run_cell", _post_run_cell)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
-    notices.install(ipython)  # preemption notices reach the kernel even while a cell runs
+    _idle["loop"] = getattr(getattr(ipython, "kernel", None), "io_loop", None)
+    notices.install(ipython)  # preemption notices and renames reach the kernel even while a cell runs
+    if getattr(ipython, "kernel", None) is not None:
+        named = notebook_from_server()  # read after install: a rename from now on is heard, one before is here
+        if named:
+            magics.session.started_as(named)
     if notices.training_resumed not in resume_hooks:
         resume_hooks.append(notices.training_resumed)
     if magics.show_widget and getattr(ipython, "kernel", None) is not None:  # a notebook, not a terminal
@@ -79,7 +89,26 @@ def _post_run_cell(result) -> None:
         safepoints.reached("cell")
         return
     session.arrivals.running_cell = None
+    session.cell_ended()
     access_hook.cell_finished(session.access, lambda: safepoints.reached("cell"))
+    _schedule_idle_safe_point(session.idle_snapshot_in())
+
+
+def _schedule_idle_safe_point(delay: float | None) -> None:
+    """Run a safe point when the snapshot the cell's end did not take is due, if the kernel idles then: the
+    kernel's main loop runs it only between cells (a cell running then reaches its own safe points)."""
+    loop = _idle["loop"]
+    if loop is None:
+        return
+    if _idle["timer"] is not None:
+        loop.remove_timeout(_idle["timer"])
+        _idle["timer"] = None
+    if delay is not None:
+        def fire() -> None:
+            _idle["timer"] = None
+            safepoints.reached("idle")
+
+        _idle["timer"] = loop.call_later(delay, fire)
 
 
 def _pre_run_cell(info) -> None:
@@ -89,6 +118,7 @@ def _pre_run_cell(info) -> None:
         return
     arrivals = session.arrivals
     raw = getattr(info, "raw_cell", "") or ""
+    session.cell_started(_cell_id(), raw)
     arrivals.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
     if arrivals.load is None:
         return
@@ -97,6 +127,17 @@ def _pre_run_cell(info) -> None:
     except Exception:  # noqa: BLE001 - not transformable: wait for everything
         code = "globals()"
     arrivals.before_cell(code, raw)
+
+
+def _cell_id() -> str | None:
+    """The id of the notebook cell running now, as JupyterLab sends it (`cellId` in the request's metadata)."""
+    try:
+        from IPython import get_ipython
+
+        cell = get_ipython().kernel.get_parent("shell").get("metadata", {}).get("cellId")
+    except Exception:  # noqa: BLE001 - a terminal IPython, an older ipykernel: no cell ids
+        return None
+    return cell if isinstance(cell, str) and cell else None
 
 
 def unload_ipython_extension(ipython) -> None:
@@ -111,6 +152,8 @@ def unload_ipython_extension(ipython) -> None:
             ipython.events.unregister(event, hook)
         except ValueError:
             pass
+    _schedule_idle_safe_point(None)
+    _idle["loop"] = None
     safepoints.set_handler(None)
     access_hook.uninstall(ipython)
     comm_target.unregister()

@@ -36,6 +36,26 @@ def _names(text: str, flag: str) -> frozenset[str]:
     return names
 
 
+# what to do about failures that come from the environment rather than from SpotWarp
+_REMEDIES = (
+    ("Numpy is not available", "install numpy in this kernel's environment (pip install numpy) and restart the kernel"),
+    ("No space left on device", "free space where the store is (or point --storage elsewhere)"),
+)
+
+
+def unexpected_failure(command: str, exc: BaseException) -> str:
+    """One line for an exception nobody planned for: what failed, that nothing changed, what to do."""
+    reason = " ".join(f"{type(exc).__name__}: {exc}".split())
+    remedy = next((todo for text, todo in _REMEDIES if text in reason), None)
+    if remedy is None and isinstance(exc, MemoryError):
+        remedy = "free memory, or leave large variables out with %spotwarp policy --exclude NAME"
+    if remedy is None:
+        remedy = ("%spotwarp status names skipped variables; %spotwarp policy --exclude NAME leaves out one "
+                  "that cannot be saved")
+    outcome = "; nothing was saved, the previous snapshot is intact" if command == "snapshot" else ""
+    return f"%spotwarp {command} failed ({reason}){outcome}. To fix: {remedy}"
+
+
 def cell_id(ipython) -> str | None:
     """The message id of the cell running now (None at kernel start or outside a kernel)."""
     try:
@@ -94,6 +114,10 @@ class SpotWarpMagics(Magics):
             return getattr(self, f"_do_{command}")(rest)
         except SpotWarpError as exc:
             raise UsageError(f"%spotwarp {command}: {exc}") from None
+        except UsageError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a failure nobody planned for is one line saying what to do
+            raise UsageError(unexpected_failure(command, exc)) from None
 
     def _no_args(self, command: str, rest: str) -> None:
         if rest.strip():
@@ -112,6 +136,9 @@ class SpotWarpMagics(Magics):
     @argument("--include", help="save only these variables, comma separated")
     @argument("--max-var-size", dest="max_var_size", help="skip variables larger than this, e.g. 8GB")
     @argument("--keep", type=str, help="keep only the newest N snapshots of the project")
+    @argument("--resume", dest="resume", action="store_true", default=None,
+              help="a new host re-runs a cell interrupted inside a resumable loop (the default)")
+    @argument("--no-resume", dest="resume", action="store_false", help="a new host restores, runs nothing")
     @argument("--project", help="project id")
     @argument("--storage", help="storage URL (fsspec)")
     def _policy(self, line):  # pragma: no cover - parser holder
@@ -135,6 +162,8 @@ class SpotWarpMagics(Magics):
         p.every_s, p.max_var_size, p.include, p.exclude, p.keep = every, max_size, include, exclude, keep
         if args.after_cell is not None:
             p.after_cell = args.after_cell
+        if args.resume is not None:
+            p.resume = args.resume
         print(f"SpotWarp policy: {p.describe()}")
         print(f"  project {self.session.settings.project} · storage {self.session.settings.storage}")
 
@@ -158,10 +187,13 @@ class SpotWarpMagics(Magics):
 
     def _do_list(self, rest: str) -> None:
         self._no_args("list", rest)
-        listing = self.session.engine.manifests(self.session.notebook)
+        listing = self.session.own_manifests()
         if not listing:
             print(f"No snapshots of notebook {self.session.notebook!r} in project {self.session.settings.project!r} yet.")
             return
+        former = sorted({self.session.name_in(m) for m in listing} - {self.session.notebook})
+        if former:
+            print(f"Notebook {self.session.notebook!r}, formerly {', '.join(map(repr, former))}:")
         print(f"{'id':<10} {'created (UTC)':<24} {'host':<20} {'size':>10} {'written':>10}  message")
         for m in listing:
             print(f"{m.id:<10} {m.created_iso:<24} {m.host[:20]:<20} {format_size(m.size):>10} "
@@ -179,18 +211,20 @@ class SpotWarpMagics(Magics):
         started = time.perf_counter()
         manifest, result = self.session.restore(args.snapshot, variables)
         took = time.perf_counter() - started
-        for line in result.warnings:
-            print(f"warning: {line}")
         source = self.session.source_notebook(manifest)
         whose = "" if source == self.session.notebook else f"notebook {source!r}, "
+        # a short summary line first, then the details one per line (issue 24: not one long sentence)
         print(f"SpotWarp restored {len(result.restored)} variables from {manifest.id} "
-              f"({whose}{manifest.host}, {manifest.created_iso}) in {format_duration(took)}: "
-              + ", ".join(result.restored[:20]) + (" ..." if len(result.restored) > 20 else ""))
+              f"({whose}{manifest.host}, {manifest.created_iso}) in {format_duration(took)}")
+        if result.restored:
+            print("  variables " + ", ".join(result.restored[:20]) + (" ..." if len(result.restored) > 20 else ""))
         if result.loading:
             print(f"  loading   {', '.join(result.loading)} in the background; a cell that uses them waits for them")
         skipped = result.skipped_at_snapshot
         if skipped and variables is None:
             print("  not in the snapshot: " + "; ".join(f"{n} ({r})" for n, r in sorted(skipped.items())))
+        for line in result.warnings:
+            print(f"  warning: {line}")
 
     def _do_on(self, rest: str) -> None:
         self._no_args("on", rest)

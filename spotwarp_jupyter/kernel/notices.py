@@ -1,4 +1,4 @@
-"""Preemption notices reaching a kernel that is busy in a cell, and the kernel's entries in the events journal.
+"""Preemption notices (and renames) reaching a kernel that is busy in a cell; the kernel's entries in the journal.
 
 A kernel running a cell reads nothing from its shell channel until the cell ends, so the server cannot
 ask it over the `spotwarp` comm. ipykernel serves the control channel on its own thread, though, and
@@ -19,7 +19,19 @@ from typing import Any
 
 from .. import safepoints
 from ..engine.journal import TRAINING_RESUMED, Journal
-from ..protocol import NOTICE_REPLY, NOTICE_REQUEST, PREEMPTION, NoticeAnswer, NoticeRequest, echoed_id, one_line
+from ..protocol import (
+    NOTICE_REPLY,
+    NOTICE_REQUEST,
+    PREEMPTION,
+    RENAME_REPLY,
+    RENAME_REQUEST,
+    NoticeAnswer,
+    NoticeRequest,
+    RenameRequest,
+    echoed_id,
+    one_line,
+    rename_answer,
+)
 from . import session as session_module
 
 log = logging.getLogger("spotwarp")
@@ -47,6 +59,20 @@ def _on_notice(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> No
     # in a busy kernel this runs after the cell, by when the request was taken at a step or the cell's end
     kernel.io_loop.add_callback(safepoints.reached, "notice")
     kernel.session.send(stream, NOTICE_REPLY, answer.to_message(), msg, idents)
+
+
+def _on_rename(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
+    """Runs on the control thread: the notebook was renamed or moved; take its new name (even mid-cell)."""
+    content = msg.get("content")
+    try:
+        rename = RenameRequest.from_message(content)
+        session = session_module.current()
+        session.rename(rename.notebook)
+        answer = rename_answer(rename.request_id, session.notebook, session.aliases)
+    except Exception as exc:  # noqa: BLE001 - malformed, or SpotWarp unloaded: the server learns why
+        error = str(exc) if isinstance(exc, ValueError) else f"{type(exc).__name__}: {exc}"
+        answer = rename_answer(echoed_id(content), error=error)
+    kernel.session.send(stream, RENAME_REPLY, answer, msg, idents)
 
 
 def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
@@ -119,6 +145,7 @@ def install(ipython: Any) -> bool:
     if handlers is None:
         return False
     handlers[NOTICE_REQUEST] = lambda stream, idents, msg: _on_notice(kernel, stream, idents, msg)
+    handlers[RENAME_REQUEST] = lambda stream, idents, msg: _on_rename(kernel, stream, idents, msg)
     return True
 
 
@@ -127,6 +154,7 @@ def uninstall(ipython: Any) -> None:
     handlers = getattr(getattr(ipython, "kernel", None), "control_handlers", None)
     if handlers is not None:
         handlers.pop(NOTICE_REQUEST, None)
+        handlers.pop(RENAME_REQUEST, None)
 
 
 def training_resumed(name: str, position: int) -> None:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
+from types import ModuleType
 from typing import Any, Callable, Mapping
 
 from .. import safepoints
@@ -28,6 +29,7 @@ from ..engine.writers import (
 )
 from ..service.records import KernelStatus, RestoreProgress, SnapshotSummary
 from ..service.wire import kernel_status_json
+from ..training.resumable import positions as resumable_positions
 from .arrivals import Arrivals
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
@@ -65,6 +67,10 @@ class KernelSession:
         self.settings = settings
         self.policy = policy or Policy()
         self.notebook = notebook or notebook_name()
+        self.aliases: list[str] = []  # the notebook's former names: renamed or moved while this kernel ran
+        self._known_names: set[str] = set()  # former names read from snapshots (a rename on another host)
+        self.cells_run: dict[str, str] = {}  # cell id -> source, of the notebook's cells this kernel ran
+        self.running: tuple[str | None, str] | None = None  # (cell id, source as sent) of the cell running now
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, LoadResult] | None = None
         self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
@@ -72,6 +78,8 @@ class KernelSession:
         self.last_snapshot_at: float | None = None
         self.last_started_at: float | None = None
         self.last_pause_s: float | None = None
+        self.restored_at: float | None = None
+        self.resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py)
         self._init_automatic()
         self._engine: SnapshotEngine | None = None
         self.pruner = Pruner()  # --keep, off the user's cell
@@ -105,6 +113,32 @@ class KernelSession:
         self.settings, self._engine = settings, engine
         self.increments.baseline = None
 
+    def annotations(self, at: str = "call") -> dict[str, Any]:
+        """What a snapshot's kernel record says of this kernel beyond its variables (docs/design.md): the
+        notebook's former names, the policy (a restored kernel keeps it), training positions (the widget's offer),
+        the cell running when it was taken and where (`at`: `step` of a resumable loop, `cell` end, other `call`)."""
+        running = self.running
+        return {"aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
+                "positions": resumable_positions(),
+                "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
+                "running": None if running is None else {"id": running[0], "source": running[1]},
+                "at": "cell" if running is None else ("step" if at == "step" else "call")}
+
+    def cell_ran(self, cell_id: str | None, source: str) -> None:
+        """A notebook cell ran (JupyterLab's cell id): its source is kept with the next snapshot (service/run_cells.py)."""
+        if cell_id:
+            self.cells_run.pop(cell_id, None)  # in the order they were last run
+            self.cells_run[cell_id] = source
+
+    def cell_started(self, cell_id: str | None, source: str) -> None:
+        """A cell starts running: recorded as run, and as the running cell of snapshots taken until it ends
+        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py)."""
+        self.cell_ran(cell_id, source)
+        self.running = (cell_id, source)
+
+    def cell_ended(self) -> None:
+        self.running = None
+
     def capture_options(self) -> CaptureOptions:
         return CaptureOptions(include=self.policy.include, exclude=self.policy.exclude,
                               max_var_size=self.policy.max_var_size)
@@ -116,7 +150,7 @@ class KernelSession:
         return out
 
     def snapshot(self, message: str | None = None, requests: list[str] | None = None,
-                 full: bool = False) -> Manifest:
+                 full: bool = False, at: str = "call") -> Manifest:
         """A synchronous snapshot of this kernel's variables (waits for one in flight, and for a restore, first).
 
         `full`: serialize every variable, reusing nothing of the previous snapshot (engine/incremental/reuse.py).
@@ -130,7 +164,7 @@ class KernelSession:
             try:
                 manifest = self.engine.snapshot_kernel(
                     self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats,
-                    requests=requests,
+                    requests=requests, annotations=self.annotations(at),
                 )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -139,7 +173,7 @@ class KernelSession:
                 raise
             self.last_pause_s = time.perf_counter() - started
             manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
-            self.increments.remember(manifest, self.notebook)
+            self.increments.remember(manifest, self.name_in(manifest))
             self._committed(manifest)
             return manifest
 
@@ -163,25 +197,90 @@ class KernelSession:
         with self._lock:
             self.arrivals.finish()
             listing = self.engine.manifests()  # one LIST of the store for the whole restore
+            notebook = self.notebook
             if (ref or "latest").strip() == "latest":
                 self._refuse_another_notebooks_latest(listing)
-            manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, self.notebook, variables,
+                own = self.own_manifests(listing)
+                if own:  # the notebook's newest state, under whichever of its names it was saved
+                    ref, notebook = own[0].id, self.name_in(own[0])
+            manifest, result, load = self.engine.restore_kernel_progressive(ref, self.namespace, notebook, variables,
                                                                             listing=listing)
             self.increments.restart()  # restored values are new objects: the next snapshot is full
             if variables is None:
+                saved_policy = self.engine.kernel_record(manifest, notebook).get("policy")
+                if saved_policy:  # the session goes on as it was configured, not with the defaults
+                    self.policy = Policy.from_dict(saved_policy, self.policy)
                 for name, state in (result.extras or {}).items():
                     provider = STATE_PROVIDERS.get(name)
                     if provider is not None:
                         provider[1](state)
             self.last_restore = (manifest, result)
+            self.restored_at = time.time()  # the restored state is stored: the next automatic one is an interval away
             self.arrivals.started(load)
             if wait:
                 self.arrivals.finish()
             return manifest, result
 
+    # -- which notebook this is: its name follows renames and moves (the server tells the kernel) -------
+    def rename(self, notebook: str) -> bool:
+        """The notebook was renamed or moved: snapshots go under the new name, the old ones stay its own."""
+        notebook = notebook.strip().lstrip("/")
+        if not notebook or notebook == self.notebook:
+            return False
+        # no lock: this runs on the control thread, which must never wait for a snapshot the main thread takes
+        self.aliases = [n for n in [*self.aliases, self.notebook] if n != notebook]
+        self.notebook = notebook
+        self.increments.restart()  # the next snapshot is the first under this name: a full one
+        return True
+
+    def started_as(self, notebook: str) -> None:
+        """The notebook's name when SpotWarp loads, as its server recorded it (renamed since the kernel started):
+        this kernel saved nothing under its first name, which is therefore no alias (a former Untitled.ipynb's
+        snapshots are another notebook's). A rename heard since loading already set it."""
+        notebook = notebook.strip().lstrip("/")
+        if notebook and not self.aliases:
+            self.notebook = notebook
+
+    def own_names(self, listing: list[Manifest]) -> set[str]:
+        """Every name this notebook's state was saved under: its name, former names this kernel knows, and
+        the former names recorded in those snapshots (a rename on another host)."""
+        names = {self.notebook, *self.aliases, *self._known_names}
+        grew = True
+        while grew:
+            grew = False
+            for m in listing:
+                for name in names & set(m.kernels):
+                    more = set(m.kernels[name].get("aliases") or ()) - names
+                    if more:
+                        names |= more
+                        grew = True
+        self._known_names = names - {self.notebook}
+        return names
+
+    def own_manifests(self, listing: list[Manifest] | None = None) -> list[Manifest]:
+        """This notebook's snapshots under any of its names, newest first."""
+        listing = self.engine.manifests() if listing is None else listing
+        names = self.own_names(listing)
+        own = []
+        for m in listing:
+            # a name another notebook was renamed away from (a new Untitled.ipynb): what was saved under it up to
+            # that rename is the other notebook's state, never offered or restored here
+            if any(other not in names and names & set(record.get("aliases") or ()) for other, record in m.kernels.items()):
+                break
+            if names & set(m.kernels):
+                own.append(m)
+        return own
+
+    def name_in(self, manifest: Manifest) -> str:
+        """The name this notebook's state has in `manifest` (its current name, else a former one)."""
+        if self.notebook in manifest.kernels:
+            return self.notebook
+        names = self.own_names([manifest])
+        return next((n for n in sorted(manifest.kernels) if n in names), self.notebook)
+
     def _refuse_another_notebooks_latest(self, listing: list[Manifest]) -> None:
         """`latest` means this notebook's newest snapshot: never another notebook's state, silently."""
-        if any(self.notebook in m.kernels for m in listing):
+        if self.own_manifests(listing):
             return
         if not listing:
             return  # the engine says there is no snapshot at all
@@ -194,7 +293,7 @@ class KernelSession:
 
     def source_notebook(self, manifest: Manifest) -> str:
         """Which notebook's state a restore of `manifest` into this kernel brings back."""
-        if self.notebook in manifest.kernels or len(manifest.kernels) != 1:
+        if self.name_in(manifest) in manifest.kernels or len(manifest.kernels) != 1:
             return self.notebook
         return next(iter(manifest.kernels))
 
@@ -202,13 +301,13 @@ class KernelSession:
         """Variables the last snapshot did not save, with the reason."""
         if self.last is None:
             return {}
-        return dict(self.engine.kernel_record(self.last, self.notebook).get("skipped", {}))
+        return dict(self.engine.kernel_record(self.last, self.name_in(self.last)).get("skipped", {}))
 
     def changed(self) -> dict[str, str]:
         """Variables the last snapshot saved, but not as they were (a tensor's autograd graph), with the reason."""
         if self.last is None:
             return {}
-        return dict(self.engine.kernel_record(self.last, self.notebook).get("changed", {}))
+        return dict(self.engine.kernel_record(self.last, self.name_in(self.last)).get("changed", {}))
 
     def status_record(self) -> KernelStatus:
         """This session's facts, as a typed record (service/records.py)."""
@@ -223,7 +322,14 @@ class KernelSession:
             last_snapshot=None if self.last is None else SnapshotSummary.of(self.last),
             in_flight=self.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
             changed=self.changed(), last_error=self.last_error, restore=restore,
+            imports=self._saved_imports(), resumed=self.resumed,
         )
+
+    def _saved_imports(self) -> dict[str, str]:
+        """Modules the last snapshot saved by name (name -> the path they are imported by on restore)."""
+        if self.last is None:
+            return {}
+        return dict(self.engine.kernel_record(self.last, self.notebook).get("imports", {}))
 
     def status(self) -> dict[str, Any]:
         """What `%spotwarp status`, the widget and the server's status request show (service/wire.py's JSON)."""
@@ -238,6 +344,7 @@ class KernelSession:
         self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
+        self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
 
     def snapshot_in_background(self, message: str | None = None, requests: list[str] | None = None,
                                urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:
@@ -249,11 +356,12 @@ class KernelSession:
         when that is cheap to serialize, since the next step would rewrite it under a forked writer.
         """
         if fork_unavailable_reason():
-            return self.snapshot(message, requests)
+            return self.snapshot(message, requests, at="step" if in_loop else "call")
         with self._lock:
             if self.in_flight is not None:
                 return None
             engine, notebook = self.engine, self.notebook
+            annotations = self.annotations("step" if in_loop else "call")
             started = time.perf_counter()
             self.last_started_at = time.time()
             self._flight_done.clear()
@@ -262,7 +370,8 @@ class KernelSession:
 
             def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
-                                           stats={"mode": "background", **stats}, on_written=on_written, requests=requests)
+                                           stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
+                                           annotations=annotations)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
             try:
@@ -291,7 +400,7 @@ class KernelSession:
                 manifest = self.engine.get(result.snapshot_id)
                 manifest.stats["pause_s"] = round(job.pause_s, 4)
                 manifest.stats["writer"] = job.writer
-                self.increments.remember(manifest, self.notebook)
+                self.increments.remember(manifest, self.name_in(manifest))
                 self._committed(manifest)
             else:
                 self.last_error = (result.error if result else None) or "background snapshot failed"
@@ -316,12 +425,32 @@ class KernelSession:
             return True
         if not self.policy.enabled:
             return False
+        never = self.last_snapshot_at is None and self.last_started_at is None and self.last_restore is None
+        if never and not self.holds_state():
+            return False  # an empty session never becomes a notebook's newest snapshot over real state
         if cell_end and self._first_cell:
             self._first_cell = False
-            if self.last_snapshot_at is None and self.last_started_at is None and not self._first_cell_waits():
+            if never and not self._first_cell_waits():
                 return True
-        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) or self.started_at
+        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
         return time.time() - last >= self.policy.every_s
+
+    def idle_snapshot_in(self) -> float | None:
+        """Seconds until the automatic snapshot the last cell's end did not take (its interval had not passed)
+        is due, or None when none waits. An idle kernel reaches no safe point, so the extension runs one then
+        (kernel/extension.py): the interval holds between cells too, not only at the next cell's end."""
+        ended = self.cell_ended_at
+        if ended is None or not (self.policy.enabled and self.policy.after_cell):
+            return None
+        if max(self.last_started_at or 0.0, self.last_snapshot_at or 0.0) >= ended:
+            return None  # a snapshot started at the cell's end, or since, holds what the cell left
+        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
+        return max(0.0, last + self.policy.every_s - time.time())
+
+    def holds_state(self) -> bool:
+        """Whether the kernel holds anything a snapshot would save as a variable (not only imported modules)."""
+        return any(not name.startswith("_") and name not in self.hidden and not isinstance(value, ModuleType)
+                   for name, value in list(self.namespace.items()))
 
     def _first_cell_waits(self) -> bool:
         """Whether the first cell must not snapshot: this kernel restored one (its state is already stored),
@@ -330,7 +459,7 @@ class KernelSession:
         if self.last_restore is not None:
             return True
         try:
-            return bool(self.engine.manifests(self.notebook))
+            return bool(self.own_manifests())
         except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
             return False
 
@@ -339,7 +468,9 @@ class KernelSession:
 
         `urgent`: the caller holds the kernel here until the snapshot commits (snapshot_in_background).
         """
-        if where == "cell" and not reasons and not self.policy.after_cell:
+        if where == "cell":
+            self.cell_ended_at = time.time()
+        if where in ("cell", "idle") and not reasons and not self.policy.after_cell:
             return
         if not self.due(reasons, cell_end=where == "cell"):
             return

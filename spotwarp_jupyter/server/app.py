@@ -5,19 +5,24 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import time
 from typing import Any, Mapping
 
 from jupyter_core.utils import ensure_async
 from jupyter_server.extension.application import ExtensionApp
-from traitlets import Dict, Float, List, TraitError, Unicode, validate
+from traitlets import Bool, Dict, Float, List, TraitError, Unicode, validate
 from traitlets.config import Configurable
 
 from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
+from ..engine.coordination import HOLDER
 from ..engine.settings import DEFAULT_PROJECT, LOCATION, SERVER, SETTINGS, WATCHER_KINDS, configured, resolve_settings
 from .async_project import AsyncProject
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
+from .renames import follow_renames
+from .resume import Resumer
+from .saved_widgets import drop_widget_views
 from .watchers import PreemptionResponder, start_watchers
 
 
@@ -80,6 +85,10 @@ class SpotWarp(Configurable):
                                    "endpoint does not answer")
     shutdown_grace = _setting(Float, "shutdown_grace", "Seconds the server may take after SIGTERM or SIGINT for the "
                               "final snapshot and its exit (Kubernetes gives 30 by default, RunPod about 5)")
+    resume_kernels = _setting(Bool, "resume_kernels", "On a new host (files restored at start), start a kernel "
+                              "for every notebook whose kernel was live in the snapshot, restore its variables and "
+                              "re-run a cell interrupted inside a resumable loop (docs/resume.md)",
+                              shown="True", note="`spotwarp start --no-resume` turns it off")
     notice_window = _setting(Float, "notice_window", "Seconds a notice that states no deadline leaves for the final "
                              "snapshot (GCP gives 30)")
 
@@ -141,6 +150,12 @@ class SpotWarpApp(ExtensionApp):
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
                            "SPOTWARP_WORKSPACE": self.service.workspace})
         self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
+        # a renamed or moved notebook: its kernel learns the new name (its snapshots stay its own)
+        follow_renames(serverapp.session_manager, serverapp.kernel_manager, self.service.notebook_of)
+        # a saved notebook keeps the status widget as text: reopened, it shows no "model not found"
+        register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)
+        if register is not None:
+            register(drop_widget_views)
         self._backup_task: asyncio.Task | None = None
         self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
                       self.service.workspace)
@@ -158,12 +173,30 @@ class SpotWarpApp(ExtensionApp):
             # a candidate always beats: the orchestrator learns from it that it serves, and it learns its promotion
             self.service.heartbeat = Heartbeat(self.service.engine.store, fence, interval if interval > 0 else 5.0,
                                                self._host_info(serverapp), asyncio.get_running_loop(),
-                                               self._promoted, self._fenced)
+                                               self._promoted, self._fenced, self._lease_lost, self._requested)
             self.service.heartbeat.start()
         # watchers start in the background: finding out which cloud this is never delays serving
         self.service.responder = PreemptionResponder(self.service)
         self.service.watchers = start_watchers(self.config_object, self.service.responder, serverapp,
                                                self._exit_after_notice)
+        self._resume_task: asyncio.Task | None = None
+        if not fence.candidate:  # a candidate resumes once promoted (_commit_promotion)
+            self._start_resume()
+
+    def _start_resume(self) -> None:
+        """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py)."""
+        restored = self._host_info(self.serverapp)["restore"] or {}
+        hub = self.settings.get("spotwarp_start_restore") or {}
+        snapshot = restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
+        if not snapshot or getattr(self, "_resume_task", None) is not None:
+            return
+        if not self.config_object.resume_kernels:
+            self.service.resumed.append({"notebook": "*", "state": "off", "line": "kernels not resumed: resume is "
+                                         "off (spotwarp start --no-resume, c.SpotWarp.resume_kernels = False)"})
+            self.log.info("SpotWarp resume: off (spotwarp start --no-resume or c.SpotWarp.resume_kernels)")
+            return
+        self._resume_task = asyncio.ensure_future(
+            Resumer(self.service, self.serverapp).resume(snapshot, restored.get("ref") or "latest"))
 
     def _host_info(self, serverapp) -> dict:
         """What the heartbeat says of this server: where it listens, when `spotwarp start` began, what it restored."""
@@ -179,11 +212,41 @@ class SpotWarpApp(ExtensionApp):
     def _promoted(self) -> None:
         asyncio.ensure_future(self._commit_promotion())
 
-    async def _commit_promotion(self) -> None:
-        try:
-            await self.service.promoted()
-        except Exception as exc:  # noqa: BLE001 - the backup loop and kernels take over from here
-            self.log.warning("SpotWarp: promotion snapshot failed: %s", exc)
+    async def _commit_promotion(self, first_pause_s: float = 1.0, max_pause_s: float = 30.0) -> None:
+        """The promotion snapshot, retried with backoff until it is committed (or this host is no longer the
+        holder): until it lands, nothing of this generation ranks above what the previous holder wrote."""
+        pause = first_pause_s
+        attempt = 0
+        while True:
+            attempt += 1
+            try:
+                await self.service.promoted()
+                self._start_resume()
+                return
+            except Exception as exc:  # noqa: BLE001 - retried below
+                heartbeat = self.service.heartbeat
+                if heartbeat is not None and heartbeat.role != HOLDER:
+                    self.log.warning("SpotWarp: promotion snapshot failed (%s); no longer the holder: not retried", exc)
+                    return
+                self.service.last_error = f"promotion snapshot failed (attempt {attempt}): {exc}"
+                self.log.error("SpotWarp: promotion snapshot failed (attempt %d): %s; retrying in %.0f s", attempt,
+                               exc, pause)
+            await asyncio.sleep(pause)  # backoff between attempts, not a synchronisation
+            pause = min(max_pause_s, pause * 2)
+
+    def _requested(self, doc: dict) -> None:
+        """`spotwarp launch --replace` asks for a final snapshot before it fences this host off."""
+        from .watchers.base import Notice
+
+        window = float(doc.get("window_s") or 60.0) if isinstance(doc.get("window_s"), (int, float)) else 60.0
+        notice = Notice("orchestrator", f"replace-{doc['request']}", time.time() + min(600.0, max(5.0, window)),
+                        fatal=False, key=doc["request"])
+        if self.service.responder is not None:
+            asyncio.ensure_future(self.service.responder(notice))
+
+    def _lease_lost(self, why: str) -> None:
+        """The lease that named this holder vanished: it keeps serving but writes nothing; status says why."""
+        self.service.last_error = f"lease lost: {why}"
 
     def _fenced(self, why: str) -> None:
         """Lost the lease: say so (log, status) and stop; every write was already refused by the engine."""
@@ -205,5 +268,7 @@ class SpotWarpApp(ExtensionApp):
             await watcher.stop()
         if getattr(self, "_backup_task", None) is not None:
             self._backup_task.cancel()
+        if getattr(self, "_resume_task", None) is not None:
+            self._resume_task.cancel()
         if getattr(self, "service", None) is not None:
             self.service.close()

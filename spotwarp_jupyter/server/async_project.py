@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +57,7 @@ class AsyncProject:
         self.watchers: list[Any] = []  # preemption watchers (server/watchers), started with the extension
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
+        self.resumed: list[dict[str, Any]] = []  # what resuming each notebook did on this host (server/resume.py)
         self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
@@ -126,7 +128,9 @@ class AsyncProject:
     async def _ask_all(self, kernels: list[dict[str, Any]], request: KernelRequest) -> list[dict[str, Any] | str]:
         async def one(k: dict[str, Any]) -> dict[str, Any] | str:
             try:
-                answer = await ask_kernel(self.kernel_manager, k["kernel_id"], request, self.kernel_timeout)
+                # each kernel hears its session's notebook: one renamed before it loaded SpotWarp takes the name
+                addressed = dataclasses.replace(request, notebook=k["notebook"]) if k["notebook"] else request
+                answer = await ask_kernel(self.kernel_manager, k["kernel_id"], addressed, self.kernel_timeout)
             except KernelUnavailable as exc:
                 return str(exc)
             return answer if answer.get("ok") else str(answer.get("error") or "failed")
@@ -139,7 +143,8 @@ class AsyncProject:
         status = await self.run(self.project.status, 0, True, live)
         failover = self.heartbeat.describe() if self.heartbeat is not None else \
             {"role": self.role, "generation": self.engine.fence.generation, "candidate": self.engine.fence.candidate}
-        return status, ServerFacts(__version__, [w.describe() for w in self.watchers], self.last_error, failover)
+        return status, ServerFacts(__version__, [w.describe() for w in self.watchers], self.last_error, failover,
+                                   list(self.resumed))
 
     async def snapshots(self) -> list[SnapshotSummary]:
         return await self.run(self.project.list)

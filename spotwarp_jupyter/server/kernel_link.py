@@ -14,6 +14,33 @@ class KernelUnavailable(Exception):
     """The kernel did not answer: SpotWarp not loaded, busy past the timeout, or gone."""
 
 
+async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, content: dict[str, Any],
+                      timeout: float) -> dict[str, Any]:
+    """Send `msg_type` on the kernel's control channel (served even while a cell runs); the reply's content."""
+    try:
+        km = kernel_manager.get_kernel(kernel_id)
+    except KeyError:
+        raise KernelUnavailable("no such kernel") from None
+    client = km.client()
+    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
+    try:
+        msg = client.session.msg(msg_type, content)
+        client.control_channel.send(msg)
+        deadline = time.monotonic() + timeout
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KernelUnavailable(f"no answer within {timeout:g} s (SpotWarp not loaded in this kernel?)")
+            try:
+                reply = await client.control_channel.get_msg(timeout=remaining)
+            except Empty:
+                continue
+            if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
+                return reply.get("content") or {}
+    finally:
+        client.stop_channels()
+
+
 async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest, timeout: float) -> dict[str, Any]:
     """Open a `spotwarp` comm on the kernel with `request`; its answer (a dict with `ok` and the request's id)."""
     try:

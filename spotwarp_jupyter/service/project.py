@@ -16,6 +16,7 @@ from ..engine.journal import report as preemption_report
 from ..engine.manifests import Manifest, committed_kernel_record, newest_kernel_records
 from ..engine.snapshots import SnapshotEngine
 from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
+from .run_cells import bring_back_run_cells
 
 # asks the live kernels of these notebooks to restore from this snapshot ref; what each answered
 KernelRestorer = Callable[[frozenset[str], str], Sequence[KernelRestore]]
@@ -129,6 +130,8 @@ class Project:
             if self.workspace is not None:
                 files = self.engine.restore_files(manifest, self.workspace, progress=progress)
                 outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
+                # cells run but not saved before the snapshot: the notebook holds every cell behind the state
+                bring_back_run_cells(self.workspace, manifest.kernels)
             restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
             if kernels is not None:
                 outcome.update(kernels=len(restored), kernels_failed=sum(1 for k in restored if k.error))

@@ -116,6 +116,7 @@ class ServerFacts:
     watchers: list[dict[str, Any]]
     last_error: str | None
     failover: dict[str, Any]
+    resume: list[dict[str, Any]] = field(default_factory=list)  # notebooks resumed on this host (server/resume.py)
 
 
 @dataclass(frozen=True)
@@ -159,3 +160,5 @@ class KernelStatus:
     last_error: str | None
     restore: RestoreProgress | None
     read_at: float = field(default_factory=time.time)  # when these facts were read: ages count from here
+    imports: dict[str, str] = field(default_factory=dict)  # modules the last snapshot saved by name: name -> import path
+    resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py): what it did

@@ -69,7 +69,7 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
         "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot}
                     for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
-        "failover": server.failover,
+        "failover": server.failover, "resume": [dict(e) for e in server.resume],
     }
 
 
@@ -140,6 +140,7 @@ def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
         "in_flight": k.in_flight, "last_pause_s": _rounded(k.last_pause_s, 4),
         "skipped": dict(k.skipped), "changed": dict(k.changed), "last_error": k.last_error,
         "restore": None if k.restore is None else restore_progress_json(k.restore),
+        "imports": dict(k.imports), "resumed": None if k.resumed is None else dict(k.resumed),
     }
 
 
@@ -160,6 +161,8 @@ def kernel_status_text(k: KernelStatus) -> str:
         lines.append("  now       a background snapshot is being written")
     if s["last_error"]:
         lines.append(f"  error     {s['last_error']}")
+    if s.get("resumed"):
+        lines.append(f"  resumed   {s['resumed']['line']}")
     restore = s.get("restore")
     if restore and (restore["loading"] or restore["failed"] or restore["complete_s"] != restore["usable_s"]):
         done = (f"complete in {format_duration(restore['complete_s'])}" if restore["complete_s"] is not None
@@ -170,4 +173,7 @@ def kernel_status_text(k: KernelStatus) -> str:
         if s[key]:
             lines.append(title)
             lines += [f"    {name}: {reason}" for name, reason in sorted(s[key].items())]
+    if s["imports"]:  # modules come back by import: `np` as numpy, `trainers` as tokenizers.trainers
+        lines.append("  modules   " + ", ".join(name if name == path else f"{name} ({path})"
+                                                for name, path in sorted(s["imports"].items())))
     return "\n".join(lines)

@@ -108,7 +108,9 @@ class _Pass:
                     warnings.warn(f"resumable {self.name!r}: the snapshot stopped after step {wanted}, "
                                   f"but this pass has only {self.position} steps", RuntimeWarning, stacklevel=4)
         finally:
-            restore_rng(now_rng)
+            # the random streams as they were at the safe point this pass continues from, not as they are now:
+            # whatever ran since the restore (IPython draws from `random` on each kernel_info_request) is undone
+            restore_rng(saved.get("rng_now") or now_rng)
             loaders.set_generator_states(self.iterable, saved.get("generators_now") or {})
 
     @property
@@ -196,13 +198,25 @@ def _column(frame: Any) -> str:
 def capture_positions() -> dict[str, dict[str, Any]]:
     """The positions of running passes, and of restored ones not yet resumed."""
     out = {name: dict(state) for name, state in _pending.items()}
+    now = None
     for name, running in list(_live.items()):
         if running.finished:
             continue
         try:
-            out[name] = running.state()
+            now = capture_rng() if now is None else now
+            out[name] = {**running.state(), "rng_now": now}
         except Exception as exc:  # noqa: BLE001 - one loader failing must not fail the snapshot
             warnings.warn(f"resumable {name!r}: position not saved: {type(exc).__name__}: {exc}", RuntimeWarning)
+    return out
+
+
+def positions() -> dict[str, int]:
+    """How many steps each running (or restored, not yet resumed) pass has completed: what a snapshot's
+    summary says of training, without capturing loader state."""
+    out = {name: int(state.get("position") or 0) for name, state in _pending.items()}
+    for name, running in list(_live.items()):
+        if not running.finished:
+            out[name] = int(running.position if running.stateful else running.completed)
     return out
 
 

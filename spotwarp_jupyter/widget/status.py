@@ -19,7 +19,7 @@ import traitlets
 
 from ..engine import SpotWarpError
 from ..engine.units import format_duration, format_size
-from ..protocol import ProtocolError, WidgetAction, echoed_id
+from ..protocol import WIDGET_TEXT, ProtocolError, WidgetAction, echoed_id
 
 HERE = Path(__file__).parent
 WATCH_INTERVAL_S = 1.0
@@ -46,6 +46,8 @@ class SessionView(Protocol):
     @property
     def engine(self) -> Any: ...
     def status(self) -> dict[str, Any]: ...
+    def own_manifests(self) -> list[Any]: ...
+    def name_in(self, manifest: Any) -> str: ...
     def snapshot(self, message: str | None = None) -> Any: ...
     def restore(self, ref: str = "latest") -> tuple[Any, Any]: ...
 
@@ -57,21 +59,37 @@ def protection(status: dict[str, Any]) -> tuple[bool, str]:
     if not status["policy"]["enabled"]:
         return False, "automatic snapshots are off (%spotwarp on)"
     if status.get("last_snapshot") is None:
+        if status.get("resumed"):  # restored by the server on a new host (docs/resume.md)
+            return True, f"protected: resumed {status['resumed']['line']}"
+        if status.get("restore"):  # its restored state is stored: the baseline of its next snapshot
+            return True, f"protected: restored from {status['restore']['id']}"
         return False, "no snapshot from this kernel yet"
     return True, "protected"
 
 
 def newer_snapshot(session: SessionView) -> dict[str, Any] | None:
-    """The newest snapshot of this notebook when it is newer than the kernel's own state (the new-host case)."""
-    listing = session.engine.manifests(session.notebook)
+    """The offer: this notebook's newest snapshot, when restoring it brings back state the kernel does not have
+    (the new-host case), with what it brings; None when it holds no variables or the kernel has that state."""
+    listing = session.own_manifests()
     if not listing:
         return None
     newest = listing[0]
+    record = newest.kernels.get(session.name_in(newest)) or {}
+    variables = record.get("variables") or {}
+    if not variables:
+        return None  # restoring it would bring nothing back
     known = [m for m in (session.last, session.last_restore[0] if session.last_restore else None) if m is not None]
-    if any(m.id == newest.id or m.created >= newest.created for m in known):
-        return None
-    return {"id": newest.id, "host": newest.host, "created": newest.created_iso,
-            "size": newest.size, "message": newest.message}
+    for m in known:
+        if m.id == newest.id or m.created >= newest.created:
+            return None
+        mine = m.kernels.get(session.name_in(m)) or {}
+        if mine.get("groups") == record.get("groups"):
+            return None  # the same state, copied into a newer project snapshot (a backup, "Snapshot now")
+    sizes = {v.get("group"): v.get("size") or 0 for v in variables.values()}
+    return {"id": newest.id, "host": newest.host, "created": newest.created_iso, "age_s": max(0.0, time.time() - newest.created),
+            "size": newest.size, "message": newest.message, "notebook": session.name_in(newest),
+            "variables": len(variables), "state_size": sum(sizes.values()),
+            "positions": dict(record.get("positions") or {})}
 
 
 class StatusWidget(anywidget.AnyWidget):
@@ -96,6 +114,9 @@ class StatusWidget(anywidget.AnyWidget):
         super().__init__(status=status, newer=newer, **kwargs)  # the browser's first state is complete
         self.on_msg(self._on_message)
         _start_watcher(self)
+
+    def __repr__(self) -> str:
+        return WIDGET_TEXT  # its text/plain: what a saved notebook keeps of it (server/saved_widgets.py)
 
     def refresh(self, check_newer: bool = False) -> None:
         """Push the session's current status (and look for a newer snapshot when asked)."""
@@ -160,9 +181,9 @@ class StatusWidget(anywidget.AnyWidget):
         started = time.perf_counter()
         manifest, result = self._session.restore(ref)
         took = time.perf_counter() - started
-        warnings = f" ({'; '.join(result.warnings)})" if result.warnings else ""
-        return (f"Restored {len(result.restored)} variables from {manifest.id} ({manifest.host}, "
-                f"{manifest.created_iso}) in {format_duration(took)}{warnings}")
+        summary = (f"Restored {len(result.restored)} variables from {manifest.id} ({manifest.host}, "
+                   f"{manifest.created_iso}) in {format_duration(took)}")
+        return "\n".join([summary, *(f"warning: {line}" for line in result.warnings)])  # summary, then details
 
     def _say(self, kind: str, text: str) -> None:
         self.notice_kind, self.notice = kind, text

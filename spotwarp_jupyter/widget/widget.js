@@ -19,6 +19,19 @@ function formatTime(iso) {
   return Number.isNaN(d.getTime()) ? iso : d.toLocaleString();
 }
 
+// What an offer brings back: "3 variables of train.ipynb", then its size, training position and age.
+function offerWhat(offer) {
+  const n = offer.variables;
+  return `${n} variable${n === 1 ? "" : "s"} of ${offer.notebook}`;
+}
+
+function offerDetails(offer) {
+  const parts = [formatSize(offer.state_size)];
+  for (const [loop, step] of Object.entries(offer.positions || {}).sort()) parts.push(`${loop} at step ${step}`);
+  parts.push(`saved ${formatAge(offer.created)}`, `snapshot ${offer.id}`);
+  return parts.join(" · ");
+}
+
 function node(tag, className, text) {
   const el = document.createElement(tag);
   if (className) el.className = className;
@@ -34,6 +47,16 @@ function row(label, value, className) {
   return r;
 }
 
+const REFRESH_MS = 15000; // ask the kernel now and then (a newer snapshot from another host; is it still there)
+const SILENT_MS = 10000; // a refresh unanswered this long: the kernel or its server is gone
+
+// Why the widget can no longer vouch for the session: a refresh unanswered for SILENT_MS (the browser lost
+// its server, the kernel died), or "" while answers come.
+function silence(askedAt, now) {
+  if (askedAt === null || now - askedAt < SILENT_MS) return "";
+  return `no answer from the kernel for ${Math.round((now - askedAt) / 1000)} s: its server may be gone`;
+}
+
 let requests = 0;
 
 function requestId() {
@@ -42,7 +65,17 @@ function requestId() {
 }
 
 function render({ model, el }) {
-  const ask = (content) => model.send({ ...content, request_id: requestId() });
+  const ask = (content) => {
+    const id = requestId();
+    try {
+      model.send({ ...content, request_id: id });
+    } catch (err) {
+      // a closed connection: the silence check below says so
+    }
+    return id;
+  };
+  let askedAt = null; // when the oldest unanswered refresh was sent
+  let silent = "";
   const root = node("div", "spotwarp-widget");
   el.append(root);
   let ageEl = null;
@@ -53,12 +86,14 @@ function render({ model, el }) {
     const busy = model.get("busy");
     const last = s.last_snapshot;
     root.replaceChildren();
-    root.dataset.protected = s.protected ? "yes" : "no";
+    const ok = s.protected && !silent;
+    root.dataset.protected = ok ? "yes" : "no";
 
     const head = node("div", "spotwarp-w-head");
-    head.append(node("span", "spotwarp-w-dot " + (s.protected ? "is-ok" : "is-warn")));
+    head.append(node("span", "spotwarp-w-dot " + (ok ? "is-ok" : "is-warn")));
     head.append(node("span", "spotwarp-w-title", "SpotWarp"));
-    head.append(node("span", "spotwarp-w-state", s.protected ? "protected" : `not protected: ${s.protection || "?"}`));
+    const why = silent || s.protection || "?";
+    head.append(node("span", "spotwarp-w-state", ok ? "protected" : `not protected: ${why}`));
     head.append(node("span", "spotwarp-w-where", `${s.project || "?"} · ${s.notebook || "?"}`));
     root.append(head);
 
@@ -96,14 +131,15 @@ function render({ model, el }) {
     snap.addEventListener("click", () => ask({ action: "snapshot" }));
     actions.append(snap);
     if (newer) {
-      const label = busy === "restore" ? "Restoring…" : `Restore session from ${newer.host}, ${formatTime(newer.created)}`;
+      const label = busy === "restore" ? "Restoring…" : `Restore ${offerWhat(newer)} from ${newer.host}`;
       const restore = node("button", "spotwarp-w-button spotwarp-w-restore", label);
-      restore.title = `Snapshot ${newer.id}, ${formatSize(newer.size)}${newer.message ? ": " + newer.message : ""}`;
+      restore.title = `Snapshot ${newer.id}, ${formatTime(newer.created)}${newer.message ? ": " + newer.message : ""}`;
       restore.disabled = Boolean(busy);
       restore.addEventListener("click", () => ask({ action: "restore", id: newer.id }));
       actions.append(restore);
     }
     root.append(actions);
+    if (newer) root.append(node("div", "spotwarp-w-offer", offerDetails(newer)));
 
     const notice = model.get("notice");
     if (notice) root.append(node("div", `spotwarp-w-notice is-${model.get("notice_kind") || "ok"}`, notice));
@@ -112,19 +148,35 @@ function render({ model, el }) {
   function tick() {
     const last = (model.get("status") || {}).last_snapshot;
     if (ageEl && last) ageEl.textContent = ` · ${formatAge(last.created)}`;
+    const now = silence(askedAt, Date.now());
+    if (now !== silent) {
+      silent = now;
+      draw();
+    }
   }
 
   draw();
   for (const name of ["status", "newer", "busy", "notice", "notice_kind"]) model.on(`change:${name}`, draw);
+  model.on("change:answered", () => {
+    askedAt = null; // the kernel answers: it is there
+    if (silent) {
+      silent = "";
+      draw();
+    }
+  });
   const ticker = setInterval(tick, 1000);
-  // Ask the kernel now and then whether another host has written a newer snapshot.
+  // Ask the kernel now and then whether another host has written a newer snapshot; its answers also
+  // show it is still there.
   const poller = setInterval(() => {
-    if (!document.hidden) ask({ action: "refresh" });
-  }, 30000);
+    if (document.hidden) return;
+    if (askedAt === null) askedAt = Date.now();
+    ask({ action: "refresh" });
+  }, REFRESH_MS);
   return () => {
     clearInterval(ticker);
     clearInterval(poller);
   };
 }
 
+export { offerWhat, offerDetails, silence };
 export default { render };

@@ -20,7 +20,8 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
                  "--disable-component-update", "--no-first-run"]
 
 
-def browser_lab(workspace: Path, store: str, home: Path, log: Path, without_spotwarp: bool = False) -> LabServer:
+def browser_lab(workspace: Path, store: str, home: Path, log: Path, without_spotwarp: bool = False,
+                start_args: tuple[str, ...] = ()) -> LabServer:
     """`spotwarp start` with the browser-facing options a test needs (its own HOME; news and update checks off).
 
     `without_spotwarp`: plain `jupyter lab` with SpotWarp's server extension off (the panel must say so).
@@ -36,12 +37,12 @@ def browser_lab(workspace: Path, store: str, home: Path, log: Path, without_spot
         browser_args += ("--ServerApp.jpserver_extensions=spotwarp_jupyter.server=False",)
     # SIGTERM watcher only: a test never asks a cloud's metadata address
     return LabServer(workspace, store, "browser", host_env(home, SPOTWARP_WATCHERS="signals"), log,
-                     plain=without_spotwarp, jupyter_args=browser_args)
+                     plain=without_spotwarp, jupyter_args=browser_args, start_args=start_args)
 
 
 NOTEBOOK_CELLS = [
     ("c1", "%load_ext spotwarp"),
-    ("c2", "weights = [0.25] * 1000\nimport threading\nlock = threading.Lock()"),
+    ("c2", "weights = [0.25] * 1000\nimport socket\nconn = socket.socket()"),  # a socket: skipped
     ("c3", "%spotwarp snapshot -m epoch3"),
 ]
 
@@ -51,9 +52,9 @@ def start_lab(tmp_path: Path) -> Iterator:
     """Start `spotwarp start` as a host named `host` (its own HOME); every host shares one store."""
     started: list[LabServer] = []
 
-    def start(host: str, workspace: Path, without_spotwarp: bool = False) -> LabServer:
+    def start(host: str, workspace: Path, without_spotwarp: bool = False, start_args: tuple[str, ...] = ()) -> LabServer:
         server = browser_lab(workspace, str(tmp_path / "store"), tmp_path / host / "home", tmp_path / f"{host}.log",
-                     without_spotwarp)
+                     without_spotwarp, start_args)
         started.append(server)
         server.wait_ready()
         return server

@@ -94,7 +94,7 @@ def test_panel_snapshot_restore_and_notebook_widget(lab, page, tmp_path):
     expect(widget).to_be_visible(timeout=120_000)
     expect(widget.locator(".spotwarp-w-where")).to_have_text("browser · train.ipynb")
     expect(widget.locator(".spotwarp-w-state")).to_have_text("protected", timeout=120_000)
-    expect(widget.locator(".spotwarp-w-skip")).to_contain_text("lock")
+    expect(widget.locator(".spotwarp-w-skip")).to_contain_text("conn")
     expect(widget.locator(".spotwarp-w-policy")).to_contain_text("every 5m")
 
     widget.get_by_role("button", name="Snapshot now").click()
@@ -165,8 +165,11 @@ def test_new_host_restores_the_session_from_the_widget(lab, start_lab, page, tmp
     taken = answer["id"]
     assert "train.ipynb" in answer["notebooks"], answer
     lab.kill()
+    # the page still shows host A's notebook: its widget stops vouching for a session whose server is gone
+    expect(widget.locator(".spotwarp-w-state")).to_contain_text("no answer from the kernel", timeout=60_000)
 
-    b = start_lab("host-b", tmp_path / "host-b" / "workspace")
+    # the manual path, from the widget: the server resumes nothing by itself (docs/resume.md)
+    b = start_lab("host-b", tmp_path / "host-b" / "workspace", start_args=("--no-resume",))
     assert (b.workspace / "train.ipynb").exists(), "spotwarp start restores the workspace on a new host"
     page.goto(f"{b.url}lab?token={TOKEN}")
     open_notebook_and_wait_for_kernel(page, "train.ipynb")
@@ -174,8 +177,9 @@ def test_new_host_restores_the_session_from_the_widget(lab, start_lab, page, tmp
     widget = page.locator(".spotwarp-widget")
     expect(widget.locator(".spotwarp-w-state")).to_contain_text("not protected")
     restore = widget.locator(".spotwarp-w-restore")
-    expect(restore).to_contain_text("Restore session from ")
+    expect(restore).to_contain_text("Restore 1 variable of train.ipynb from ")
     expect(restore).to_have_attribute("title", re.compile(rf"^Snapshot {taken}, "))
+    expect(widget.locator(".spotwarp-w-offer")).to_contain_text(f"snapshot {taken}")
     screenshot(widget, "widget-restore.png", tmp_path)
 
     restore.click()

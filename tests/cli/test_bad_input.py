@@ -67,6 +67,7 @@ def test_unreachable_storage_in_the_magic(start_kernel, tmp_path):
 @pytest.mark.parametrize("args,code,expected", [
     (["frob"], 2, "invalid choice"),
     (["list", "--bogus"], 2, "unrecognized arguments"),
+    (["start", "--workspace-path", "w", "--ip=0.0.0.0"], 2, "Jupyter's own flags go after --: spotwarp start ... -- --ip=0.0.0.0"),
     (["gc", "--keep", "0"], 2, "at least 1"),
     (["gc"], 2, "--keep"),
     (["list", "--project-id", "../x"], 1, "bad project id"),

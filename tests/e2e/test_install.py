@@ -9,12 +9,16 @@ from __future__ import annotations
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
+import urllib.request
 import zipfile
 from pathlib import Path
 
 import pytest
+
+from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
@@ -76,6 +80,42 @@ def assert_spotwarp_installed(venv: Path, env: dict[str, str]) -> None:
     assert re.search(r"^\s*spotwarp_jupyter\.server [\d.]+\S*\s+OK", serverext, re.M), serverext
     helptext = checked(run([str(venv / "bin" / "spotwarp"), "--help"], venv, env))
     assert "start" in helptext and "restore" in helptext
+    # published as spotwarp-jupyter (PyPI's `spotwarp` is another project): `import spotwarp` and the magic work
+    probe = ("import importlib.metadata as m, spotwarp, spotwarp_jupyter; "
+             "print(m.version('spotwarp-jupyter') == spotwarp_jupyter.__version__, m.metadata('spotwarp-jupyter')['Name'])")
+    assert checked(run([str(venv / "bin" / "python"), "-c", probe], venv, env)).split() == ["True", "spotwarp-jupyter"]
+    magic = checked(run([str(venv / "bin" / "ipython"), "--quick", "-c", "%load_ext spotwarp\n%spotwarp policy"],
+                        venv, env))
+    assert "SpotWarp policy: on, every 5m" in magic, magic
+
+
+def serve_readme_start(clone: Path, start: str, env: dict[str, str]) -> None:
+    """The README's `spotwarp start ...` as written (root or not: spot GPU images run as root), on a free port."""
+    from lab_server import TOKEN, free_port
+
+    port = free_port()
+    command = (f". .venv/bin/activate && exec spotwarp start{start} --port {port} -- --no-browser "
+               f"--ServerApp.token={TOKEN} --ServerApp.ip=127.0.0.1")
+    log = clone / "start.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(command, shell=True, executable="/bin/bash", cwd=clone, stdout=out,
+                                stderr=subprocess.STDOUT, env={**env, "HOME": str(clone / "home")},
+                                start_new_session=True)
+    try:
+        wait_for(lambda: proc.poll() is not None or _answers(port, TOKEN), "the README's spotwarp start serving",
+                 timeout=180)
+        assert proc.poll() is None, log.read_text()
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+
+
+def _answers(port: int, token: str) -> bool:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/spotwarp/api/status?token={token}", timeout=5) as r:
+            return r.status == 200
+    except OSError:
+        return False
 
 
 def test_readme_install_then_wheel_without_node(clone: Path, tmp_path: Path):
@@ -84,7 +124,7 @@ def test_readme_install_then_wheel_without_node(clone: Path, tmp_path: Path):
 
     # `python -m build` from the clone: sdist, then the wheel from it, the panel compiled once
     checked(run([sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"), "."], clone, user_env))
-    wheel = next((tmp_path / "dist").glob("spotwarp-*.whl"))
+    wheel = next((tmp_path / "dist").glob("spotwarp_jupyter-*.whl"))  # the distribution spotwarp-jupyter
     names = zipfile.ZipFile(wheel).namelist()
     assert any(re.search(r"share/jupyter/labextensions/spotwarp/static/remoteEntry\.[0-9a-f]+\.js$", n) for n in names)
     assert any(n.endswith("etc/jupyter/jupyter_server_config.d/spotwarp.json") for n in names)
@@ -97,6 +137,7 @@ def test_readme_install_then_wheel_without_node(clone: Path, tmp_path: Path):
     checked(run(install, clone, user_env, timeout=1800))
     assert_spotwarp_installed(clone / ".venv", user_env)
     assert (clone / "spotwarp_jupyter" / "labextension" / "static").is_dir(), "the editable install built the panel"
+    serve_readme_start(clone, _start, user_env)
 
     # the wheel into a second clean venv with no Node.js anywhere on PATH
     venv = new_venv(tmp_path / "wheel-venv")

@@ -374,6 +374,54 @@ def test_a_shared_user_runs_no_code_unless_the_share_grants_it(two_users: Hub):
         hub.call("DELETE", "alice", f"api/kernels/{kernel}")
 
 
+def run_in_kernel(hub: Hub, owner: str, kernel: str, code: str) -> str:
+    """Run `code` in `owner`'s kernel through the hub's proxy (the kernel websocket, as JupyterLab does)."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from lab_server import Execution
+
+    async def run() -> str:
+        request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{owner}/api/kernels/{kernel}/channels",
+                              headers={"Authorization": f"token {hub.tokens[owner]}"}, request_timeout=60)
+        conn = await websocket_connect(request)
+        try:
+            execution = Execution(code)
+            await conn.write_message(execution.request)
+            while not execution.done:
+                execution.feed(await asyncio.wait_for(conn.read_message(), 120))
+            return execution.output()
+        finally:
+            conn.close()
+
+    return asyncio.run(run())
+
+
+def test_a_notebook_renamed_before_spotwarp_loads_is_known_by_its_new_name_under_a_hub(two_users: Hub):
+    """JupyterLab asks for a name at the first save, before `%load_ext spotwarp`: the single-user server records
+    the new name beside the kernel's connection file, where the kernel (its child) reads it at load."""
+    hub = two_users
+    blank = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
+    assert hub.call("PUT", "alice", "api/contents/Untitled.ipynb",
+                    json={"type": "notebook", "format": "json", "content": blank}).status_code in (200, 201)
+    reply = hub.call("POST", "alice", "api/sessions", json={"path": "Untitled.ipynb", "name": "Untitled.ipynb",
+                                                            "type": "notebook", "kernel": {"name": "python3"}})
+    assert reply.status_code == 201, reply.text
+    session, kernel = reply.json()["id"], reply.json()["kernel"]["id"]
+    try:
+        assert hub.call("PATCH", "alice", "api/contents/Untitled.ipynb", json={"path": "train.ipynb"}).status_code == 200
+        reply = hub.call("PATCH", "alice", f"api/sessions/{session}", json={"path": "train.ipynb", "name": "train.ipynb"})
+        assert reply.status_code == 200, reply.text
+        said = run_in_kernel(hub, "alice", kernel, "%load_ext spotwarp\n%spotwarp off\nimport os\n"
+                             "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
+                             "print(os.environ['JPY_SESSION_NAME'].rsplit('/', 1)[-1], repr(s.notebook))")
+        assert "Untitled.ipynb 'train.ipynb'" in said, said  # its environment still says the first name
+    finally:
+        hub.call("DELETE", "alice", f"api/sessions/{session}")
+
+
 def test_prestop_hook_snapshots_through_the_servers_own_token(two_users: Hub):
     """What a Kubernetes preStop hook runs in the pod: a snapshot through the server, with the pod's env."""
     hub = two_users

@@ -102,7 +102,9 @@ def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp
 
     # host B: an empty workspace elsewhere
     ws_b = tmp_path / "host-b" / "ws"
-    b = LabServer(ws_b, store, "pre", host_env(tmp_path / "host-b" / "home", **watchers), tmp_path / "host-b.log")
+    # the manual path (docs/resume.md has the automatic one): nothing resumes by itself
+    b = LabServer(ws_b, store, "pre", host_env(tmp_path / "host-b" / "home", **watchers), tmp_path / "host-b.log",
+                  start_args=("--no-resume",))
     progress_b, stop_b = tmp_path / "b-progress", tmp_path / "b-stop"
     try:
         b.wait_ready()

@@ -71,7 +71,9 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
                 pass
 
     ws_b = tmp_path / "host-b" / "ws"  # does not exist yet: the new-host path
-    b = LabServer(ws_b, store, "e2e", host_env(tmp_path / "host-b" / "home"), tmp_path / "host-b.log")
+    # the manual path (docs/resume.md has the automatic one): nothing resumes by itself
+    b = LabServer(ws_b, store, "e2e", host_env(tmp_path / "host-b" / "home"), tmp_path / "host-b.log",
+                  start_args=("--no-resume",))
     try:
         b.wait_ready()
         assert f"from snapshot {second['id']}" in b.log() and "restored 6 files" in b.log()
@@ -95,6 +97,36 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
         b.discard()
 
 
+@pytest.mark.parametrize("start_args", [(), ("--allow-root",)], ids=["as-is", "allow-root-flag"])
+def test_start_serves_as_root_without_jupyters_own_flag(tmp_path, start_args):
+    """Spot GPU images run as root: `spotwarp start` (and `spotwarp start --allow-root`) serve there as anywhere."""
+    server = LabServer(tmp_path / "ws", str(tmp_path / "store"), "root", host_env(tmp_path / "home"),
+                       tmp_path / "server.log", start_args=start_args, allow_root=False)
+    try:
+        server.wait_ready()
+        as_root = "running as root: Jupyter is started with --allow-root" in server.log()
+        assert as_root == (os.geteuid() == 0 and not start_args), server.log()
+    finally:
+        server.discard()
+
+
+def test_status_without_a_project_shows_the_running_servers_project(tmp_path):
+    env = host_env(tmp_path / "home")
+    server = LabServer(tmp_path / "ws", str(tmp_path / "store"), "demo", env, tmp_path / "server.log")
+    try:
+        server.wait_ready()
+        out = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status"], capture_output=True, text=True,
+                             env=env, timeout=120)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.startswith(f"project  demo (served at {server.url}") and str(tmp_path / "store") in out.stdout
+        named = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status", "--project-id", "other",
+                                "--storage", str(tmp_path / "store")],
+                               capture_output=True, text=True, env=env, timeout=120)
+        assert named.stdout.startswith("project  other\n"), named  # a named project is never replaced
+    finally:
+        server.discard()
+
+
 def test_start_usage_errors_are_one_line_and_start_nothing(tmp_path):
     env = host_env(tmp_path / "home")
     (tmp_path / "a-file").write_text("x")
@@ -105,6 +137,8 @@ def test_start_usage_errors_are_one_line_and_start_nothing(tmp_path):
         (["start", "--project-id", "../p", "--workspace-path", str(tmp_path / "w")], "bad project id"),
         (["start", "--port", "99999", "--workspace-path", str(tmp_path / "w")], "port"),
         (["list", "--project-id", "p", "--", "--no-browser"], "only `start`"),
+        (["start", "--workspace-path", str(tmp_path / "w"), "--no-browser"],
+         "Jupyter's own flags go after --: spotwarp start ... -- --no-browser"),
     ]
     for args, message in cases:
         out = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], capture_output=True, text=True,

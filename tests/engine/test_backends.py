@@ -25,7 +25,7 @@ def test_missing_backend_names_the_extra(tmp_path: Path, url: str, module: str, 
     assert out.returncode == 1, out
     assert out.stderr.strip().splitlines() == [
         f"spotwarp list: {url.split(':')[0]}:// storage needs {module}, which is not installed: "
-        f"pip install \"spotwarp[{extra}]\""
+        f"pip install \"spotwarp-jupyter[{extra}]\""
     ], out.stderr
 
 
@@ -35,5 +35,5 @@ def test_backend_from_before_aiobotocore_is_refused(tmp_path: Path):
     out = cli_with(tmp_path, "list", "--project-id", "proj", "--storage", "s3://bucket/sw")
     assert out.returncode == 1, out
     assert out.stderr.strip().splitlines() == [
-        "spotwarp list: s3:// storage needs s3fs >= 2024.2, found 0.4.2: pip install -U \"spotwarp[s3]\""
+        "spotwarp list: s3:// storage needs s3fs >= 2024.2, found 0.4.2: pip install -U \"spotwarp-jupyter[s3]\""
     ], out.stderr

@@ -187,3 +187,130 @@ def test_start_refuses_half_a_candidate_in_one_line(tmp_path):
         assert out.returncode in (1, 2) and message in out.stderr, (args, out.stderr)
         assert len(out.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "w").exists()
+
+
+def test_a_holder_whose_lease_vanishes_says_so_and_the_next_race_ranks_above_it(tmp_path):
+    from spotwarp_jupyter.failover.lease import move_lease, next_generation
+
+    store = str(tmp_path / "store")
+    project_with_files(tmp_path, store)
+    engine = engine_for(store, Fence())
+    env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="0.5")
+    server = LabServer(tmp_path / "cand" / "ws", store, "fp", env, tmp_path / "cand.log",
+                       start_args=("--candidate-id", "the-holder", "--generation", "1"))
+    beat = tmp_path / "store" / "fp" / "hosts" / "the-holder.json"
+    try:
+        server.wait_ready()
+        move_lease(engine.store, 1, "the-holder")
+        wait_for(lambda: next((m for m in engine.manifests() if m.generation == 1), None), "the promotion snapshot")
+        for entry in (tmp_path / "store" / "fp" / "lease").iterdir():
+            entry.unlink()  # someone deletes the lease
+        doc = wait_for(lambda: (d := json.loads(beat.read_text())).get("lease_lost") and d, "a lease_lost heartbeat")
+        assert doc["state"] == "standby" and "gone from the store" in doc["why"], doc
+        status = server.request("GET", "spotwarp/api/status")[1]
+        assert "gone from the store" in (status["failover"]["why"] or ""), status
+        code, answer = server.request("POST", "spotwarp/api/snapshots", {"message": "must not commit"})
+        assert code == 409, answer
+        assert "gone from the store" in server.log()
+        assert next_generation(engine.store) == 2  # above the vanished generation 1
+    finally:
+        server.discard()
+
+
+def test_a_plain_start_on_a_failed_over_project_refuses_and_take_over_moves_the_lease(tmp_path):
+    import threading
+
+    from spotwarp_jupyter.engine.coordination.fence import read_lease
+    from spotwarp_jupyter.failover.lease import move_lease
+
+    store = str(tmp_path / "store")
+    origin = project_with_files(tmp_path, store)
+    engine = engine_for(store, Fence())
+    move_lease(engine.store, 1, "gone-holder")  # a failover happened once; its holder is long gone
+    env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="0.5")
+    argv = [sys.executable, "-m", "spotwarp_jupyter.cli", "start", "--project-id", "fp", "--storage", store,
+            "--workspace-path", str(tmp_path / "plain")]
+    out = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 1 and "failed over (lease generation 1, holder gone-holder)" in out.stderr, out.stderr
+    assert "--take-over" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "plain").exists()
+
+    # a live holder (its heartbeat keeps changing): --take-over refuses
+    beat = tmp_path / "store" / "fp" / "hosts" / "gone-holder.json"
+    beat.parent.mkdir(parents=True, exist_ok=True)
+    stop = threading.Event()
+
+    def beating() -> None:
+        n = 0
+        while not stop.wait(0.3):
+            n += 1
+            beat.write_text(json.dumps({"id": "gone-holder", "candidate": "gone-holder", "generation": 1,
+                                        "state": "holder", "time": time.time(), "beat": n, "pid": 1}))
+
+    thread = threading.Thread(target=beating)
+    thread.start()
+    try:
+        out = subprocess.run([*argv, "--take-over"], capture_output=True, text=True, env=env, timeout=60)
+    finally:
+        stop.set()
+        thread.join()
+    assert out.returncode == 1 and "served by the live host gone-holder" in out.stderr, out.stderr
+    assert read_lease(engine.store).generation == 1
+
+    server = LabServer(tmp_path / "taker" / "ws", store, "fp", env, tmp_path / "taker.log", start_args=("--take-over",))
+    try:
+        server.wait_ready()
+        lease = read_lease(engine.store)
+        assert lease.generation == 2 and lease.holder.startswith("takeover-"), lease
+        promotion = wait_for(lambda: next((m for m in engine.manifests() if m.generation == 2), None),
+                             "the take-over's first snapshot")
+        assert promotion.holder == lease.holder and "data.txt" in promotion.files["entries"]
+        assert server.request("GET", "spotwarp/api/status")[1]["failover"]["role"] == "holder"
+        assert engine_for(store, Fence()).get("latest").id != origin
+    finally:
+        server.discard()
+
+
+def test_a_manifest_written_after_the_lease_moved_by_a_writer_that_died_never_counts(tmp_path):
+    """The writer wrote its manifest after the lease moved on and died before its re-check took it back."""
+    from spotwarp_jupyter.failover.lease import move_lease
+
+    store = str(tmp_path / "store")
+    plain = engine_for(store, Fence())
+    move_lease(plain.store, 1, "old")
+    old = engine_for(store, Fence(1, "old"))
+    before = old.snapshot_kernel({"x": 1}, "nb")
+    late = old.new_manifest("kernel", "written after the move", kernels=dict(before.kernels))
+    late.generation, late.holder = 1, "old"
+    move_lease(plain.store, 2, "new")  # the orchestrator promotes another host; its first snapshot is not in yet
+    old.store.write_manifest(late.name, late.to_bytes(None))  # ... and the old writer's write lands, then it dies
+    fresh = engine_for(store, Fence())
+    assert fresh.get("latest").id == before.id and late.id not in [m.id for m in fresh.manifests()]
+    assert fresh.get("latest", "nb").id == before.id
+    new = engine_for(store, Fence(2, "new")).snapshot_kernel({"x": 2}, "nb")
+    assert engine_for(store, Fence()).get("latest").id == new.id
+
+
+def test_a_failed_promotion_snapshot_is_retried_until_it_lands(tmp_path):
+    from spotwarp_jupyter.failover.lease import move_lease
+
+    store = str(tmp_path / "store")
+    project_with_files(tmp_path, store)
+    engine = engine_for(store, Fence())
+    env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="0.5")
+    server = LabServer(tmp_path / "cand" / "ws", store, "fp", env, tmp_path / "cand.log",
+                       start_args=("--candidate-id", "the-winner", "--generation", "1"))
+    snapshots = tmp_path / "store" / "fp" / "snapshots"
+    try:
+        server.wait_ready()
+        snapshots.rename(snapshots.with_name("snapshots.aside"))
+        snapshots.write_text("not a folder: every commit fails")
+        move_lease(engine.store, 1, "the-winner")
+        wait_for(lambda: "promotion snapshot failed (attempt 1)" in server.log(), "a failed promotion snapshot")
+        snapshots.unlink()
+        snapshots.with_name("snapshots.aside").rename(snapshots)
+        promotion = wait_for(lambda: next((m for m in engine.manifests() if m.generation == 1), None),
+                             "the retried promotion snapshot", timeout=90)
+        assert promotion.message == "promoted: generation 1"
+    finally:
+        server.discard()

@@ -45,3 +45,30 @@ def test_the_old_module_still_names_every_rebuilder():
                  "_new_instance", "_load_dill", "_main_attr", "_default_setstate", "_reduce_tensor",
                  "Pickled", "dumps", "loads", "main_namespace", "device_notes", "restore_device", "PROTOCOL"]:
         assert hasattr(pickling, name), name
+
+
+GOLDEN_V2 = Path(__file__).parents[1] / "golden" / "pickled_group_v2.pickle"
+
+
+def test_a_stream_of_the_storage_format_still_loads():
+    """tests/golden/pickled_group_v2.pickle (make_pickled_group_v2.py): issue 28's format, kept loadable."""
+    blob = pickle.loads(GOLDEN_V2.read_bytes())
+    for name in ["_rebuild_strided", "_rebuild_storage", "_rebuild_view", "_rebuild_optimizer", "_recreate_lock"]:
+        assert name.encode() in blob["data"] and callable(getattr(pickling, name))
+    group = pickling.loads(blob["codec"], blob["data"], [bytearray(b) for b in blob["buffers"]])
+    base, row, tr = group["base"], group["row"], group["tr"]
+    assert sum(len(b) for b in blob["buffers"]) < 2_000  # every storage once
+    row[0] = 100.0
+    assert base[1, 0] == 100.0 and tr[0, 1] == 100.0 and row.storage_offset() == 6 and tr.stride() == (1, 6)
+    conv, opt = group["conv"], group["opt"]
+    assert conv.weight.is_contiguous(memory_format=torch.channels_last)
+    assert conv(torch.ones(1, 2, 5, 5)).detach().flatten().tolist() == blob["conv_out"]
+    assert opt.param_groups[0]["params"][0] is conv.weight and float(opt.state[conv.weight]["step"]) == 1.0
+    opt.zero_grad()
+    conv(torch.ones(1, 2, 5, 5)).sum().backward()
+    opt.step()
+    assert float(opt.state[conv.weight]["step"]) == 2.0
+    assert group["flagged"].no_decay is True and isinstance(group["flagged"], torch.nn.Parameter)
+    group["arr_view"][0, 0] = -1
+    assert group["arr"][1, 0] == -1 and group["held"].locked()
+    assert not group["sparse"].is_coalesced() and group["sparse"].to_dense().tolist() == [3.0, 0.0, 5.0]

@@ -246,3 +246,36 @@ def test_kernel_restore_of_gpu_snapshot_says_it_moved_to_cpu(start_kernel):
     assert b.value("model.weight.detach().tolist()") == expected
     assert b.value("[model.weight.device.type, opt.param_groups[0]['params'][0] is model.weight]") == ["cpu", True]
     b.run("model(torch.ones(3, 4)).sum().backward(); opt.step()")  # training goes on, on CPU
+
+
+def test_shared_storage_is_written_once_and_small_views_alone_stay_small():
+    base = torch.randn(256, 256)
+    views = {"base": base, "row": base[3], "col": base[:, 7], "t": base.t(), "half": base[:128]}
+    pickled = pickling.dumps(views)
+    assert sum(b.nbytes for b in pickled.buffers) == base.nbytes
+    back = pickling.loads(pickled.codec, pickled.data, [bytearray(b) for b in pickled.buffers])
+    back["base"][3, 7] = 42.0
+    assert back["row"][7] == 42.0 and back["col"][3] == 42.0 and back["t"][7, 3] == 42.0 and back["half"][3, 7] == 42.0
+    assert [back[k].stride() for k in views] == [v.stride() for v in views.values()]
+    assert sum(b.nbytes for b in pickling.dumps({"row": base[3]}).buffers) == 256 * 4
+    arr = np.random.rand(100, 100)
+    pickled = pickling.dumps({"arr": arr, "v": arr[10:], "t": arr.T})
+    assert sum(b.nbytes for b in pickled.buffers) == arr.nbytes
+
+
+def test_files_reopen_where_they_were_read_and_written(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "big.txt").write_text("".join(f"line {i}\n" for i in range(5000)))
+    reader = open("big.txt")  # noqa: SIM115
+    [reader.readline() for _ in range(10)]  # the handle has read ahead far beyond line 10
+    out = open("out.bin", "wb")  # noqa: SIM115
+    out.write(b"abc")
+    out.flush()
+    pickled = pickling.dumps({"reader": reader, "out": out})
+    back = pickling.loads(pickled.codec, pickled.data, pickled.buffers)
+    assert back["reader"].readline() == "line 10\n"
+    back["out"].write(b"def")
+    back["out"].close()
+    assert (tmp_path / "out.bin").read_bytes() == b"abcdef"  # reopened for writing, not truncated
+    reader.close()
+    out.close()

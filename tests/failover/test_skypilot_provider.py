@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import socket
 import subprocess
@@ -25,6 +26,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from spotwarp_jupyter import __version__
 from spotwarp_jupyter.failover.provider import FAILED, GONE, PENDING, LaunchSpec, Offer
 
 from lab_server import free_port
@@ -169,8 +171,9 @@ def _task_yaml(provider_cls, options=None, offer=VAST_OFFER) -> str:
 
 
 def test_task_matches_golden_yaml(provider):
-    """The task for one candidate: start command, pinned spot offer, port, secrets redacted, setup."""
-    text = _task_yaml(provider)
+    """The task for one candidate: start command, pinned spot offer, port, secrets redacted, setup (which
+    installs exactly this version of spotwarp-jupyter and checks it got it; the golden file says VERSION)."""
+    text = _task_yaml(provider).replace(__version__, "VERSION")
     if os.environ.get("SPOTWARP_UPDATE_GOLDEN"):
         GOLDEN.parent.mkdir(exist_ok=True)
         GOLDEN.write_text(text)
@@ -186,7 +189,7 @@ def test_image_with_spotwarp_and_no_port(provider):
     config = yaml.safe_load(_task_yaml(provider, {"image_id": "docker:ghcr.io/example/spotwarp:1", "open_port": False}))
     assert config["resources"]["image_id"] == {"US, CA": "docker:ghcr.io/example/spotwarp:1"}  # pinned to the offer's region
     assert "ports" not in config["resources"]
-    assert config["setup"].startswith("command -v spotwarp >/dev/null 2>&1 || ")
+    assert config["setup"].startswith(f"spotwarp --version 2>/dev/null | grep -qxF 'spotwarp {__version__}' || ")
 
 
 def test_cluster_names_are_valid_for_skypilot(sky_home):
@@ -321,4 +324,64 @@ def test_missing_or_old_skypilot_is_one_line(tmp_path, block, expected):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.strip().splitlines()
     assert len(lines) == 1, out.stdout
-    assert expected in lines[0] and 'spotwarp[failover]"' in lines[0], lines[0]
+    assert expected in lines[0] and 'spotwarp-jupyter[failover]"' in lines[0], lines[0]
+
+
+def test_setup_installs_exactly_this_version_and_refuses_another_spotwarp(tmp_path):
+    """PyPI's `spotwarp` is another project's, with its own `spotwarp` command: setup installs spotwarp-jupyter
+    at the launcher's version unless the host has it, then checks the `spotwarp` that `run` calls is that."""
+    from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
+
+    setup = SkyPilotProvider().setup_command(SPEC)
+    bin_dir, pip_log = tmp_path / "bin", tmp_path / "pip.log"
+    bin_dir.mkdir()
+
+    def script(name: str, body: str) -> None:
+        (bin_dir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+    script("python3", f'echo "$@" >> {pip_log}')  # pip: records what it was asked to install, installs nothing
+    env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "PYTHONPATH": os.pathsep.join(sys.path)}
+    script("spotwarp", 'echo "spotwarp 3.5.2"')  # the other project's command
+    out = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, env=env, timeout=60)
+    assert pip_log.read_text().split() == ["-m", "pip", "install", "--quiet", f"spotwarp-jupyter[s3]=={__version__}"]
+    assert out.returncode == 1 and f"is not SpotWarp {__version__}" in out.stderr and "3.5.2" in out.stderr, out
+    pip_log.unlink()
+    script("spotwarp", f'exec {sys.executable} -m spotwarp_jupyter.cli "$@"')  # this SpotWarp, already there
+    out = subprocess.run(["bash", "-c", setup], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0 and not pip_log.exists(), out
+
+
+def test_the_run_line_serves_as_root_on_every_interface(provider):
+    """The task's `run`, parsed by SpotWarp's own command line: `start` in standby with --allow-root (CUDA images
+    run as root, and Jupyter refuses root without it) and `--ServerApp.ip=0.0.0.0` for Jupyter, so the port
+    SkyPilot opens reaches JupyterLab (bound to localhost it reaches nothing)."""
+    from spotwarp_jupyter.cli import build_parser
+    from spotwarp_jupyter.cli.restore import _allow_root
+
+    run = yaml.safe_load(_task_yaml(provider))["run"]
+    argv = shlex.split(run)
+    assert argv[:2] == ["spotwarp", "start"]
+    cut = argv.index("--")
+    args = build_parser().parse_args(argv[1:cut])  # strict: an option `start` does not know fails here
+    passthrough = argv[cut + 1:]
+    assert args.command == "start" and args.candidate_id == "c-1" and args.generation == 3
+    assert args.allow_root and _allow_root(args, passthrough)
+    assert passthrough == ["--ServerApp.ip=0.0.0.0"]
+
+
+@pytest.mark.parametrize("storage", ["LOCAL", "file://LOCAL", "memory://sw", None])
+def test_skypilot_refuses_storage_on_this_machine_before_creating_anything(tmp_path, storage):
+    """Cloud hosts restore from the project's storage: a folder (or memory) on the launching machine would give
+    each one its own empty disk. One line, exit 1, nothing created (the default storage is a local folder too)."""
+    folder = tmp_path / "store"
+    args = ["--storage", storage.replace("LOCAL", str(folder))] if storage else []
+    env = {**os.environ, "PYTHONPATH": str(REPO), "HOME": str(tmp_path / "home")}
+    env.pop("SPOTWARP_STORAGE", None)
+    out = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "launch", "--provider", "skypilot",
+                          "--project-id", "p", "--allow-empty", *args], capture_output=True, text=True, env=env,
+                         timeout=120)
+    assert out.returncode == 1, out
+    lines = out.stderr.strip().splitlines()
+    assert len(lines) == 1 and "needs storage every host reaches" in lines[0], out.stderr
+    assert not folder.exists() and not (tmp_path / "home" / ".spotwarp").exists()

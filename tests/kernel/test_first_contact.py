@@ -62,3 +62,14 @@ def test_widget_is_drawn_once_when_asked_for_in_the_loading_cell(start_kernel):
     k = start_kernel("host-a", **NOTEBOOK)
     assert _widgets_shown(k, "%load_ext spotwarp\n%spotwarp widget") == 1
     assert _widgets_shown(k, "%spotwarp widget") == 1  # asked for again later: shown again
+
+
+def test_the_widgets_text_is_what_a_saved_notebook_keeps(start_kernel):
+    """The server keeps only the widget's text/plain in saved notebooks (server/saved_widgets.py): it must be ours."""
+    from spotwarp_jupyter.protocol import WIDGET_TEXT
+
+    k = start_kernel("host-a", **NOTEBOOK)
+    msgs: list[dict] = []
+    k.kc.execute_interactive("%load_ext spotwarp", timeout=120, output_hook=msgs.append, allow_stdin=False)
+    (shown,) = [m for m in msgs if m["msg_type"] == "display_data" and WIDGET_MIME in m["content"]["data"]]
+    assert shown["content"]["data"]["text/plain"] == WIDGET_TEXT

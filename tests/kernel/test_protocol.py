@@ -6,6 +6,7 @@ talked to over its comm for the requests themselves.
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import time
 import uuid
@@ -21,6 +22,7 @@ from spotwarp_jupyter.protocol import (
     NoticeAnswer,
     NoticeRequest,
     ProtocolError,
+    RenameRequest,
     read_kernel_answer,
 )
 from spotwarp_jupyter.server.watchers import Notice
@@ -162,8 +164,16 @@ def test_a_malformed_notice_gets_one_line_and_queues_no_snapshot(start_kernel, s
 
 def test_every_message_reads_back_as_built_and_an_answer_to_another_request_is_refused():
     for request in (KernelRequest.snapshot_now("m"), KernelRequest.status_now(),
-                    KernelRequest.restore_now("abc", ["a", "b"]), KernelRequest.restore_now()):
+                    KernelRequest.restore_now("abc", ["a", "b"]), KernelRequest.restore_now(),
+                    dataclasses.replace(KernelRequest.status_now(), notebook="runs/train.ipynb")):
         assert KernelRequest.from_message(request.to_message()) == request
+    rename = RenameRequest.new("runs/train.ipynb")
+    assert RenameRequest.from_message(rename.to_message()) == rename
+    for bad in ({"request_id": "r"}, {"request_id": "r", "notebook": " "}, {"notebook": "a.ipynb"}):
+        with pytest.raises(ProtocolError):
+            RenameRequest.from_message(bad)
+    with pytest.raises(ProtocolError, match="session's notebook path"):
+        KernelRequest.from_message({**KernelRequest.status_now().to_message(), "notebook": 3})
     notice = NoticeRequest.new(fatal=True, deadline=1e9)
     assert NoticeRequest.from_message(notice.to_message()) == notice
     answer = NoticeAnswer(notice.request_id, True, 5.0, "nb.ipynb", in_flight=True)

@@ -206,6 +206,28 @@ def test_widget_module_parses_and_formats(tmp_path):
     assert json.loads(out.stdout) == ["function", "?", "-1.5 KB", "2m 0s", "?"]
 
 
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_the_offer_says_what_restoring_brings(tmp_path):
+    """The restore button names the notebook and variable count; the line under it size, training position, age."""
+    from spotwarp_jupyter.widget.status import StatusWidget
+
+    module = tmp_path / "widget.mjs"
+    module.write_text(str(StatusWidget._esm))
+    offer = {"id": "abc", "notebook": "train.ipynb", "variables": 3, "state_size": 2_500_000,
+             "positions": {"train": 41}, "created": "2000-01-01T00:00:00Z", "host": "a"}
+    script = (f"import * as m from {json.dumps(module.as_uri())}; const o = {json.dumps(offer)};"
+              "console.log(JSON.stringify([m.offerWhat(o), m.offerDetails(o), m.offerWhat({...o, variables: 1}),"
+              " m.silence(null, 1e6), m.silence(1000, 5000), m.silence(1000, 13000)]))")
+    out = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    what, details, one, never_asked, answered_soon, silent = json.loads(out.stdout)
+    # a refresh unanswered for 10 s: the widget stops saying "protected" (the browser lost its server)
+    assert never_asked == "" and answered_soon == ""
+    assert silent == "no answer from the kernel for 12 s: its server may be gone"
+    assert what == "3 variables of train.ipynb" and one == "1 variable of train.ipynb"
+    assert details.startswith("2.5 MB · train at step 41 · saved ") and details.endswith("days ago · snapshot abc")
+
+
 def test_panel_and_python_package_versions_match():
     """The panel refuses a server extension of another version, so the two must be released together."""
     from spotwarp_jupyter import __version__

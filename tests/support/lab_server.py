@@ -47,17 +47,18 @@ class LabServer:
     """`spotwarp start ... -- jupyter args` in its own process group, like a terminal session."""
 
     def __init__(self, workspace: Path, store: str, project: str, env: dict[str, str], log: Path, plain: bool = False,
-                 start_args: tuple[str, ...] = (), jupyter_args: tuple[str, ...] = ()):
+                 start_args: tuple[str, ...] = (), jupyter_args: tuple[str, ...] = (), allow_root: bool = True):
         """`plain` runs `jupyter lab` itself without SpotWarp (the reference a benchmark compares with);
-        `start_args` go to `spotwarp start` (e.g. `--candidate-id`), `jupyter_args` to JupyterLab."""
+        `start_args` go to `spotwarp start` (e.g. `--candidate-id`), `jupyter_args` to JupyterLab; `allow_root=False`
+        leaves `--allow-root` out of Jupyter's flags (what `spotwarp start` itself passes as root is then tested)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}/"
         self.workspace = workspace
         self.env = env
         self.log_path = log
         self.ready_path = "api/status" if plain else "spotwarp/api/status"
-        jupyter_args = ("--no-browser", "--allow-root", f"--ServerApp.token={TOKEN}", "--ServerApp.ip=127.0.0.1",
-                        "--LabApp.extension_manager=readonly", *jupyter_args)
+        jupyter_args = ("--no-browser", *(("--allow-root",) if allow_root else ()), f"--ServerApp.token={TOKEN}",
+                        "--ServerApp.ip=127.0.0.1", "--LabApp.extension_manager=readonly", *jupyter_args)
         if plain:
             workspace.mkdir(parents=True, exist_ok=True)
             argv = [sys.executable, "-m", "jupyterlab", f"--ServerApp.root_dir={workspace}", f"--port={self.port}",
@@ -136,13 +137,15 @@ class LabServer:
 class Execution:
     """One execute_request over a kernel websocket (JSON protocol) and what came back for it."""
 
-    def __init__(self, code: str, msg_id: str | None = None):
+    def __init__(self, code: str, msg_id: str | None = None, cell_id: str | None = None):
+        """`cell_id`: run as JupyterLab runs a notebook cell (its id in the request's metadata, in the history)."""
         self.msg_id = msg_id or uuid.uuid4().hex
         self.request = json.dumps({
             "header": {"msg_id": self.msg_id, "msg_type": "execute_request", "username": "test",
                        "session": uuid.uuid4().hex, "version": "5.3", "date": ""},
-            "parent_header": {}, "metadata": {}, "channel": "shell", "buffers": [],
-            "content": {"code": code, "silent": False, "store_history": False, "user_expressions": {},
+            "parent_header": {}, "metadata": {"cellId": cell_id} if cell_id else {}, "channel": "shell",
+            "buffers": [],
+            "content": {"code": code, "silent": False, "store_history": cell_id is not None, "user_expressions": {},
                         "allow_stdin": False, "stop_on_error": True},
         })
         self.out: list[str] = []
@@ -185,15 +188,19 @@ class KernelSocket:
         self.ws = websocket.create_connection(
             f"ws://127.0.0.1:{server.port}/api/kernels/{kernel_id}/channels?token={TOKEN}", timeout=120)
 
-    def run(self, code: str, timeout: float = 120) -> str:
-        """Execute `code`; return its output; raise AssertionError with the output if it failed."""
-        execution = Execution(code)
+    def run(self, code: str, timeout: float = 120, cell_id: str | None = None) -> str:
+        """Execute `code` (as notebook cell `cell_id`); return its output; raise AssertionError if it failed."""
+        execution = Execution(code, cell_id=cell_id)
         self.ws.send(execution.request)
         deadline = time.monotonic() + timeout
         while not execution.done:
             self.ws.settimeout(max(deadline - time.monotonic(), 0.1))
             execution.feed(self.ws.recv())
         return execution.output()
+
+    def send(self, code: str, cell_id: str | None = None) -> None:
+        """Start executing `code` without waiting for it (the host may be killed while it runs)."""
+        self.ws.send(Execution(code, cell_id=cell_id).request)
 
     def value(self, expr: str) -> Any:
         text = self.run(f"import json as _j; print('@@' + _j.dumps({expr}))")

@@ -188,6 +188,8 @@ class Link:
         self.upstream = (HOST, upstream_port)
         self.port = free_port()
         self.bytes_up = 0
+        self.sent = bytearray()  # every request byte forwarded, when `record` is set
+        self.record = False
         self.cut_event = threading.Event()
         self._cut_at: int | None = None
         self._lock = threading.Lock()
@@ -265,6 +267,8 @@ class Link:
                 if upstream:
                     with self._lock:
                         self.bytes_up += n
+                        if self.record:
+                            self.sent += view[:n]
                         trip = self._cut_at is not None and self.bytes_up >= self._cut_at
                     if trip:
                         self.cut()

@@ -82,9 +82,10 @@ def _apply_extras(extras: dict[str, Any]) -> None:
 
 
 def _run(setup: Callable[[], dict], loop: Callable[[dict], None], engine: SnapshotEngine,
-         stop_at: int | None) -> tuple[dict, tuple, int]:
+         stop_at: int | None, between: Callable[[dict], None] | None = None) -> tuple[dict, tuple, int]:
     """Run `loop` over the namespace `setup` makes; with `stop_at`, snapshot and stop at that safe point,
-    then restore into a fresh namespace and run the loop again. Returns (namespace, next draws, safe points)."""
+    then restore into a fresh namespace, run `between` (what else runs in the kernel before the loop goes on)
+    and run the loop again. Returns (namespace, next draws, safe points)."""
     restore_positions({})
     ns = setup()
     seen = [0]
@@ -105,19 +106,21 @@ def _run(setup: Callable[[], dict], loop: Callable[[dict], None], engine: Snapsh
         ns = {}
         _manifest, result = engine.restore_kernel("latest", ns)
         _apply_extras(result.extras)
+        if between is not None:
+            between(ns)
         loop(ns)
     finally:
         safepoints.set_handler(None)
     return ns, _draws(), seen[0]
 
 
-def _check_every_stop(setup, loop, engine, key: Callable[[dict], Any]) -> int:
+def _check_every_stop(setup, loop, engine, key: Callable[[dict], Any], between=None) -> int:
     """Stop at every safe point in turn; every run must end exactly like the uninterrupted one."""
     reference_ns, reference_draws, safe_points = _run(setup, loop, engine, None)
     reference = key(reference_ns)
     assert safe_points > 2
     for stop in range(1, safe_points + 1):
-        ns, draws, _ = _run(setup, loop, engine, stop)
+        ns, draws, _ = _run(setup, loop, engine, stop, between)
         assert key(ns) == reference, f"stopped at safe point {stop}"
         assert draws == reference_draws, f"stopped at safe point {stop}: random draws differ"
     return safe_points
@@ -183,6 +186,27 @@ def test_dataloader_with_its_own_generator(engine):
                 _record(ns, batch)
 
     _check_every_stop(_seeded(make), loop, engine, key=lambda ns: ns["seen"])
+
+
+def test_draws_between_the_restore_and_the_rerun_change_nothing(engine):
+    """Issue 22 item 8: IPython draws from `random` on every kernel_info_request (a client connecting), and
+    anything may run between the restore and the continuation: the loop goes on from the global streams as they
+    were at its safe point (Python, NumPy, torch; the loader's generator was already set to its state there)."""
+    def make():
+        generator = torch.Generator().manual_seed(7)
+        dataset = torch.utils.data.TensorDataset(torch.arange(12.0))
+        return {"loader": torch.utils.data.DataLoader(dataset, batch_size=4, shuffle=True, generator=generator),
+                "seen": []}
+
+    def loop(ns):
+        for epoch in resumable(range(2), name="epochs"):
+            for (batch,) in resumable(ns["loader"], name="train"):
+                _record(ns, batch)
+
+    def between(ns):
+        random.random(), np.random.rand(), torch.rand(3)
+
+    _check_every_stop(_seeded(make), loop, engine, key=lambda ns: ns["seen"], between=between)
 
 
 def test_skipped_batches_are_not_fetched_again(engine):

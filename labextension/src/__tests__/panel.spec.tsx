@@ -66,16 +66,22 @@ describe('StatusView, EventsView, ServerNotice', () => {
     render(<StatusView status={server.status()} error={null} now={Date.parse('2026-12-02T10:05:00Z')} />);
     expect(screen.getByText('gs://bucket/spotwarp')).toBeTruthy();
     expect(document.querySelector('.jp-SpotWarp-last')?.textContent).toBe('a1b2c3d4 · 5 min ago · 1.5 MB · 420 ms');
+    // what watches this host first; watchers of other clouds (diagnostics) behind a closed disclosure
     const watchers = [...document.querySelectorAll('.jp-SpotWarp-watcher')];
     expect(watchers.map(w => w.className)).toEqual([
       'jp-SpotWarp-watcher jp-SpotWarp-watcher-watching',
-      'jp-SpotWarp-watcher jp-SpotWarp-watcher-off',
-      'jp-SpotWarp-watcher jp-SpotWarp-watcher-watching'
+      'jp-SpotWarp-watcher jp-SpotWarp-watcher-watching',
+      'jp-SpotWarp-watcher jp-SpotWarp-watcher-off'
     ]);
     expect(watchers[0].textContent).toBe(' sigterm: watching');
-    expect(watchers[1].textContent).toContain('aws: off: not on AWS');
-    expect(watchers[1].getAttribute('title')).toBe('endpoint http://169.254.169.254');
-    expect(watchers[2].textContent).toBe(' gcp: watching · last notice: preempted, 30.0 s window');
+    expect(watchers[1].textContent).toBe(' gcp: watching · last notice: preempted, 30.0 s window');
+    expect(watchers[2].textContent).toContain('aws: off: not on AWS');
+    expect(watchers[2].getAttribute('title')).toBe('endpoint http://169.254.169.254');
+    const details = document.querySelector('details.jp-SpotWarp-diagnostics') as HTMLDetailsElement;
+    expect(details.open).toBe(false);
+    expect(details.contains(watchers[2])).toBe(true);
+    expect(details.contains(watchers[0]) || details.contains(watchers[1])).toBe(false);
+    expect(details.querySelector('summary')?.textContent).toBe('1 more not watching (another cloud, or off)');
     expect(document.querySelector('.jp-SpotWarp-kernels')?.textContent).toContain('train.ipynb: a1b2c3d4');
     expect(document.querySelector('.jp-SpotWarp-backupError')).toBeNull();
   });

@@ -9,12 +9,17 @@ May import: storage and the engine's base modules.
 from .fence import (
     FENCED,
     HOLDER,
+    LEASE_DIR,
     SERVING,
     STANDBY,
     WRITERS,
+    DamagedLease,
     Fence,
     Fenced,
     Lease,
+    highest_lease_generation,
+    lease_generations,
+    prune_leases,
     read_lease,
     validate_candidate_id,
     write_lease,
@@ -23,7 +28,8 @@ from .heartbeats import age, host_id, read_heartbeat, read_heartbeats, write_hea
 from .locks import GC, WRITE, Lock, WriteLock, live_locks, stale_locks
 
 __all__ = [
-    "age", "Fence", "FENCED", "Fenced", "GC", "HOLDER", "host_id", "Lease", "live_locks", "Lock", "read_heartbeat",
+    "age", "DamagedLease", "Fence", "FENCED", "Fenced", "GC", "highest_lease_generation", "HOLDER", "host_id",
+    "Lease", "LEASE_DIR", "lease_generations", "live_locks", "Lock", "prune_leases", "read_heartbeat",
     "read_heartbeats", "read_lease", "SERVING", "stale_locks", "STANDBY", "validate_candidate_id", "WRITE",
     "write_heartbeat", "write_lease", "WriteLock", "WRITERS",
 ]

@@ -16,6 +16,8 @@ No Jupyter imports.
 from __future__ import annotations
 
 import json
+import logging
+import math
 import os
 import posixpath
 import re
@@ -23,9 +25,13 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..errors import ConfigError, SpotWarpError
+from ..signing import RecordRefused, check_record, sign_record, signing_key
 from ..storage import Store, write_atomic
+from ..storage.local_files import fsync_folder, temporary_name, unlink_quietly
 
-LEASE_NAME = "lease.json"
+log = logging.getLogger("spotwarp")
+
+LEGACY_LEASE_NAME = "lease.json"
 HOSTS_DIR = "hosts"
 SERVING = "serving"  # no failover in use: writes as always
 STANDBY = "standby"  # a candidate of a race, not promoted: serves, never writes
@@ -59,16 +65,22 @@ class Lease:
         return {"generation": self.generation, "holder": self.holder, "time": self.time}
 
 
-def read_small(store: Store, path: str) -> bytes | None:
-    """A small object's bytes, None when it is absent (listing caches are bypassed)."""
+def read_small(store: Store, path: str, limit: int = 1 << 20) -> bytes | None:
+    """A small object's bytes, None when it is absent (listing caches are bypassed); ValueError when it is
+    bigger than `limit` (never read whole then)."""
     try:
         if store.local:
             with open(path, "rb") as f:
-                return f.read()
-        store.fs.invalidate_cache(posixpath.dirname(path))
-        return store._call("reading " + posixpath.basename(path), store.fs.cat_file, path)
+                data = f.read(limit + 1)
+        else:
+            store.fs.invalidate_cache(posixpath.dirname(path))
+            data = store._call("reading " + posixpath.basename(path), store.fs.cat_file, path, start=0,
+                               end=limit + 1)
     except FileNotFoundError:
         return None
+    if len(data) > limit:
+        raise ValueError(f"{posixpath.basename(path)} is over {limit} bytes")
+    return data
 
 
 def write_small(store: Store, path: str, data: bytes) -> None:
@@ -79,27 +91,281 @@ def write_small(store: Store, path: str, data: bytes) -> None:
         store._call("writing " + posixpath.basename(path), store.fs.pipe_file, path, data)
 
 
-def lease_path(store: Store) -> str:
-    return posixpath.join(store.root, LEASE_NAME)
+def create_small(store: Store, path: str, data: bytes) -> bool:
+    """Create a small object only if nothing is at `path` yet, atomically: True when this call created it.
+
+    A local folder links a complete temporary to the name (the link fails when the name exists, like
+    O_EXCL, and nobody ever reads half a file); S3 sends `If-None-Match: *`, GCS `ifGenerationMatch=0`
+    (fsspec's `mode="create"`). A retried request whose first try succeeded finds its own bytes: True.
+    """
+    if store.local:
+        os.makedirs(posixpath.dirname(path), exist_ok=True)
+        tmp = temporary_name(path)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                os.link(tmp, path)
+            except FileExistsError:
+                return False
+        finally:
+            unlink_quietly(tmp)
+        fsync_folder(posixpath.dirname(path))
+        return True
+    try:
+        store._call("creating " + posixpath.basename(path), store.fs.pipe_file, path, data, mode="create")
+        return True
+    except FileExistsError:
+        try:
+            return read_small(store, path, limit=len(data)) == data  # our own earlier try whose answer was lost
+        except ValueError:
+            return False
 
 
-def read_lease(store: Store) -> Lease:
-    """The project's lease; generation 0 with no holder where failover never ran."""
-    raw = read_small(store, lease_path(store))
-    if raw is None:
-        return Lease()
+LEASE_DIR = "lease"  # one create-only object per generation: lease/<generation, 12 digits>.json
+_LEASE_ENTRY = re.compile(r"^(\d{1,15})\.json$")
+MAX_LEASE_BYTES = 64 * 1024  # an entry is under 200 bytes: a bigger one is damaged, never read whole
+KEEP_LEASES = 16  # lease entries kept below the current one (older ones are pruned by the orchestrator)
+
+
+def lease_path(store: Store, generation: int | None = None) -> str:
+    """The lease entry of `generation`; without one, the lease folder."""
+    folder = posixpath.join(store.root, LEASE_DIR)
+    return folder if generation is None else posixpath.join(folder, f"{generation:012d}.json")
+
+
+def legacy_lease_path(store: Store) -> str:
+    """`lease.json`: where the lease was kept before it became one entry per generation (read, never written)."""
+    return posixpath.join(store.root, LEGACY_LEASE_NAME)
+
+
+def lease_generations(store: Store) -> list[int]:
+    """The generations that have a lease entry, lowest first (whatever their content)."""
+    folder = lease_path(store)
+    try:
+        if store.local:
+            names = os.listdir(folder)
+        else:
+            store.fs.invalidate_cache(folder)
+            names = [posixpath.basename(n.rstrip("/"))
+                     for n in store._call("listing the lease", store.fs.ls, folder, detail=False)]
+    except FileNotFoundError:
+        return []
+    out = []
+    for name in names:
+        m = _LEASE_ENTRY.match(name)
+        if m:
+            out.append(int(m.group(1)))
+    return sorted(out)
+
+
+def lease_entry_times(store: Store, key: bytes | None = None) -> dict[int, float | None]:
+    """Each lease entry's generation -> when the store says it was created (the store's clock). With a key
+    (SPOTWARP_KEY when not given), only the entries signed with it: an unsigned one moved no lease."""
+    key = key if key is not None else signing_key()
+    entries = _lease_entry_times(store)
+    if not key:
+        return {generation: when for generation, (when, _) in entries.items()}
+    out = {}
+    for generation, (when, tag) in entries.items():
+        # entries are create-only: a verdict holds while the object does (one re-created has another tag)
+        seen = (lease_path(store, generation), tag, key)
+        signed = _VERDICTS.get(seen) if tag is not None else None
+        if signed is None:
+            try:
+                raw = read_small(store, lease_path(store, generation), limit=MAX_LEASE_BYTES)
+                signed = raw is not None and parse_lease(raw, generation, store, key) is not None
+            except (RecordRefused, ValueError):
+                signed = False
+            if tag is not None:  # without a tag a re-created entry could not be told apart
+                if len(_VERDICTS) > 4096:
+                    _VERDICTS.clear()
+                _VERDICTS[seen] = signed
+        if signed:
+            out[generation] = when
+    return out
+
+
+_VERDICTS: dict[tuple[str, Any, bytes], bool] = {}  # (entry, its object's tag, key) -> signed with the key
+
+
+def _lease_entry_times(store: Store) -> dict[int, tuple[float | None, Any]]:
+    """generation -> (store time, what tells this object from one re-created under its name: inode and ns
+    mtime, or the store's ETag / generation / checksum)."""
+    folder = lease_path(store)
+    if store.local:
+        out: dict[int, tuple[float | None, Any]] = {}
+        for generation in lease_generations(store):
+            try:
+                st = os.stat(lease_path(store, generation))
+            except FileNotFoundError:
+                continue
+            out[generation] = (st.st_mtime, (st.st_ino, st.st_mtime_ns, st.st_size))
+        return out
+    from ..storage.store import modified
+
+    store.fs.invalidate_cache(folder)
+    try:
+        listing = store._call("listing the lease", store.fs.ls, folder, detail=True)
+    except FileNotFoundError:
+        return {}
+    out = {}
+    for info in listing:
+        m = _LEASE_ENTRY.match(posixpath.basename(info["name"].rstrip("/")))
+        if m:
+            tag = next((str(info[k]) for k in ("ETag", "etag", "generation", "md5Hash", "crc32c") if info.get(k)), None)
+            out[int(m.group(1))] = (modified(info), tag)
+    return out
+
+
+class DamagedLease(Fenced):
+    """The newest lease entry does not parse: nobody may write until `spotwarp launch` moves the lease past it."""
+
+    def __init__(self, message: str, generation: int):
+        super().__init__(message)
+        self.generation = generation
+
+
+def parse_lease(raw: bytes, generation: int | None = None, store: Store | None = None,
+                key: bytes | None = None) -> Lease:
+    """A lease entry's content; ValueError when it is damaged (or names another generation than its file).
+
+    With `key` (and the `store` it was read from), RecordRefused unless the entry is signed with it for its name.
+    """
     try:
         doc = json.loads(raw)
-        return Lease(int(doc["generation"]), doc.get("holder"), float(doc.get("time") or 0.0))
-    except (ValueError, TypeError, KeyError, UnicodeDecodeError):
-        # a damaged lease must not let every host write: nobody may, until the orchestrator rewrites it
-        raise Fenced(f"the lease {lease_path(store)} is damaged: no host may write until `spotwarp launch` "
-                     "moves it again") from None
+    except (ValueError, UnicodeDecodeError, RecursionError) as exc:
+        raise ValueError(str(exc)) from None
+    if key:
+        assert store is not None
+        name = LEGACY_LEASE_NAME if generation is None else f"{LEASE_DIR}/{generation:012d}.json"
+        doc = check_record(doc, key, store.project, name)
+    try:
+        if not isinstance(doc, dict):
+            raise ValueError("not an object")
+        gen, holder, when = doc["generation"], doc.get("holder"), doc.get("time") or 0.0
+        if isinstance(gen, bool) or not isinstance(gen, int) or gen < 0:
+            raise ValueError("bad generation")
+        if holder is not None and (not isinstance(holder, str) or not _CANDIDATE_ID.match(holder)):
+            raise ValueError("bad holder")
+        if isinstance(when, bool) or not isinstance(when, (int, float)) or not math.isfinite(when):
+            raise ValueError("bad time")
+    except (ValueError, TypeError, KeyError) as exc:
+        raise ValueError(str(exc)) from None
+    if generation is not None and gen != generation:
+        raise ValueError(f"it says generation {gen}")
+    return Lease(gen, holder, float(when))
 
 
-def write_lease(store: Store, lease: Lease) -> None:
-    """Move the lease (the orchestrator alone does this)."""
-    write_small(store, lease_path(store), json.dumps(lease.as_dict(), sort_keys=True).encode())
+MAX_REFUSED_LEASES = 64  # with a key, at most this many refused entries are read past before giving up
+_refusals_said: set[str] = set()
+
+
+def _refused(what: str, exc: Exception) -> None:
+    """Log a refused lease entry once per process (the heartbeat reads the lease every few seconds)."""
+    if what not in _refusals_said:
+        _refusals_said.add(what)
+        log.warning("SpotWarp: lease entry skipped: %s", exc)
+
+
+def read_lease(store: Store, key: bytes | None = None) -> Lease:
+    """The project's lease: its newest entry; generation 0 with no holder where failover never ran.
+
+    Without a key, a damaged newest entry raises DamagedLease (a Fenced): no host may write, since skipping it
+    could hand the project back to an older holder. With a key (`SPOTWARP_KEY`, read from the environment
+    when not given), the lease is the newest entry signed with it: unsigned, altered or damaged ones are
+    someone else's (a store writer without the key) and change nothing; they are skipped and logged.
+    """
+    key = key if key is not None else signing_key()
+    for _ in range(3):
+        generations = lease_generations(store)
+        if not generations:
+            return _read_legacy_lease(store, key)
+        try:
+            return _newest_lease(store, generations, key)
+        except FileNotFoundError:
+            continue  # pruned or deleted between the listing and the read: list again
+    return _read_legacy_lease(store, key)
+
+
+def _newest_lease(store: Store, generations: list[int], key: bytes | None) -> Lease:
+    for generation in reversed(generations[-MAX_REFUSED_LEASES:] if key else generations[-1:]):
+        path = lease_path(store, generation)
+        try:
+            raw = read_small(store, path, limit=MAX_LEASE_BYTES)
+            if raw is None:
+                if key and generation != generations[-1]:
+                    continue
+                raise FileNotFoundError(path)
+            return parse_lease(raw, generation, store, key)
+        except RecordRefused as exc:
+            _refused(path, exc)
+        except ValueError as exc:
+            if key:
+                _refused(path, RecordRefused(f"{path} is damaged ({exc})"))
+                continue
+            raise DamagedLease(f"the lease {path} is damaged ({exc}): no host writes until `spotwarp launch` moves "
+                               f"the lease past it (to generation {generation + 1} or above)", generation) from None
+    if key and len(generations) <= MAX_REFUSED_LEASES:
+        return _read_legacy_lease(store, key)  # no signed entry: as if failover never ran (or the old lease.json)
+    raise DamagedLease(f"none of the newest {MAX_REFUSED_LEASES} lease entries is signed with this SPOTWARP_KEY: "
+                       "no host writes until `spotwarp launch` moves the lease past them", generations[-1])
+
+
+def _read_legacy_lease(store: Store, key: bytes | None = None) -> Lease:
+    try:
+        raw = read_small(store, legacy_lease_path(store), limit=MAX_LEASE_BYTES)
+        if raw is None:
+            return Lease()
+        return parse_lease(raw, None, store, key)
+    except RecordRefused as exc:
+        _refused(legacy_lease_path(store), exc)
+        return Lease()
+    except ValueError as exc:
+        if key:
+            _refused(legacy_lease_path(store), exc)
+            return Lease()
+        raise DamagedLease(f"the lease {legacy_lease_path(store)} is damaged ({exc}): no host writes until "
+                           "`spotwarp launch` moves the lease past it", 0) from None
+
+
+def highest_lease_generation(store: Store) -> int:
+    """The highest generation any lease entry (or the old `lease.json`) ever recorded, damaged ones included."""
+    generations = lease_generations(store)
+    legacy = 0
+    try:
+        raw = read_small(store, legacy_lease_path(store), limit=MAX_LEASE_BYTES)
+        legacy = parse_lease(raw).generation if raw is not None else 0
+    except ValueError:
+        pass
+    return max(generations[-1] if generations else 0, legacy)
+
+
+def lease_bytes(lease: Lease, store: Store, key: bytes | None = None) -> bytes:
+    """A lease entry's bytes, signed with `key` (SPOTWARP_KEY from the environment when not given) if there is one."""
+    key = key if key is not None else signing_key()
+    doc = sign_record(lease.as_dict(), key, store.project, f"{LEASE_DIR}/{lease.generation:012d}.json")
+    return json.dumps(doc, sort_keys=True).encode()
+
+
+def write_lease(store: Store, lease: Lease, key: bytes | None = None) -> bool:
+    """Create the lease entry of `lease.generation` (the orchestrator alone does this), signed with the key:
+    True when this call created it, False when that generation was taken already (never replaced)."""
+    return create_small(store, lease_path(store, lease.generation), lease_bytes(lease, store, key))
+
+
+def prune_leases(store: Store, below: int) -> None:
+    """Delete lease entries more than KEEP_LEASES generations below `below` (best effort)."""
+    for generation in lease_generations(store):
+        if generation >= below - KEEP_LEASES:
+            return
+        try:
+            store._call("pruning the lease", store.fs.rm, lease_path(store, generation))
+        except Exception:  # noqa: BLE001 - old entries are harmless; the next move tries again
+            return
 
 
 @dataclass(frozen=True)

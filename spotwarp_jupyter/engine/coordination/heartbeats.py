@@ -8,13 +8,22 @@ from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 import posixpath
+import re
 import socket
 import time
 from typing import Any
 
+from ..errors import ConfigError
+from ..signing import RecordRefused, check_record, sign_record, signing_key
 from ..storage import Store
-from .fence import HOSTS_DIR, read_small, validate_candidate_id, write_small
+from .fence import HOSTS_DIR, ROLES, read_small, validate_candidate_id, write_small
+
+_NONCE = re.compile(r"^[0-9a-f]{8,32}$")
+MAX_HOSTS = 1000  # heartbeats read by one listing at most
+MAX_HEARTBEAT_BYTES = 64 * 1024  # a heartbeat is well under 2 KB: a bigger file is skipped, never read whole
 
 log = logging.getLogger("spotwarp")
 
@@ -31,26 +40,80 @@ def heartbeat_path(store: Store, ident: str) -> str:
     return posixpath.join(store.root, HOSTS_DIR, f"{validate_candidate_id(ident)}.json")
 
 
-def write_heartbeat(store: Store, doc: dict[str, Any]) -> None:
-    """Write one heartbeat (blocking I/O: call it from a thread)."""
-    write_small(store, heartbeat_path(store, doc["id"]), json.dumps(doc, sort_keys=True).encode())
+def write_heartbeat(store: Store, doc: dict[str, Any], key: bytes | None = None) -> None:
+    """Write one heartbeat, signed with the key (SPOTWARP_KEY when not given) if there is one (blocking I/O: call
+    it from a thread)."""
+    write_small(store, heartbeat_path(store, doc["id"]), _signed(store, doc, f"{HOSTS_DIR}/{doc['id']}.json", key))
 
 
-def read_heartbeat(store: Store, ident: str) -> dict[str, Any] | None:
-    """The newest heartbeat of host `ident`, None when it never wrote one (or it is damaged)."""
-    raw = read_small(store, heartbeat_path(store, ident))
-    if raw is None:
+def _signed(store: Store, doc: dict[str, Any], name: str, key: bytes | None) -> bytes:
+    key = key if key is not None else signing_key()
+    return json.dumps(sign_record(doc, key, store.project, name), sort_keys=True).encode()
+
+
+def _trusted(store: Store, raw: bytes, name: str, key: bytes | None) -> Any:
+    """The JSON record in `raw` when it may be trusted (signed with the key, when there is one); RecordRefused
+    or ValueError otherwise."""
+    key = key if key is not None else signing_key()
+    return check_record(json.loads(raw), key, store.project, name)
+
+
+_said: set[str] = set()
+
+
+def _skipped(what: str, why: str) -> None:
+    """Log a skipped record once per process and reason (the watch reads heartbeats twice a second)."""
+    if (what + why) not in _said:
+        _said.add(what + why)
+        log.warning("SpotWarp: %s skipped: %s", what, why)
+
+
+_FIELDS: dict[str, tuple[type, ...]] = {
+    "id": (str,), "candidate": (str, type(None)), "generation": (int,), "state": (str,), "time": (int, float),
+    "beat": (int,), "interval": (int, float), "ready": (bool,), "ready_at": (int, float, type(None)),
+    "started_at": (int, float, type(None)), "pid": (int,), "port": (int, type(None)), "url": (str, type(None)),
+    "host": (str,), "why": (str, type(None)), "restore": (dict, type(None)), "lease_lost": (bool,),
+}
+_REQUIRED = ("id", "generation", "state", "time")
+
+
+def valid_heartbeat(doc: Any, ident: str | None = None) -> dict[str, Any] | None:
+    """`doc` when it is a well-formed heartbeat (of `ident` when given), else None: bad content is no news."""
+    if not isinstance(doc, dict) or any(k not in doc for k in _REQUIRED):
         return None
+    for key, types in _FIELDS.items():
+        value = doc.get(key)
+        if key in doc and (not isinstance(value, types) or (isinstance(value, bool) and bool not in types)):
+            return None
+        if isinstance(value, float) and not math.isfinite(value):
+            return None
+    if doc["generation"] < 0 or (ident is not None and doc["id"] != ident):
+        return None
+    if doc["state"] not in ROLES:
+        return None
+    return doc
+
+
+def read_heartbeat(store: Store, ident: str, key: bytes | None = None) -> dict[str, Any] | None:
+    """The newest heartbeat of host `ident`, None when it never wrote one, or it is damaged, torn or too big, or
+    (with a key: SPOTWARP_KEY when not given) not signed with it: someone else's is no news."""
     try:
-        doc = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        log.warning("SpotWarp: damaged heartbeat of %s skipped", ident)
+        raw = read_small(store, heartbeat_path(store, ident), limit=MAX_HEARTBEAT_BYTES)
+        if raw is None:
+            return None
+        doc = valid_heartbeat(_trusted(store, raw, f"{HOSTS_DIR}/{ident}.json", key), ident)
+    except RecordRefused as exc:
+        _skipped(f"heartbeat of {ident}", str(exc))
         return None
-    return doc if isinstance(doc, dict) else None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        doc = None
+    if doc is None:
+        _skipped(f"heartbeat of {ident}", "damaged")
+    return doc
 
 
-def read_heartbeats(store: Store) -> list[dict[str, Any]]:
-    """Every host's newest heartbeat, the most recent first."""
+def heartbeat_ids(store: Store) -> list[str]:
+    """The ids of every heartbeat file in `hosts/` (stray files, bad names and temporaries left out)."""
     folder = posixpath.join(store.root, HOSTS_DIR)
     store.fs.invalidate_cache(folder)
     try:
@@ -61,10 +124,80 @@ def read_heartbeats(store: Store) -> list[dict[str, Any]]:
     for path in names:
         name = posixpath.basename(path.rstrip("/"))
         if name.endswith(".json") and ".tmp-" not in name:
-            doc = read_heartbeat(store, name[:-5])
-            if doc is not None:
-                out.append(doc)
-    return sorted(out, key=lambda d: -float(d.get("time") or 0))
+            try:
+                out.append(validate_candidate_id(name[:-5]))
+            except ConfigError:
+                continue  # not a heartbeat's name: a stray file is never a reason to refuse the list
+    return sorted(out)
+
+
+REQUESTS_DIR = "requests"
+
+
+def request_path(store: Store, ident: str) -> str:
+    return posixpath.join(store.root, REQUESTS_DIR, f"{validate_candidate_id(ident)}.json")
+
+
+def write_request(store: Store, ident: str, doc: dict[str, Any]) -> None:
+    """Ask host `ident` for something on its next beat (`spotwarp launch --replace`: a final snapshot); signed."""
+    write_small(store, request_path(store, ident), _signed(store, doc, f"{REQUESTS_DIR}/{ident}.json", None))
+
+
+def read_request(store: Store, ident: str) -> dict[str, Any] | None:
+    """The request waiting for host `ident`, None when there is none, it is unreadable or (with a key) unsigned."""
+    try:
+        raw = read_small(store, request_path(store, ident), limit=4096)
+        doc = _trusted(store, raw, f"{REQUESTS_DIR}/{ident}.json", None) if raw is not None else None
+    except RecordRefused as exc:
+        _skipped(f"request for {ident}", str(exc))
+        return None
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        return None
+    ok = isinstance(doc, dict) and isinstance(doc.get("request"), str) and _NONCE.match(doc["request"]) \
+        and isinstance(doc.get("generation"), int)
+    return doc if ok else None
+
+
+def delete_request(store: Store, ident: str) -> None:
+    try:
+        store._call("removing a request", store.fs.rm, request_path(store, ident))
+    except FileNotFoundError:
+        pass
+
+
+def stale_after(doc: dict[str, Any]) -> float:
+    """Seconds after which `spotwarp hosts` shows a heartbeat as stale: three beats, at least 30 s."""
+    return max(30.0, 3 * float(doc.get("interval") or 5.0))
+
+
+def delete_heartbeat(store: Store, ident: str) -> None:
+    """Remove one host's heartbeat file (gone already is fine)."""
+    try:
+        store._call("removing a heartbeat", store.fs.rm, heartbeat_path(store, ident))
+    except FileNotFoundError:
+        pass
+
+
+def heartbeat_modified(store: Store, ident: str) -> float | None:
+    """When the store says the heartbeat file was last written (epoch seconds), None if unknown."""
+    from ..storage.store import modified
+
+    try:
+        if store.local:
+            return os.stat(heartbeat_path(store, ident)).st_mtime
+        return modified(store._call("checking a heartbeat", store.fs.info, heartbeat_path(store, ident)))
+    except FileNotFoundError:
+        return None
+
+
+def read_heartbeats(store: Store, limit: int = MAX_HOSTS) -> list[dict[str, Any]]:
+    """Every host's newest well-formed heartbeat (at most `limit`), the most recent first."""
+    out = []
+    for ident in heartbeat_ids(store)[:limit]:
+        doc = read_heartbeat(store, ident)
+        if doc is not None:
+            out.append(doc)
+    return sorted(out, key=lambda d: -float(d["time"]))
 
 
 def age(doc: dict[str, Any] | None, now: float | None = None) -> float | None:

@@ -173,11 +173,12 @@ def token_names(code: str) -> set[str] | None:
 
 
 def _code_objects(value: Any) -> Iterable[types.CodeType]:
-    """The code a notebook-defined function, class or instance can run."""
-    if isinstance(value, types.FunctionType):
+    """The code a notebook-defined function, class or instance can run (read from its type: an instance's own
+    `__class__` may be a property that raises)."""
+    if issubclass(type(value), types.FunctionType):
         yield value.__code__
         return
-    cls = value if isinstance(value, type) else type(value)
+    cls = value if issubclass(type(value), type) else type(value)
     if getattr(cls, "__module__", None) != "__main__":
         return
     for klass in cls.__mro__:
@@ -204,11 +205,14 @@ def notebook_code_names(namespace: dict[str, Any]) -> tuple[set[str], str | None
     names: set[str] = set()
     why = None
     for value in list(namespace.values()):
-        if isinstance(value, types.FunctionType) and value.__globals__ is not namespace:
+        if issubclass(type(value), types.FunctionType) and value.__globals__ is not namespace:
             continue  # a library's function: its globals are its module's
-        for code in _code_objects(value):
-            names |= _global_names(code)
-            why = why or _dynamic_code(code)
+        try:
+            for code in _code_objects(value):
+                names |= _global_names(code)
+                why = why or _dynamic_code(code)
+        except Exception:  # noqa: BLE001 - code that cannot be read may use any name
+            why = why or "a notebook object's code could not be read"
     return names, why
 
 

@@ -8,6 +8,7 @@ from .events import (
     FAILOVER_FINISHED,
     FINAL_SNAPSHOT_COMMITTED,
     HOST_LOST,
+    KERNEL_RESUMED,
     NOTICE_SEEN,
     PROMOTED,
     RACE_STARTED,
@@ -16,9 +17,10 @@ from .events import (
     Journal,
     restoring,
 )
-from .report import capture_time, failover_rows, report
+from .report import capture_time, failover_rows, report, resume_rows
 
 __all__ = [
     "CANDIDATE_READY", "capture_time", "Event", "FAILOVER_FINISHED", "failover_rows", "FINAL_SNAPSHOT_COMMITTED",
-    "HOST_LOST", "Journal", "NOTICE_SEEN", "PROMOTED", "RACE_STARTED", "report", "restoring", "TRAINING_RESUMED",
+    "HOST_LOST", "Journal", "KERNEL_RESUMED", "NOTICE_SEEN", "PROMOTED", "RACE_STARTED", "report", "restoring",
+    "resume_rows", "TRAINING_RESUMED",
 ]

@@ -1,8 +1,10 @@
 """The events journal: what happened to a project across hosts (notices, final snapshots, restores, resumes).
 
 Object stores cannot append, so each event is one small immutable JSON object under
-`{storage}/{project}/events/<time>-<event>-<random>.json`; names sort by time. The journal only feeds
-`spotwarp report` and `spotwarp status`: a damaged event is skipped, never fatal. No Jupyter imports.
+`{storage}/{project}/events/<time>-<event>-<random>.json`; names sort by time. The journal feeds `spotwarp
+report` and `spotwarp status`, and the failover watch (notices, final snapshots): with SPOTWARP_KEY set, events
+are signed and unsigned or altered ones are skipped (engine.signing). A damaged event is skipped, never fatal.
+No Jupyter imports.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Iterator
 
+from ..signing import RecordRefused, check_record, sign_record, signing_key
 from ..storage import Store, write_atomic
 
 log = logging.getLogger("spotwarp")
@@ -28,15 +31,17 @@ FINAL_SNAPSHOT_COMMITTED = "final_snapshot_committed"
 RESTORE_STARTED = "restore_started"
 RESTORE_FINISHED = "restore_finished"
 TRAINING_RESUMED = "training_resumed"
+KERNEL_RESUMED = "kernel_resumed"  # a new host's server re-ran an interrupted cell by itself (docs/resume.md)
 # failover (written by the orchestrator, `spotwarp launch`; see docs/failover.md)
 HOST_LOST = "host_lost"
 RACE_STARTED = "race_started"
 CANDIDATE_READY = "candidate_ready"
 PROMOTED = "promoted"
 FAILOVER_FINISHED = "failover_finished"
-EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED,
+EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED, KERNEL_RESUMED,
           HOST_LOST, RACE_STARTED, CANDIDATE_READY, PROMOTED, FAILOVER_FINISHED)
 EVENTS_DIR = "events"
+_REFUSED: set[tuple[str, str]] = set()  # (events folder, name) of events refused in this process: read and said once
 
 
 def _iso(ts: float) -> str:
@@ -82,6 +87,7 @@ class Journal:
         self.store = store
         self.dir = posixpath.join(store.root, EVENTS_DIR)
         self._read: dict[str, Event] = {}  # events are immutable: a long-lived reader fetches each once
+        self._refused: set[str] = set()
 
     def record(self, event: str, snapshot: str | None = None, notebook: str | None = None,
                when: float | None = None, **details: Any) -> Event:
@@ -90,8 +96,11 @@ class Journal:
             raise ValueError(f"unknown event {event!r}: one of {', '.join(EVENTS)}")
         item = Event(event, time.time() if when is None else when, socket.gethostname(), snapshot, notebook,
                      {k: v for k, v in details.items() if v is not None})
-        data = json.dumps(item.as_dict(), sort_keys=True).encode()
-        path = posixpath.join(self.dir, item.name)
+        # signed with SPOTWARP_KEY when set: notices and final snapshots drive failover (docs/failover.md)
+        name = item.name  # a new random suffix at each call: the name signed is the name written
+        doc = sign_record(item.as_dict(), signing_key(), self.store.project, f"{EVENTS_DIR}/{name}")
+        data = json.dumps(doc, sort_keys=True).encode()
+        path = posixpath.join(self.dir, name)
         if self.store.local:
             write_atomic(path, data)
         else:
@@ -127,6 +136,7 @@ class Journal:
         except FileNotFoundError:
             return []
         names = [n for n in names if n.endswith(".json") and ".tmp-" not in n]
+        key = signing_key()
         out: list[Event] = []
         for name in reversed(names):  # newest first, so `limit` counts readable events
             if limit is not None and len(out) >= limit:
@@ -134,12 +144,20 @@ class Journal:
             if name in self._read:
                 out.append(self._read[name])
                 continue
+            if name in self._refused or (self.dir, name) in _REFUSED:
+                continue
             try:
                 raw = self.store._call("reading an event", self.store.fs.cat_file, posixpath.join(self.dir, name))
-                self._read[name] = Event.from_dict(json.loads(raw))
+                doc = check_record(json.loads(raw), key, self.store.project, f"{EVENTS_DIR}/{name}")
+                self._read[name] = Event.from_dict(doc)
                 out.append(self._read[name])
             except FileNotFoundError:
                 continue
+            except RecordRefused as exc:  # someone without the key: it drives nothing, and is said once
+                self._refused.add(name)
+                if len(_REFUSED) < 10_000 and (self.dir, name) not in _REFUSED:
+                    _REFUSED.add((self.dir, name))
+                    log.warning("SpotWarp: event skipped: %s", exc)
             except (ValueError, TypeError, KeyError, UnicodeDecodeError) as exc:
                 log.warning("SpotWarp: skipping damaged event %s: %s", name, exc)
         out.sort(key=lambda e: e.time)

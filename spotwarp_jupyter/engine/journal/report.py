@@ -12,6 +12,7 @@ from ..manifests import Manifest
 from .events import (
     FAILOVER_FINISHED,
     FINAL_SNAPSHOT_COMMITTED,
+    KERNEL_RESUMED,
     NOTICE_SEEN,
     RESTORE_FINISHED,
     RESTORE_STARTED,
@@ -120,7 +121,7 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
             "compute_saved_s": saved,
             "resumed_at_step": resumed.details.get("position") if resumed else None,
         })
-    return {**_totals(rows, events), "events": rows, "failovers": failover_rows(events)}
+    return {**_totals(rows, events), "events": rows, "failovers": failover_rows(events), "resumes": resume_rows(events)}
 
 
 def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
@@ -138,3 +139,12 @@ def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
             "total_s": d.get("total_s"), "error": d.get("error"), "candidates": d.get("candidates") or [],
         })
     return rows
+
+
+def resume_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
+    """One row per cell a new host's server ran again by itself (docs/resume.md): where, from which snapshot, at
+    which step, and seconds from `spotwarp start` to the training running again."""
+    return [{"time": e.as_dict()["time"], "host": e.host, "notebook": e.notebook, "snapshot": e.snapshot,
+             "cell": e.details.get("cell"), "positions": dict(e.details.get("positions") or {}),
+             "start_to_running_s": e.details.get("start_to_running_s")}
+            for e in sorted(events, key=lambda e: e.time) if e.event == KERNEL_RESUMED]

@@ -8,7 +8,7 @@ falls back silently past it: the caller is told, and names an older snapshot ins
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ManifestError, SnapshotNotFound
 from ..settings import Settings
@@ -35,6 +35,8 @@ class ManifestCatalog:
         self._cache: dict[str, Manifest] = {}
         self.rejected: dict[str, str] = {}  # manifest name -> why it was refused
         self._rejections: dict[str, ManifestError] = {}
+        # drops manifests that must not count (SnapshotEngine: those written after the lease moved past them)
+        self.screen: Callable[[list[Manifest]], list[Manifest]] | None = None
 
     def remember(self, manifest: Manifest) -> None:
         """A manifest this process committed: listed without reading it back."""
@@ -63,7 +65,7 @@ class ManifestCatalog:
             if manifest is not None:
                 out.append(manifest)
         out.sort(key=lambda m: m.order, reverse=True)
-        return out
+        return self.screen(out) if self.screen is not None else out
 
     def _read(self, name: str) -> Manifest | None:
         """The manifest `name`, checked; None (remembering why) when refused or gone."""

@@ -37,7 +37,7 @@ _WEBHOOK = re.compile(r"://[^\s]*(?:webhook|hooks\.|/hooks/|/services/T[A-Z0-9]+
 _TOKEN_PREFIX = re.compile(r"(?:ghp_|gho_|ghu_|ghs_|ghr_|github_pat_|glpat-|xox[abposr]-|sk-|hf_|AKIA|ASIA|AIza"
                            r"|sk_live_|rk_live_|npm_|pypi-)[A-Za-z0-9_\-]{8,}")
 _TOKEN_PIECE = re.compile(r"[A-Za-z0-9+/=_~-]+")
-_ALWAYS = ("torch", "numpy", "pandas", "dill", "spotwarp", "ipykernel", "jax", "tensorflow", "scikit-learn", "transformers")
+_ALWAYS = ("torch", "numpy", "pandas", "dill", "spotwarp-jupyter", "ipykernel", "jax", "tensorflow", "scikit-learn", "transformers")
 
 
 def is_secret_name(name: str) -> bool:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import secrets
 import threading
 from dataclasses import dataclass, field
@@ -13,6 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound
+from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
 from .scope import check_scope
 
 FORMAT = 1
@@ -22,17 +22,6 @@ _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 def new_snapshot_id() -> str:
     """A short random id, easy to type (no 0/o/1/l)."""
     return "".join(secrets.choice(_ID_ALPHABET) for _ in range(8))
-
-
-def signing_key(env: dict[str, str] | None = None) -> bytes | None:
-    """The HMAC key from `SPOTWARP_KEY`, if set."""
-    value = (env if env is not None else os.environ).get("SPOTWARP_KEY")
-    return value.encode() if value else None
-
-
-def key_id(key: bytes) -> str:
-    """A short public name for a signing key, so a refusal can say "another key" rather than "altered"."""
-    return hmac.new(key, b"spotwarp key id", hashlib.sha256).hexdigest()[:12]
 
 
 _TRUST_WARNING = (

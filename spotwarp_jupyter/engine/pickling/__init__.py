@@ -25,21 +25,29 @@ from typing import Any
 
 import dill
 
-from . import classes, context, data, tensors
+from . import classes, context, data, handles, tensors
 from .classes import _create_type, _importable, _new_class, _put_back, _quietly  # noqa: F401
-from .context import _main_module, device_notes, main_namespace, restore_device  # noqa: F401
+from .context import _main_module, device_notes, main_namespace, restore_device, stream_memo  # noqa: F401
 from .data import (  # noqa: F401
     PROTOCOL,
     _default_setstate,
     _new_instance,
+    _rebuild_memmap,
+    _rebuild_optimizer,
     _rebuild_str_array,
+    _rebuild_view,
     _reduce_dataloader,
+    _reduce_memmap,
     _reduce_ndarray,
+    _reduce_optimizer,
     _reduce_str_array,
     _reduce_with_state_dict,
+    _resumed_iterator,
+    _set_loader_state,
     _set_state_and_load,
 )
-from .tensors import _kind_of, _rebuild_tensor, _reduce_tensor  # noqa: F401
+from .handles import _recreate_lock, _recreate_rlock, _reduce_file, _reduce_lock, _reopen_file  # noqa: F401
+from .tensors import _kind_of, _rebuild_storage, _rebuild_strided, _rebuild_tensor, _reduce_tensor  # noqa: F401
 
 _CODE_TYPES = (types.FunctionType, type)
 
@@ -71,7 +79,8 @@ def _dill_by_value(obj: Any, parent: "_Reducer | None" = None) -> bytes:
     """
     pickler_buf = io.BytesIO()
     pickler = _DillPickler(pickler_buf, None, {id(obj)})
-    pickler.dump(obj)
+    with stream_memo():
+        pickler.dump(obj)
     if parent is not None:
         parent.requires.update(pickler.requires)
         parent.autograd.update(pickler.autograd)
@@ -115,8 +124,16 @@ class _Reducer:
             return _reduce_tensor(sys.modules["torch"], obj)
         if kind == "ndarray":
             return _reduce_ndarray(obj)
+        if kind == "memmap":
+            return _reduce_memmap(obj)
+        if kind == "file":
+            return _reduce_file(obj)
+        if kind == "lock":
+            return _reduce_lock(obj)
         if kind == "dataloader":
             return _reduce_dataloader(obj)
+        if kind == "optimizer":
+            return _reduce_optimizer(obj)
         if kind == "state_dict":
             return _reduce_with_state_dict(obj)
         if isinstance(obj, _CODE_TYPES):
@@ -166,7 +183,8 @@ def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
         buffers: list[pickle.PickleBuffer] = []
         pickler = cls(out, buffers, ids)
         try:
-            pickler.dump(obj)
+            with stream_memo():
+                pickler.dump(obj)
         except Exception as exc:  # noqa: BLE001 - any failure moves on to the next codec
             first_error = first_error or exc
             last_error = exc
@@ -174,6 +192,34 @@ def dumps(obj: Any, by_value: tuple[Any, ...] = ()) -> Pickled:
         views = [b.raw() for b in buffers]
         return Pickled(codec, out.getvalue(), views, set(pickler.requires), dict(pickler.autograd))
     raise last_error if isinstance(first_error, pickle.PicklingError) else first_error  # type: ignore[misc]
+
+
+class _Discard:
+    """A file that keeps nothing: pickling only to see what raises."""
+
+    def write(self, data: Any) -> int:
+        return len(data)
+
+
+def failing(values: dict[str, Any], by_value: tuple[Any, ...] = ()) -> dict[str, str]:
+    """The names of `values` whose value stops the group from pickling (name -> the error), found by pickling
+    the values one after another through one pickler (objects shared with earlier ones are memoized, as in the
+    group's stream). The codec with fewer of them is chosen: pickling the others together then succeeds."""
+    ids = {id(o) for o in by_value}
+    best: dict[str, str] | None = None
+    for cls in (_CPickler, _DillPickler):
+        pickler = cls(_Discard(), [], ids)
+        errors: dict[str, str] = {}
+        for name, value in values.items():
+            try:
+                with stream_memo():
+                    pickler.dump(value)
+            except Exception as exc:  # noqa: BLE001 - this value is one that fails
+                lines = str(exc).strip().splitlines()
+                errors[name] = f"{type(exc).__name__}: {lines[0] if lines else 'cannot be serialized'}"
+        if best is None or len(errors) < len(best):
+            best = errors
+    return best or {}
 
 
 def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
@@ -188,7 +234,7 @@ def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
 def _stable_names() -> None:
     """Streams name rebuilders as `spotwarp_jupyter.engine.pickling.<name>` (as they did before this module was
     split): saving them under this module keeps every stream, old and new, loadable whatever the internal layout."""
-    for module in (classes, context, data, tensors):
+    for module in (classes, context, data, handles, tensors):
         for name, value in vars(module).items():
             if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
                 if globals().get(name) is value:

@@ -1,7 +1,8 @@
 """Where `__main__` lookups and restored devices point while pickling or unpickling (thread-local).
 
 `main_namespace` lets the engine save and load a plain dict namespace as if it were `__main__`;
-`device_notes` collects the devices a restore had to move to CPU.
+`device_notes` collects the devices a restore had to move to CPU; `stream_memo` holds, while one stream is
+written, the tensor storages and arrays it has saved (views of them refer to those instead of copying).
 """
 
 from __future__ import annotations
@@ -75,17 +76,47 @@ def restore_device(device: str) -> str:
 
 
 class device_notes:
-    """Collects the devices that were missing during one restore (they went to CPU)."""
+    """Collects the devices that were missing during one restore (they went to CPU), and what rebuilders `say`."""
 
     def __init__(self, device_map: dict[str, str] | None = None):
         self.moved: set[str] = set()
+        self.said: list[str] = []
         self.device_map = device_map
 
     def __enter__(self) -> "device_notes":
         _restore_notes.moved = self.moved
+        _restore_notes.said = self.said
         _restore_notes.device_map = self.device_map
         return self
 
     def __exit__(self, *exc: Any) -> None:
         _restore_notes.moved = None
+        _restore_notes.said = None
         _restore_notes.device_map = None
+
+
+def say(note: str) -> None:
+    """A warning for the restore in progress (an object that could not come back as it was)."""
+    said = getattr(_restore_notes, "said", None)
+    if said is not None and note not in said:
+        said.append(note)
+
+
+_stream = threading.local()
+
+
+class stream_memo:
+    """Within this block (one pickler's dump), the storages and arrays saved so far (read with `saved`)."""
+
+    def __enter__(self) -> "stream_memo":
+        self.outer = getattr(_stream, "saved", None)
+        _stream.saved = ({}, set())
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        _stream.saved = self.outer
+
+
+def saved() -> tuple[dict[Any, Any], set[int]] | None:
+    """(storage key -> the storage being saved, ids of the arrays saved) of the stream being written, if any."""
+    return getattr(_stream, "saved", None)

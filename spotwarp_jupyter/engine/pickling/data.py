@@ -9,12 +9,24 @@ from __future__ import annotations
 import pickle
 from typing import Any
 
+from .context import saved, say
+
 PROTOCOL = 5
 
 
 def _reduce_ndarray(arr: Any):
     if arr.dtype.hasobject:
         return _reduce_str_array(arr)
+    memo = saved()
+    root = _owner(arr) if memo is not None else None
+    # a view of an array this stream saves, or holding more than half of it: saved as its place in that array,
+    # saved once (writes go through); a smaller view alone is saved as its own bytes
+    if root is not None and (id(root) in memo[1] or arr.nbytes * 2 > root.nbytes):
+        memo[1].add(id(root))
+        start = arr.__array_interface__["data"][0] - root.__array_interface__["data"][0]
+        return (_rebuild_view, (root, start, arr.shape, arr.strides, arr.dtype, bool(arr.flags.writeable)))
+    if memo is not None and arr.base is None:
+        memo[1].add(id(arr))
     # NumPy itself sends contiguous arrays out of band; a strided view would go in band as a
     # bytes copy (then copied again into the stream): one contiguous copy out of band instead.
     if arr.flags.c_contiguous or arr.flags.f_contiguous:
@@ -22,6 +34,76 @@ def _reduce_ndarray(arr: Any):
     import numpy
 
     return numpy.ascontiguousarray(arr).__reduce_ex__(PROTOCOL)
+
+
+def _reduce_memmap(arr: Any):
+    """A `numpy.memmap` opened on a file: its file (relative to the working folder when it lies under it), place
+    and mode, and its bytes as they are now, out of band; reopened on restore when the file is there."""
+    import mmap
+    import os
+
+    if not isinstance(arr.base, mmap.mmap) or not getattr(arr, "filename", None) or arr.dtype.hasobject:
+        return _reduce_ndarray(arr)  # a view of a map (of its map, when saved with it), or anonymous memory
+    memo = saved()
+    if memo is not None:
+        memo[1].add(id(arr))
+    path, here = os.path.abspath(arr.filename), os.getcwd()
+    relative = path.startswith(here + os.sep)
+    order = "F" if arr.flags.f_contiguous and not arr.flags.c_contiguous else "C"
+    data = pickle.PickleBuffer(arr)  # its bytes as they are now (out of band), whether or not the file comes back
+    return (_rebuild_memmap, (os.path.relpath(path, here) if relative else path, relative, arr.dtype, arr.shape,
+                              order, int(arr.offset), arr.mode, data))
+
+
+def _rebuild_memmap(path: str, relative: bool, dtype: Any, shape: tuple, order: str, offset: int, mode: str,
+                    buf: Any) -> Any:
+    import os
+
+    import numpy
+
+    where = os.path.join(os.getcwd(), path) if relative else path
+    data = numpy.frombuffer(buf, dtype=dtype).reshape(shape, order=order)
+    try:
+        if os.path.isfile(where) and os.path.getsize(where) >= offset + data.nbytes:
+            mapped = numpy.memmap(where, dtype=dtype, mode="r+" if mode == "w+" else mode, offset=offset,
+                                  shape=shape, order=order)
+            if mode == "c":  # copy-on-write: what was written in memory only is in the snapshot
+                mapped[...] = data
+            return mapped
+    except (OSError, ValueError):
+        pass
+    say(f"a numpy.memmap of {path} was restored as an in-memory copy (a plain array): {where} is not here, so "
+        "writes no longer reach a file")
+    if mode == "r":
+        data.flags.writeable = False
+    return data
+
+
+def _owner(arr: Any) -> Any:
+    """The plain array (or file map) owning the memory `arr` views (None when `arr` owns it, or its owner is not
+    such an array)."""
+    import mmap
+
+    import numpy
+
+    base = arr.base
+    while isinstance(base, numpy.ndarray) and isinstance(base.base, numpy.ndarray):
+        base = base.base
+    mapped = isinstance(base, numpy.memmap) and isinstance(base.base, mmap.mmap)  # a view of a file's map
+    if not (mapped or (type(base) is numpy.ndarray and base.base is None)) or base.dtype.hasobject:
+        return None
+    if not (base.flags.c_contiguous or base.flags.f_contiguous):
+        return None
+    return base
+
+
+def _rebuild_view(root: Any, start: int, shape: tuple, strides: tuple, dtype: Any, writeable: bool) -> Any:
+    import numpy
+
+    view = numpy.ndarray(shape, dtype, buffer=root, offset=start, strides=strides)
+    if not writeable:
+        view.flags.writeable = False
+    return view
 
 
 _STR_SEPARATOR = "\x00"
@@ -92,12 +174,43 @@ def _default_setstate(obj: Any, state: Any) -> None:
         setattr(obj, name, value)
 
 
+def _reduce_optimizer(opt: Any):
+    """A torch optimizer as its class, its param groups (the very parameters) and its `state_dict()`: rebuilt by
+    its constructor against the restored parameters, then `load_state_dict()` (an LBFGS keeps what its
+    constructor sets up). NotImplemented (pickled whole) when the constructor cannot take the defaults back."""
+    import inspect
+
+    cls = type(opt)
+    try:
+        signature = inspect.signature(cls.__init__)
+        params = signature.parameters
+        takes_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        defaults = {k: v for k, v in opt.defaults.items() if takes_any or k in params}
+        signature.bind(opt, [], **defaults)
+        state_dict = opt.state_dict()
+    except Exception:  # noqa: BLE001 - an optimizer of another shape: pickled whole, as before
+        return NotImplemented
+    groups = [dict(group) for group in opt.param_groups]
+    return (_rebuild_optimizer, (cls, groups, defaults, state_dict))
+
+
+def _rebuild_optimizer(cls: type, groups: list[dict[str, Any]], defaults: dict[str, Any], state_dict: Any) -> Any:
+    opt = cls(groups, **defaults)
+    opt.load_state_dict(state_dict)
+    return opt
+
+
 def _reduce_dataloader(loader: Any):
     # a live iterator (worker processes, generators) cannot be saved: a stateful loader keeps
     # its position as the state its next iterator starts from; a plain one starts a new pass
     state = dict(loader.__dict__)
     live = state.get("_iterator")
     state["_iterator"] = None
+    pending = state.get("_get_iterator")  # a restored loader not iterated since: still to resume
+    resume_seed = None
+    if getattr(pending, "func", None) is _resumed_iterator:
+        resume_seed = pending.args[1]
+        del state["_get_iterator"]
     if "_initial_iter_for_state_dict" in state:
         state["_initial_iter_for_state_dict"] = False  # it refers to the iterator left behind
     if live is not None and "next_iter_state" in state and not getattr(live, "_finished", False):
@@ -105,7 +218,34 @@ def _reduce_dataloader(loader: Any):
             state["next_iter_state"] = live.state_dict()
         except Exception:  # noqa: BLE001 - saved without its position rather than not at all
             pass
-    return (_new_instance, (type(loader),), state)
+    if live is not None and state.get("persistent_workers") and isinstance(getattr(live, "_base_seed", None), int):
+        # persistent workers: the next epochs reuse this iterator, which drew its seed from the loader's
+        # generator once; the one started after a restore must not draw it again (the shuffles would shift)
+        resume_seed = live._base_seed
+    return (_new_instance, (type(loader),), (state, resume_seed), None, None, _set_loader_state)
+
+
+def _set_loader_state(loader: Any, packed: tuple[dict[str, Any], int | None]) -> None:
+    import functools
+
+    state, resume_seed = packed
+    loader.__dict__.update(state)
+    if resume_seed is not None:
+        loader.__dict__["_get_iterator"] = functools.partial(_resumed_iterator, loader, resume_seed)
+
+
+def _resumed_iterator(loader: Any, seed: int) -> Any:
+    """The first iterator of a restored loader whose persistent workers' iterator was left behind: its workers'
+    seed is drawn from a generator of its own, not from the loader's (the left-behind iterator had drawn it)."""
+    import torch
+
+    del loader.__dict__["_get_iterator"]
+    generator = loader.__dict__.get("generator")
+    loader.__dict__["generator"] = torch.Generator().manual_seed(seed)
+    try:
+        return loader._get_iterator()
+    finally:
+        loader.__dict__["generator"] = generator
 
 
 def _new_instance(cls: type) -> Any:

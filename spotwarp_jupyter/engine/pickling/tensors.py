@@ -1,4 +1,8 @@
-"""torch tensors: their bytes out of band (staged to host memory), rebuilt on the same device where it exists."""
+"""torch tensors: their storages' bytes out of band (staged to host memory), each once per stream, and each
+tensor's place in its storage (offset, shape, strides); rebuilt on the same device where it exists.
+
+`_rebuild_tensor` rebuilds the tensors of streams written before storages were saved (a contiguous copy each).
+"""
 
 from __future__ import annotations
 
@@ -9,7 +13,43 @@ import warnings
 import weakref
 from typing import Any
 
-from .context import restore_device
+from .context import restore_device, saved
+from .handles import FILE_TYPES, LOCK_TYPES
+
+
+class _Storage:
+    """A tensor storage being saved: its bytes out of band, written once per stream however many tensors view it.
+
+    Pickle memoizes this object, so every tensor on the storage refers to the one copy in the stream.
+    """
+
+    def __init__(self, torch: Any, t: Any, compact: Any = None):
+        self.compact = compact  # the compact copy saved in place of a small view, if that is what this is
+        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+        if raw.device.type != "cpu":
+            raw = raw.to("cpu")  # staging: device memory cannot be written out directly
+        self.buffer = pickle.PickleBuffer(raw.numpy()) if raw.numel() else pickle.PickleBuffer(b"")
+
+    def __reduce__(self):
+        return (_rebuild_storage, (self.buffer,))
+
+
+def _storage_of(torch: Any, t: Any) -> _Storage:
+    """The storage to save `t` on: the one this stream already saves when `t` views it; else `t`'s own, whole,
+    when `t` holds more than half of it; else a compact copy of `t` (a small slice does not carry a large storage)."""
+    memo = saved()
+    storage = t.untyped_storage()
+    if memo is None or storage.nbytes() == 0:
+        return _Storage(torch, t)
+    storages = memo[0]
+    key = (str(t.device), storage.data_ptr(), storage.nbytes())
+    found = storages.get(key)
+    if found is None:
+        if t.numel() * t.element_size() * 2 <= storage.nbytes():
+            copy = t.clone(memory_format=torch.contiguous_format)
+            return _Storage(torch, copy, compact=copy)
+        found = storages[key] = _Storage(torch, t)
+    return found
 
 
 def _reduce_tensor(torch: Any, t: Any):
@@ -18,16 +58,64 @@ def _reduce_tensor(torch: Any, t: Any):
     if t.device.type == "meta":
         return NotImplemented
     data = t.detach()
-    if data.device.type != "cpu":
-        data = data.to("cpu")  # staging: device memory cannot be written out directly
-    if not data.is_contiguous():
-        data = data.contiguous()
-    flat = data.reshape(-1).view(torch.uint8) if data.numel() else None
-    raw = pickle.PickleBuffer(flat.numpy()) if flat is not None else pickle.PickleBuffer(b"")
+    if data.is_conj() or data.is_neg():  # a lazy conjugate or negation: saved as the values it reads as
+        data = data.resolve_conj().resolve_neg()
     dtype = str(t.dtype).removeprefix("torch.")
     is_param = isinstance(t, torch.nn.Parameter)
     grad = t.grad if t.is_leaf else None  # gradients being accumulated are part of the training state
-    return (_rebuild_tensor, (raw, dtype, tuple(t.shape), str(t.device), bool(t.requires_grad), is_param, grad))
+    attrs = dict(t.__dict__) or None  # flags a training loop set on a tensor or a Parameter
+    # the storage, once, and where this tensor sits in it: views, offsets, strides and memory formats survive
+    storage = _storage_of(torch, data)
+    if storage.compact is not None:
+        data = storage.compact
+    return (_rebuild_strided, (storage, dtype, tuple(t.shape), str(t.device), bool(t.requires_grad),
+                               is_param, grad, data.storage_offset(), tuple(data.stride()), attrs))
+
+
+def _rebuild_storage(buf: Any) -> "_LoadedStorage":
+    return _LoadedStorage(buf)
+
+
+class _LoadedStorage:
+    """A restored storage: on the CPU over the buffer read from storage, moved once to each device that needs it."""
+
+    def __init__(self, buf: Any):
+        import torch
+
+        view = memoryview(buf)
+        if view.nbytes == 0:
+            raw = torch.empty(0, dtype=torch.uint8)
+        else:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # read-only buffers only come from tests
+                raw = torch.frombuffer(view, dtype=torch.uint8)
+        self.on = {"cpu": raw.untyped_storage()}
+        self._raw = raw
+
+    def at(self, device: str) -> Any:
+        found = self.on.get(device)
+        if found is None:
+            found = self.on[device] = self._raw.to(device).untyped_storage()
+        return found
+
+
+def _rebuild_strided(storage: _LoadedStorage, dtype: str, shape: tuple, device: str, requires_grad: bool,
+                     is_param: bool, grad: Any = None, offset: int = 0, stride: tuple | None = None,
+                     attrs: dict | None = None):
+    import torch
+
+    target = restore_device(device)
+    t = torch.empty(0, dtype=getattr(torch, dtype), device=target)
+    t.set_(storage.at(target), offset, shape, stride)
+    if is_param:
+        t = torch.nn.Parameter(t, requires_grad=requires_grad)
+    elif requires_grad:
+        t.requires_grad_(True)
+    if grad is not None:
+        t.grad = grad
+    if attrs:
+        t.__dict__.update(attrs)
+    return t
 
 
 def _rebuild_tensor(buf: Any, dtype: str, shape: tuple, device: str, requires_grad: bool, is_param: bool,
@@ -60,7 +148,8 @@ _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionar
 
 
 def _kind_of(cls: type) -> str | None:
-    """How objects of `cls` are reduced: "code", "tensor", "ndarray", "dataloader", "state_dict" or None (plain)."""
+    """How objects of `cls` are reduced: "code", "file", "lock", "tensor", "ndarray", "memmap",
+    "dataloader", "optimizer", "state_dict" or None (plain)."""
     try:
         return _KINDS[cls]
     except (KeyError, TypeError):
@@ -76,15 +165,23 @@ def _kind_of(cls: type) -> str | None:
 def _classify(cls: type) -> str | None:
     if issubclass(cls, (types.FunctionType, type)):
         return "code"
+    if issubclass(cls, FILE_TYPES):
+        return "file"
+    if issubclass(cls, LOCK_TYPES):
+        return "lock"
     torch = sys.modules.get("torch")
     if torch is not None and issubclass(cls, torch.Tensor):
         return "tensor"
     numpy = sys.modules.get("numpy")
     if numpy is not None and cls is numpy.ndarray:
         return "ndarray"
+    if numpy is not None and issubclass(cls, numpy.memmap):
+        return "memmap"
     data = sys.modules.get("torch.utils.data")
     if data is not None and issubclass(cls, data.DataLoader):
         return "dataloader"
+    if torch is not None and issubclass(cls, torch.optim.Optimizer):
+        return "optimizer"
     if callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)):
         if torch is not None and issubclass(cls, _pickles_whole_state(torch)):
             return None

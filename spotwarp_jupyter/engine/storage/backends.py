@@ -31,10 +31,10 @@ def check_backend(scheme: str) -> None:
         module = importlib.import_module(module_name)
     except ImportError:
         raise StorageError(
-            f"{scheme}:// storage needs {module_name}, which is not installed: pip install \"spotwarp[{extra}]\""
+            f"{scheme}:// storage needs {module_name}, which is not installed: pip install \"spotwarp-jupyter[{extra}]\""
         ) from None
     found = str(getattr(module, "__version__", "0"))
     if _version(found) < oldest:
         raise StorageError(
-            f"{scheme}:// storage needs {module_name} >= {wanted}, found {found}: pip install -U \"spotwarp[{extra}]\""
+            f"{scheme}:// storage needs {module_name} >= {wanted}, found {found}: pip install -U \"spotwarp-jupyter[{extra}]\""
         )

@@ -65,8 +65,8 @@ def call_with_retries(url: str, retry: RetryPolicy, what: str, fn: Callable[...,
         attempt += 1
         try:
             return fn(*args, **kwargs)
-        except (FileNotFoundError, DamagedObjectError, StorageError):
-            raise
+        except (FileNotFoundError, FileExistsError, DamagedObjectError, StorageError):
+            raise  # FileExistsError: a create-only write found the name taken (the caller decides)
         except PermissionError as exc:
             raise StorageError(f"storage {url!r} refuses access (check credentials) while {what}: "
                                f"{one_line(exc)}") from None

@@ -379,6 +379,27 @@ class Store:
         out = [posixpath.basename(n.rstrip("/")) for n in names]
         return sorted(n for n in out if n.endswith(MANIFEST_SUFFIX) and TMP_MARK not in n)
 
+    def manifest_times(self, names: Iterable[str]) -> dict[str, float | None]:
+        """When the store says each of `names` was written (epoch seconds, the store's clock; None if unknown)."""
+        wanted = set(names)
+        if not wanted:
+            return {}
+        if self.local:
+            out: dict[str, float | None] = {}
+            for name in wanted:
+                try:
+                    out[name] = os.stat(posixpath.join(self.snapshots_dir, name)).st_mtime
+                except FileNotFoundError:
+                    out[name] = None
+            return out
+        self.fs.invalidate_cache(self.snapshots_dir)
+        try:
+            listing = self._call("listing snapshots", self.fs.ls, self.snapshots_dir, detail=True)
+        except FileNotFoundError:
+            return {n: None for n in wanted}
+        times = {posixpath.basename(i["name"].rstrip("/")): modified(i) for i in listing}
+        return {n: times.get(n) for n in wanted}
+
     def read_manifest(self, name: str) -> bytes:
         """The stored bytes of manifest `name` (FileNotFoundError if a gc dropped it meanwhile)."""
         return self._call("reading a manifest", self.fs.cat_file, posixpath.join(self.snapshots_dir, name))

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import io
 import socket
-import threading
+import sys
 import types
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Mapping
@@ -18,13 +18,14 @@ from ..units import format_size
 from .grouping import reaching, shared_groups
 
 EXTRAS_NAME = "@extras"
+# files opened by name are reopened on restore (pickling/handles.py); in-memory ones pickle as they are
+_SAVED_IO = (io.TextIOWrapper, io.BufferedReader, io.BufferedWriter, io.BufferedRandom, io.FileIO, io.StringIO,
+             io.BytesIO)
 _NEVER_PICKLABLE = {
     types.GeneratorType: "generators cannot be saved (re-create it after restore)",
     types.CoroutineType: "coroutines cannot be saved",
     types.AsyncGeneratorType: "async generators cannot be saved",
     socket.socket: "open sockets cannot be saved",
-    type(threading.Lock()): "locks cannot be saved",
-    type(threading.RLock()): "locks cannot be saved",
 }
 
 
@@ -101,7 +102,13 @@ def _error_line(exc: BaseException) -> str:
 
 
 def cheap_size(value: Any) -> int | None:
-    """Bytes an array or tensor holds, read from its attributes without serializing it; None for other values."""
+    """Bytes an array or tensor holds, read from its attributes without serializing it; None for other values.
+
+    A sparse tensor holds its indices and values (its `nbytes` raises). Raises what the value's attributes raise.
+    """
+    layout = getattr(value, "layout", None)
+    if layout is not None and "sparse" in str(layout) and hasattr(value, "values"):
+        return _sparse_size(value)
     nbytes = getattr(value, "nbytes", None)
     if isinstance(nbytes, int):
         return nbytes
@@ -113,10 +120,24 @@ def cheap_size(value: Any) -> int | None:
     return None
 
 
+def _sparse_size(t: Any) -> int:
+    """Bytes of a sparse tensor's parts: COO indices and values, or compressed (CSR, CSC, BSR, BSC) indices and values."""
+    if str(t.layout) == "torch.sparse_coo":
+        parts = [t._indices(), t._values()]
+    else:
+        rows = t.crow_indices() if str(t.layout) in ("torch.sparse_csr", "torch.sparse_bsr") else t.ccol_indices()
+        cols = t.col_indices() if str(t.layout) in ("torch.sparse_csr", "torch.sparse_bsr") else t.row_indices()
+        parts = [rows, cols, t.values()]
+    return sum(int(p.element_size() * p.numel()) for p in parts)
+
+
 def select_variables(
     namespace: Mapping[str, Any], hidden: Mapping[str, Any] | None, options: CaptureOptions
 ) -> tuple[dict[str, Any], dict[str, str], dict[str, str]]:
-    """Split a namespace into (values to save, modules by name, skipped names with reasons)."""
+    """Split a namespace into (values to save, modules by name, skipped names with reasons).
+
+    Whatever a value raises while it is looked at (a property, `nbytes`, `__class__`) skips only it, with the reason.
+    """
     values: dict[str, Any] = {}
     imports: dict[str, str] = {}
     skipped: dict[str, str] = {}
@@ -129,21 +150,48 @@ def select_variables(
         if name in options.exclude:
             skipped[name] = "excluded by policy"
             continue
-        if isinstance(value, types.ModuleType):
-            imports[name] = value.__name__
-            continue
-        reason = _NEVER_PICKLABLE.get(type(value))
-        if reason is None and isinstance(value, io.IOBase):
-            reason = "open files cannot be saved (re-open it after restore)"
-        if reason:
-            skipped[name] = f"{type_name(value)}: {reason}"
-            continue
-        size = cheap_size(value)
-        if options.max_var_size is not None and size is not None and size > options.max_var_size:
-            skipped[name] = f"{format_size(size)} is over --max-var-size {format_size(options.max_var_size)}"
-            continue
-        values[name] = value
+        try:
+            module, reason = _look_at(value, options)
+        except Exception as exc:  # noqa: BLE001 - one variable never fails the snapshot
+            module, reason = None, f"{type_name(value)}: could not be looked at ({_error_line(exc)})"
+        if module is not None:
+            imports[name] = module
+        elif reason:
+            skipped[name] = reason
+        else:
+            values[name] = value
     return values, imports, skipped
+
+
+def _look_at(value: Any, options: CaptureOptions) -> tuple[str | None, str | None]:
+    """(the module's import path if `value` is a module, why it is not saved); (None, None): save it."""
+    if isinstance(value, types.ModuleType):
+        return import_path(value), None
+    reason = _NEVER_PICKLABLE.get(type(value))
+    if reason is None and isinstance(value, io.IOBase) and not isinstance(value, _SAVED_IO):
+        reason = "open files cannot be saved (re-open it after restore)"
+    if reason:
+        return None, f"{type_name(value)}: {reason}"
+    size = cheap_size(value)
+    if options.max_var_size is not None and size is not None and size > options.max_var_size:
+        return None, f"{format_size(size)} is over --max-var-size {format_size(options.max_var_size)}"
+    return None, None
+
+
+def import_path(module: types.ModuleType) -> str:
+    """The name a module is imported by: its `__name__`, unless that does not lead back to it (an extension's
+    submodule, `from tokenizers import trainers`, is named `trainers`): then where the import system, or a
+    loaded package's attribute, holds it (`tokenizers.trainers`, restored as an attribute of its package)."""
+    name = module.__name__
+    if sys.modules.get(name) is module:
+        return name
+    for key, loaded in list(sys.modules.items()):
+        if loaded is module:
+            return key
+    short = name.rpartition(".")[2]
+    holders = [key for key, loaded in list(sys.modules.items())
+               if isinstance(loaded, types.ModuleType) and loaded.__dict__.get(short) is module]
+    return f"{min(holders, key=len)}.{short}" if holders else name
 
 
 def _by_value(group: Mapping[str, Any]) -> tuple[Any, ...]:
@@ -165,16 +213,13 @@ def serialize_group(names: list[str], values: Mapping[str, Any], skipped: dict[s
     group = {n: values[n] for n in names}
     try:
         pickled = pickling.dumps(group, by_value=_by_value(group))
-    except Exception as exc:  # noqa: BLE001
+        image = GroupImage(names, pickled, {n: type_name(values[n]) for n in names})
+    except Exception as exc:  # noqa: BLE001 - whatever one variable raises skips only it
         if len(names) == 1:
             skipped[names[0]] = _error_line(exc)
             return []
-        out: list[GroupImage] = []
-        for name in names:
-            out.extend(serialize_group([name], values, skipped, max_size, changed))
-        return out
+        return _without_failing(names, values, skipped, max_size, changed)
     pickled.requires -= set(names)
-    image = GroupImage(names, pickled, {n: type_name(values[n]) for n in names})
     if max_size is not None and image.nbytes > max_size:
         for n in names:
             skipped[n] = f"{format_size(image.nbytes)} is over --max-var-size {format_size(max_size)}"
@@ -184,9 +229,36 @@ def serialize_group(names: list[str], values: Mapping[str, Any], skipped: dict[s
     return [image]
 
 
+def _without_failing(names: list[str], values: Mapping[str, Any], skipped: dict[str, str],
+                     max_size: int | None, changed: dict[str, str] | None) -> list[GroupImage]:
+    """A group that failed to pickle: skip the variables that cannot be pickled, keep the others together
+    (those that still share objects once it is left out: pickled apart they would come back as copies).
+    Each alone when none stands out."""
+    group = {n: values[n] for n in names}
+    try:
+        culprits = pickling.failing(group, by_value=_by_value(group))
+    except Exception:  # noqa: BLE001 - no better answer than each alone
+        culprits = {}
+    rest = [n for n in names if n not in culprits]
+    if not culprits or not rest:
+        out: list[GroupImage] = []
+        for name in names:
+            out.extend(serialize_group([name], values, skipped, max_size, changed))
+        return out
+    skipped.update(culprits)
+    out = []
+    # grouped again: what joined them may have been the variable left out (a session holding the namespace)
+    for names_left in shared_groups({n: values[n] for n in rest}):
+        out.extend(serialize_group(names_left, values, skipped, max_size, changed))
+    return out
+
+
 def _without_graph(group: Mapping[str, Any], autograd: Mapping[int, str]) -> dict[str, str]:
     """Why each variable of `group` holding a tensor saved without its autograd graph changed."""
-    holders = reaching(group, set(autograd)) if len(group) > 1 else {n: set(autograd) for n in group}
+    try:
+        holders = reaching(group, set(autograd)) if len(group) > 1 else {n: set(autograd) for n in group}
+    except Exception:  # noqa: BLE001 - a value that cannot be walked: said of the whole group
+        holders = {}
     if not holders:  # out of the walk's reach: say it of the whole group rather than of no one
         holders = {n: set(autograd) for n in group}
     reasons: dict[str, str] = {}
@@ -237,6 +309,9 @@ def capture_namespace(
 
 def _bulky(value: Any) -> bool:
     """Values whose bytes are mostly out-of-band buffers (arrays, tensors, models, optimizers)."""
-    if cheap_size(value) is not None:
-        return True
-    return any(hasattr(value, attr) for attr in ("state_dict", "parameters")) and not isinstance(value, type)
+    try:
+        if cheap_size(value) is not None:
+            return True
+        return any(hasattr(value, attr) for attr in ("state_dict", "parameters")) and not isinstance(value, type)
+    except Exception:  # noqa: BLE001 - only an ordering hint
+        return False

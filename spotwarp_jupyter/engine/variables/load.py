@@ -17,6 +17,7 @@ import gc
 import importlib
 import mmap
 import time
+import types
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -198,7 +199,7 @@ def _import_modules(record: dict[str, Any], variables: list[str] | None, result:
         if variables is not None and name not in variables:
             continue
         try:
-            out.append((name, importlib.import_module(module)))
+            out.append((name, _import(module)))
         except Exception as exc:  # noqa: BLE001
             result.warnings.append(f"module {module} (as {name}) is not importable here: {exc}")
             continue
@@ -206,9 +207,24 @@ def _import_modules(record: dict[str, Any], variables: list[str] | None, result:
     return out
 
 
+def _import(path: str) -> Any:
+    """The module `path` names: imported, or an attribute of its package (an extension's submodule is no
+    module of the import system: `tokenizers.trainers` is the attribute `trainers` of `tokenizers`)."""
+    try:
+        return importlib.import_module(path)
+    except ModuleNotFoundError:
+        package, _, attr = path.rpartition(".")
+        if not package:
+            raise
+        found = getattr(importlib.import_module(package), attr, None)
+        if not isinstance(found, types.ModuleType):
+            raise
+        return found
+
+
 def _read_and_rebuild(store: Store, groups: list[dict[str, Any]], namespace: dict[str, Any],
                       device_map: dict[str, str] | None, modules: list[tuple[str, Any]],
-                      moved: set[str]) -> tuple[list[tuple[str, Any]], int]:
+                      moved: set[str], said: list[str]) -> tuple[list[tuple[str, Any]], int]:
     """Read, check and unpickle `groups` (in order) against a copy of `namespace`; binds nothing."""
     with read_pool(store) as pool:
         reads = [start_read(store, g, pool) for g in groups]
@@ -218,6 +234,7 @@ def _read_and_rebuild(store: Store, groups: list[dict[str, Any]], namespace: dic
                     main.bind(name, value)
                 values, total = rebuild(reads, main)
                 moved.update(notes.moved)
+                said.extend(notes.said)
         except BaseException:
             for read in reads:
                 read.cancel()
@@ -232,10 +249,11 @@ def restore_groups(
     """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go."""
     groups = record.get("groups", [])
     moved: set[str] = set()
+    said: list[str] = []
     try:
         modules = _import_modules(record, variables, result)
         values, result.bytes_read = _read_and_rebuild(store, [groups[i] for i in order], namespace,
-                                                      device_map, modules, moved)
+                                                      device_map, modules, moved, said)
     except SpotWarpError:
         raise
     except Exception as exc:  # noqa: BLE001
@@ -250,6 +268,7 @@ def restore_groups(
         result.restored.append(name)
     result.warnings.extend(change_notes(record, result.restored))
     result.warnings.extend(moved_notes(moved))
+    result.warnings.extend(said)
 
 
 def change_notes(record: dict[str, Any], names: list[str]) -> list[str]:

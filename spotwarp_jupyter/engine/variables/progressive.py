@@ -68,6 +68,7 @@ class BackgroundLoad:
         self._loaded: set[str] = set()
         self._failed: dict[str, str] = {}
         self._moved: set[str] = set()
+        self._said: list[str] = []
         self._reported = False
         self._lock = threading.Lock()
         self.done = threading.Event()
@@ -85,6 +86,7 @@ class BackgroundLoad:
                     for read in reads:
                         self._rebuild(read, main)
                     self._moved = set(notes.moved)
+                    self._said = list(notes.said)
         except BaseException as exc:  # noqa: BLE001 - whatever stops the thread is reported, never lost
             with self._lock:
                 for name in self._pending - set(self._failed) - self._loaded:
@@ -145,8 +147,8 @@ class BackgroundLoad:
         self.result.restored.extend(bound)
         self.result.warnings.extend(change_notes(self.record, bound))
         if self.done.is_set() and not self._ready and not self._pending:
-            self.result.warnings.extend(moved_notes(self._moved))
-            self._moved = set()
+            self.result.warnings.extend(moved_notes(self._moved) + self._said)
+            self._moved, self._said = set(), []
         return bound
 
     def finished(self) -> bool:

@@ -1,0 +1,353 @@
+"""The session resumes by itself on a new host: kernels back, the interrupted training cell continues (docs/resume.md).
+
+After `spotwarp start` (or a promotion, or the hub's restore on spawn) restored the files into an empty workspace,
+every notebook whose kernel was live in the snapshot gets a Jupyter session through the server's own session
+manager (a JupyterLab tab opening the notebook later attaches to that kernel), the kernel restores its state as
+`%spotwarp restore` does, and a cell that was running inside a `resumable` loop when the snapshot was taken runs
+again from its recorded source: the loop continues at the next step. Its outputs are written into that cell of the
+notebook file through the contents manager, as they come (at most every `WRITE_EVERY_S`) and at the end.
+Nothing here blocks the event loop: kernels are driven through async clients, the store is read in the
+service's thread pool.
+"""
+
+from __future__ import annotations
+
+import ast
+import asyncio
+import json
+import logging
+import os
+import time
+from dataclasses import dataclass, field
+from queue import Empty
+from typing import Any
+
+from jupyter_core.utils import ensure_async
+
+from ..engine import Manifest, SnapshotEngine, SpotWarpError
+from ..engine.journal import KERNEL_RESUMED
+
+log = logging.getLogger("spotwarp")
+WRITE_EVERY_S = 3.0  # outputs reach the notebook file at most this often while the cell runs
+RESTORE_TIMEOUT_S = 600.0
+_KERNEL_RESUME = "__import__('spotwarp_jupyter.kernel.resume', fromlist=['_'])"
+
+
+@dataclass
+class Plan:
+    """One notebook to resume, or why not (`skip`)."""
+
+    notebook: str
+    api_path: str = ""
+    kernel_name: str = ""
+    cells: dict[str, str] = field(default_factory=dict)  # cell id -> source in the notebook file now
+    skip: str | None = None
+
+
+def plan_resume(engine: SnapshotEngine, workspace: str, root_dir: str, snapshot_id: str, ref: str,
+                kernelspecs: set[str], default_spec: str) -> list[Plan]:
+    """Which notebooks to resume (blocking: reads the store and the notebook files).
+
+    The notebooks whose kernel was live in the snapshot the files came from, and, when that was `latest`, those
+    of kernel snapshots taken after it."""
+    listing = engine.manifests()
+    base = next((i for i, m in enumerate(listing) if m.id == snapshot_id), None)
+    if base is None:
+        return []
+    scope: list[Manifest] = listing[:base + 1] if ref in ("latest", "", None) else [listing[base]]
+    notebooks = sorted({name for m in scope for name in m.kernels})
+    return [_plan_one(name, next(m for m in scope if name in m.kernels).kernels[name], workspace, root_dir,
+                      kernelspecs, default_spec) for name in notebooks]
+
+
+def _plan_one(notebook: str, record: dict[str, Any], workspace: str, root_dir: str, kernelspecs: set[str],
+              default_spec: str) -> Plan:
+    plan = Plan(notebook)
+    policy = record.get("policy") if isinstance(record.get("policy"), dict) else {}
+    if policy.get("resume") is False:
+        plan.skip = "resume is off in its policy (%spotwarp policy --no-resume): no kernel started"
+        return plan
+    path = os.path.realpath(os.path.join(workspace, *notebook.split("/")))
+    if not os.path.isfile(path) or not path.startswith(os.path.realpath(workspace) + os.sep):
+        plan.skip = "the notebook is not in the workspace (deleted or renamed since the snapshot): no kernel started"
+        return plan
+    try:
+        with open(path, encoding="utf-8") as f:
+            document = json.load(f)
+        spec = ((document.get("metadata") or {}).get("kernelspec") or {}).get("name") or default_spec
+        plan.cells = {c["id"]: _text(c.get("source")) for c in document.get("cells") or ()
+                      if isinstance(c, dict) and isinstance(c.get("id"), str)}
+    except (OSError, ValueError, AttributeError) as exc:
+        plan.skip = f"the notebook cannot be read ({exc}): no kernel started"
+        return plan
+    if spec not in kernelspecs:
+        plan.skip = f"its kernelspec {spec!r} is not installed on this host: no kernel started"
+        return plan
+    plan.kernel_name = spec
+    plan.api_path = os.path.relpath(path, os.path.realpath(root_dir)).replace(os.sep, "/")
+    return plan
+
+
+def _text(source: Any) -> str:
+    return "".join(source) if isinstance(source, list) else str(source or "")
+
+
+class Resumer:
+    """Resumes the notebooks of one restore; what happened to each is in `service.resumed` (status) and the log."""
+
+    def __init__(self, service: Any, serverapp: Any):
+        self.service = service
+        self.serverapp = serverapp
+        self.tasks: set[asyncio.Task] = set()
+
+    def say(self, notebook: str, state: str, line: str, **facts: Any) -> dict[str, Any]:
+        """Record one notebook's state (replacing its previous one) and log its line."""
+        entry = {"notebook": notebook, "state": state, "line": f"{notebook}: {line}", **facts}
+        self.service.resumed[:] = [e for e in self.service.resumed if e["notebook"] != notebook] + [entry]
+        server_log = getattr(self.serverapp, "log", log)  # Jupyter's own log shows INFO lines
+        (server_log.warning if state in ("skipped", "failed") else server_log.info)("SpotWarp resume: %s", entry["line"])
+        return entry
+
+    async def resume(self, snapshot_id: str, ref: str = "latest") -> None:
+        """Resume every notebook of the snapshot `snapshot_id` the files were restored from."""
+        specs = self.serverapp.kernel_spec_manager
+        try:
+            names = set(await ensure_async(specs.find_kernel_specs()))
+            plans = await self.service.run(plan_resume, self.service.engine, self.service.workspace,
+                                           self.service.root_dir, snapshot_id, ref, names,
+                                           self.serverapp.kernel_manager.default_kernel_name)
+        except Exception as exc:  # noqa: BLE001 - the store or a kernelspec unreadable: one line, nothing run
+            self.say("*", "failed", f"nothing resumed: {type(exc).__name__}: {exc}")
+            return
+        for plan in plans:
+            if plan.skip:
+                self.say(plan.notebook, "skipped", plan.skip)
+            else:
+                task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest"))
+                self.tasks.add(task)
+                task.add_done_callback(self.tasks.discard)
+        if self.tasks:
+            await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def _one(self, plan: Plan, ref: str) -> None:
+        started = time.monotonic()
+        sessions = self.serverapp.session_manager
+        if await ensure_async(sessions.session_exists(path=plan.api_path)):
+            self.say(plan.notebook, "skipped", "a session for it was opened before the resume got to it: "
+                     "its kernel is left to its user (%spotwarp restore)")
+            return
+        try:
+            session = await sessions.create_session(
+                path=plan.api_path, name=os.path.basename(plan.api_path), type="notebook", kernel_name=plan.kernel_name)
+            kernel_id = session["kernel"]["id"]
+        except Exception as exc:  # noqa: BLE001 - one line in status and log
+            self.say(plan.notebook, "failed", f"its kernel did not start: {type(exc).__name__}: {exc}")
+            return
+        client = self.serverapp.kernel_manager.get_kernel(kernel_id).client()
+        client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+        try:
+            await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+            timings = {"kernel_started_s": _since_start(started)}
+            outcome = await self._restore(client, ref)
+            outcome["timings"] = {**timings, "state_restored_s": _since_start(started)}
+            await self._continue(client, kernel_id, plan, outcome, started)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - one line in status and log
+            self.say(plan.notebook, "failed", f"{type(exc).__name__}: {exc}", kernel_id=kernel_id)
+        finally:
+            client.stop_channels()
+
+    async def _restore(self, client: Any, ref: str) -> dict[str, Any]:
+        """Load SpotWarp in the kernel and restore, as `%spotwarp restore` does; what the kernel says it did."""
+        code = f"%load_ext spotwarp\n{_KERNEL_RESUME}.restore_for_resume({ref!r})"
+        msg_id = client.execute(code, silent=False, store_history=False, allow_stdin=False,
+                                user_expressions={"outcome": f"{_KERNEL_RESUME}.outcome_json()"})
+        reply = await _reply(client, msg_id, RESTORE_TIMEOUT_S)
+        await _until_idle(client, msg_id, RESTORE_TIMEOUT_S)  # iopub is live: the cell's outputs will all come
+        content = reply["content"]
+        if content.get("status") != "ok":
+            raise SpotWarpError(f"loading SpotWarp failed: {content.get('ename')}: {content.get('evalue')}")
+        value = content.get("user_expressions", {}).get("outcome", {})
+        if value.get("status") != "ok":
+            raise SpotWarpError(f"the restore did not report: {value.get('ename')}: {value.get('evalue')}")
+        return json.loads(ast.literal_eval(value["data"]["text/plain"]))
+
+    async def _continue(self, client: Any, kernel_id: str, plan: Plan, outcome: dict[str, Any],
+                        started: float) -> None:
+        """After the restore: re-run the interrupted cell when it was inside a resumable loop, else say which it was."""
+        if "error" in outcome:
+            self.say(plan.notebook, "failed", f"state not restored, nothing run: {outcome['error']}",
+                     kernel_id=kernel_id)
+            return
+        facts = {"kernel_id": kernel_id, "snapshot": outcome["snapshot"], "positions": outcome.get("positions") or {},
+                 **outcome["timings"]}
+        running = outcome.get("running") if isinstance(outcome.get("running"), dict) else None
+        where = f"restored from snapshot {outcome['snapshot']} ({outcome.get('host')}, {outcome.get('created')})"
+        if running is None:
+            self.say(plan.notebook, "restored", f"{where}; no cell was running", **facts)
+            return
+        cell = running.get("id") or "(a cell without id)"
+        if outcome.get("at") != "step" or not outcome.get("resume", True):
+            why = "resume is off in its policy" if outcome.get("at") == "step" else "outside a resumable loop"
+            self.say(plan.notebook, "restored", f"{where}; cell {cell} was running ({why}): not run again, "
+                     "run it yourself", interrupted_cell=running.get("id"), **facts)
+            return
+        note = ""
+        if running.get("id") in plan.cells and plan.cells[running["id"]] != running["source"]:
+            note = "; the notebook's cell differs from what ran: the recorded source is run"
+        steps = ", ".join(f"step {n} of loop {name!r}" for name, n in sorted(facts["positions"].items()))
+        facts.update(cell=running.get("id"), seconds_to_running=_since_start(started))
+        self.say(plan.notebook, "running", f"{where}; re-running cell {cell} from {steps or 'its start'}{note}",
+                 **facts)
+        await _journal_resumed(self.service, plan.notebook, facts)
+        status = await CellRun(self, client, kernel_id, plan, running).run()
+        self.say(plan.notebook, "finished" if status == "ok" else "failed",
+                 f"{where}; cell {cell} re-ran and {'finished' if status == 'ok' else 'ended: ' + status}{note}",
+                 **facts)
+
+
+async def _journal_resumed(service: Any, notebook: str, facts: dict[str, Any]) -> None:
+    """`kernel_resumed` in the project's journal (`spotwarp report`), off the event loop; a failure is only logged."""
+    try:
+        await service.run(service.journal.record, KERNEL_RESUMED, facts["snapshot"], notebook, cell=facts["cell"],
+                          positions=facts["positions"], start_to_running_s=facts["seconds_to_running"])
+    except Exception as exc:  # noqa: BLE001 - the training goes on; the report misses one row
+        log.warning("SpotWarp resume: kernel_resumed not journaled: %s", exc)
+
+
+def _since_start(started: float) -> float:
+    """Seconds from `spotwarp start` (SPOTWARP_STARTED_AT; else from this notebook's resume) until now."""
+    try:
+        began = float(os.environ.get("SPOTWARP_STARTED_AT") or 0)
+    except ValueError:
+        began = 0.0
+    return round(time.time() - began if began else time.monotonic() - started, 3)
+
+
+async def _reply(client: Any, msg_id: str, timeout: float) -> dict[str, Any]:
+    deadline = time.monotonic() + timeout
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise SpotWarpError(f"the kernel did not answer within {timeout:g} s")
+        try:
+            reply = await client.get_shell_msg(timeout=remaining)
+        except Empty:
+            continue
+        if reply.get("parent_header", {}).get("msg_id") == msg_id:
+            return reply
+
+
+async def _until_idle(client: Any, msg_id: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            msg = await client.get_iopub_msg(timeout=max(0.1, deadline - time.monotonic()))
+        except Empty:
+            continue
+        if msg.get("parent_header", {}).get("msg_id") == msg_id and msg["msg_type"] == "status" \
+                and msg["content"].get("execution_state") == "idle":
+            return
+    raise SpotWarpError(f"the kernel did not go idle within {timeout:g} s")
+
+
+class CellRun:
+    """The interrupted cell, run again from its recorded source; its outputs written into the notebook file."""
+
+    def __init__(self, resumer: Resumer, client: Any, kernel_id: str, plan: Plan, running: dict[str, Any]):
+        self.resumer, self.client, self.kernel_id, self.plan = resumer, client, kernel_id, plan
+        self.cell_id: str | None = running.get("id")
+        self.source: str = running["source"]
+        self.outputs: list[dict[str, Any]] = []
+        self.execution_count: int | None = None
+        self.clear_pending = False
+        self.dirty = False
+        self.written_at = 0.0
+
+    async def run(self) -> str:
+        """Execute the cell as JupyterLab would (its id in the request's metadata); 'ok' or why it ended."""
+        content = {"code": self.source, "silent": False, "store_history": True, "user_expressions": {},
+                   "allow_stdin": False, "stop_on_error": True}
+        msg = self.client.session.msg("execute_request", content,
+                                      metadata={"cellId": self.cell_id} if self.cell_id else {})
+        self.client.shell_channel.send(msg)
+        msg_id = msg["header"]["msg_id"]
+        km = self.resumer.serverapp.kernel_manager.get_kernel(self.kernel_id)
+        status = "ok"
+        while True:
+            try:
+                reply = await self.client.get_iopub_msg(timeout=1.0)
+            except Empty:
+                if not await ensure_async(km.is_alive()):
+                    status = "the kernel died"
+                    break
+                await self._write_if_due()
+                continue
+            if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                continue
+            kind = reply["msg_type"]
+            if kind == "status" and reply["content"].get("execution_state") == "idle":
+                break
+            if kind == "error":
+                status = f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}"
+            self.take(kind, reply)
+            await self._write_if_due()
+        await self.write()
+        return status
+
+    def take(self, kind: str, msg: dict[str, Any]) -> None:
+        """One iopub message of the cell, into its outputs (streams merged, clear_output honoured)."""
+        from nbformat.v4 import output_from_msg
+
+        content = msg["content"]
+        if kind == "execute_input":
+            self.execution_count = content.get("execution_count")
+            return
+        if kind == "clear_output":
+            if content.get("wait"):
+                self.clear_pending = True
+            else:
+                self.outputs, self.dirty = [], True
+            return
+        if kind not in ("stream", "display_data", "execute_result", "error"):
+            return
+        if self.clear_pending:
+            self.outputs, self.clear_pending = [], False
+        last = self.outputs[-1] if self.outputs else None
+        if kind == "stream" and last is not None and last.get("output_type") == "stream" \
+                and last.get("name") == content.get("name"):
+            last["text"] += content.get("text", "")
+        else:
+            self.outputs.append(dict(output_from_msg(msg)))
+        self.dirty = True
+
+    async def _write_if_due(self) -> None:
+        if self.dirty and time.monotonic() - self.written_at >= WRITE_EVERY_S:
+            await self.write()
+
+    async def write(self) -> None:
+        """The cell's outputs (and the source that ran) into the notebook file as it is on disk now."""
+        if self.cell_id is None:
+            return
+        self.dirty, self.written_at = False, time.monotonic()
+        contents = self.resumer.serverapp.contents_manager
+        try:
+            model = await ensure_async(contents.get(self.plan.api_path, content=True, type="notebook"))
+            notebook = model["content"]
+            from nbformat import from_dict
+            from nbformat.v4 import new_code_cell
+
+            cell = next((c for c in notebook.cells if c.get("id") == self.cell_id), None)
+            if cell is None:  # added after the files were backed up: it goes at the end, as restores put run cells
+                cell = new_code_cell(self.source, id=self.cell_id)
+                notebook.cells.append(cell)
+
+            cell["source"] = self.source
+            cell["outputs"] = [from_dict(o) for o in self.outputs]
+            cell["execution_count"] = self.execution_count
+            await ensure_async(contents.save({"type": "notebook", "format": "json", "content": notebook},
+                                             self.plan.api_path))
+        except Exception as exc:  # noqa: BLE001 - the run goes on; the next write tries again
+            log.warning("SpotWarp resume: outputs of %s not written: %s", self.plan.notebook, exc)
+            self.dirty = True

@@ -1,0 +1,72 @@
+"""In a real browser, on a host that resumed the session by itself (docs/resume.md): a notebook opened while its
+resumed cell runs attaches to that kernel, shows the outputs written so far and the kernel busy, and interrupting
+it works as usual. (The live path, outputs growing in the open page, needs jupyter-collaboration: not built.)"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import pytest
+from playwright.sync_api import expect
+
+from new_hosts import cell_outputs, notebook, wait_for
+
+pytestmark = pytest.mark.slow
+
+SETUP = "%load_ext spotwarp\n%spotwarp policy --every 0.2s --no-after-cell\nimport spotwarp, time\nseen = []"
+LOOP = ("for i in spotwarp.resumable(range(100000), name='slow'):\n"
+        "    seen.append(i)\n    print(f'step {i}', flush=True)\n    time.sleep(0.3)\n")
+
+
+def _status(server, name: str) -> dict:
+    return next((e for e in server.request("GET", "spotwarp/api/status")[1].get("resume") or []
+                 if e["notebook"] == name), {})
+
+
+def test_opening_the_notebook_while_its_resumed_cell_runs(start_lab, page, tmp_path):
+    ws_a = tmp_path / "host-a" / "workspace"
+    ws_a.mkdir(parents=True)
+    (ws_a / "train.ipynb").write_text(json.dumps(notebook([("setup", SETUP), ("loop", LOOP)])))
+    a = start_lab("host-a", ws_a)
+    nb = a.open_notebook("train.ipynb")
+    pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
+    assert a.request("POST", "spotwarp/api/snapshots", {"message": "the notebook"})[0] == 201
+    nb.run(SETUP, cell_id="setup")
+    nb.send(LOOP, cell_id="loop")
+    store = tmp_path / "store" / "browser" / "snapshots"
+    wait_for(lambda: sum(1 for p in store.glob("*.json") if json.loads(p.read_text()).get("kind") == "kernel"
+                         and json.loads(p.read_text())["kernels"]["train.ipynb"].get("at") == "step") >= 3,
+             60, "snapshots inside the loop", a)
+    os.kill(pid, signal.SIGKILL)
+    a.kill()
+
+    b = start_lab("host-b", tmp_path / "host-b" / "workspace")
+    on_disk = b.workspace / "train.ipynb"
+    wait_for(lambda: "step " in cell_outputs(on_disk, "loop"), 120, "the resumed cell's outputs in the file", b)
+    assert _status(b, "train.ipynb")["state"] == "running"
+
+    page.goto(f"{b.url}lab?token=spotwarp-test-token")
+    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open')")
+    page.evaluate("window.jupyterapp.commands.execute('docmanager:open', {path: 'train.ipynb'})")
+    expect(page.locator(".jp-NotebookPanel .jp-Notebook")).to_be_visible()
+    # the tab attached to the resumed kernel and shows the cell's outputs written so far
+    expect(page.locator(".jp-NotebookPanel .jp-Cell").nth(1).locator(".jp-OutputArea")).to_contain_text("step ")
+    indicator = page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator")
+    expect(indicator).to_have_count(1)
+    print("kernel indicator while the resumed cell runs:", indicator.get_attribute("data-status"))
+    assert indicator.get_attribute("data-status") != "idle"
+    sessions = b.request("GET", "api/sessions")[1]
+    assert len(sessions) == 1 and b.request("GET", "api/kernels")[1][0]["id"] == sessions[0]["kernel"]["id"]
+
+    page.evaluate("""async () => {
+      const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === 'train.ipynb');
+      window.jupyterapp.shell.activateById(panel.id);
+      await window.jupyterapp.commands.execute('notebook:interrupt-kernel');
+    }""")
+    entry = wait_for(lambda: _status(b, "train.ipynb").get("state") == "failed" and _status(b, "train.ipynb"), 60,
+                     "the resumed cell to end", b)
+    assert "KeyboardInterrupt" in entry["line"], entry
+    expect(page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1)
+    assert "KeyboardInterrupt" in json.dumps(json.loads(on_disk.read_text())["cells"][1]["outputs"])

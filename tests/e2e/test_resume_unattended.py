@@ -1,0 +1,116 @@
+"""Issue 22: the session resumes by itself on the new host, nobody at the keyboard.
+
+Host A (`spotwarp start`, a notebook session driven as JupyterLab drives it: execute requests carrying the cell id)
+runs a setup cell and a `resumable` DataLoader loop (shuffled, seeded generator) and is SIGKILLed mid-loop with its
+kernel. Host B (`spotwarp start` on an empty workspace: another folder, HOME and port, the same store) is left
+alone: no client connects to it. The loop must continue at the next batch and finish; the weights, the loss
+history and the draws after the loop must equal those of an uninterrupted run; the notebook on B's disk must hold
+the cell's final output; B's session for the notebook must hold the trained state.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import pytest
+
+from new_hosts import (
+    LOOP,
+    SETUP,
+    TOTAL,
+    completed,
+    finished_on,
+    kernel_manifests,
+    kernel_pids,
+    kill_host,
+    notebook,
+    reference_run,
+    start_host,
+    wait_for,
+)
+
+pytestmark = pytest.mark.slow  # real servers and kernels, one killed
+
+DRAFT = "for epoch in range(2):\n    pass  # an older draft of the loop cell\n"
+
+
+@pytest.fixture
+def hosts():
+    started: list = []
+    yield started
+    for server in started:
+        server.discard()
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> dict:
+    """The same notebook run without interruption."""
+    return reference_run(tmp_path_factory.mktemp("reference"))
+
+
+def lose_host_a(tmp_path, hosts: list, store: str) -> int:
+    """Host A sets up, trains, and is SIGKILLed mid-loop with its kernel; the steps its newest snapshot completed."""
+    a = start_host(tmp_path, "a", store, STEP_PAUSE="0.15", PYTHONHASHSEED="0")
+    hosts.append(a)
+    # the file holds an older draft of the loop cell: what ran (and must run again) is LOOP, sent with its id
+    (a.workspace / "train.ipynb").write_text(json.dumps(notebook([("setup", SETUP), ("loop", DRAFT)])))
+    nb = a.open_notebook("train.ipynb")
+    kernel_pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
+    # the files and the notebook; before the setup cell: asking a kernel connects a client, which draws from
+    # `random` (kernel_info_request), and the reference run has no such client
+    code, _ = a.request("POST", "spotwarp/api/snapshots", {"message": "the notebook"})
+    assert code == 201
+    nb.run(SETUP, cell_id="setup")
+    nb.send(LOOP, cell_id="loop")
+    wait_for(lambda: len([m for m in kernel_manifests(store, "proj")
+                          if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 120, "snapshots inside the loop", a)
+    kill_host(a, kernel_pid)
+    newest = _newest_record(store)
+    assert newest["at"] == "step" and newest["running"] == {"id": "loop", "source": LOOP}
+    done_on_a = completed(newest["positions"])
+    assert 0 < done_on_a < TOTAL - 12, newest["positions"]  # B has steps left to run
+    return done_on_a
+
+
+def _newest_record(store: str, after: float = 0.0) -> dict:
+    docs = [m for m in kernel_manifests(store, "proj") if m["created_ts"] > after]
+    return max(docs, key=lambda m: m["created_ts"])["kernels"]["train.ipynb"] if docs else {}
+
+
+def test_the_interrupted_loop_continues_on_a_new_host_with_nobody_at_the_keyboard(tmp_path, hosts, reference):
+    store = str(tmp_path / "store")
+    done_on_a = lose_host_a(tmp_path, hosts, store)
+    # an empty workspace; nobody connects to it; its steps take a while (compute), long enough to see them land
+    b = start_host(tmp_path, "b", store, PYTHONHASHSEED="0", STEP_PAUSE="0.3")
+    hosts.append(b)
+    entry = finished_on(b, reference, partial_seen=True)
+    assert completed(entry["positions"]) >= done_on_a
+    report = json.loads(subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "report", "--project-id", "proj",
+                                        "--storage", store, "--json"], capture_output=True, text=True, check=True).stdout)
+    (row,) = report["resumes"]
+    assert (row["notebook"], row["snapshot"], row["cell"]) == ("train.ipynb", entry["snapshot"], "loop")
+    assert row["positions"] == entry["positions"] and row["start_to_running_s"] == entry["seconds_to_running"] > 0
+    assert "the notebook's cell differs from what ran: the recorded source is run" in entry["line"]
+    cells = json.loads((b.workspace / "train.ipynb").read_text())["cells"]
+    assert ["".join(c["source"]) for c in cells if c["id"] == "loop"] == [LOOP]  # the cell shows what ran, with its outputs
+
+
+def test_a_second_loss_during_the_resumed_run_resumes_again_on_a_third_host(tmp_path, hosts, reference):
+    store = str(tmp_path / "store")
+    lose_host_a(tmp_path, hosts, store)
+    started_b = time.time()
+    b = start_host(tmp_path, "b", store, PYTHONHASHSEED="0", STEP_PAUSE="0.3")
+    hosts.append(b)
+    # B's own snapshots of the resumed run, taken inside the loop: they name the cell it re-ran
+    wait_for(lambda: len([m for m in kernel_manifests(store, "proj") if m["created_ts"] > started_b
+                          and m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 120, "B's snapshots in the loop", b)
+    kill_host(b, *kernel_pids(b.workspace))
+    newest = _newest_record(store, after=started_b)
+    assert newest["running"] == {"id": "loop", "source": LOOP}
+    c = start_host(tmp_path, "c", store, PYTHONHASHSEED="0")
+    hosts.append(c)
+    entry = finished_on(c, reference)
+    assert completed(entry["positions"]) >= completed(newest["positions"])  # from B's newest, not A's

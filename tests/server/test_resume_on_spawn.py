@@ -1,0 +1,43 @@
+"""A server that restored files into a fresh workspace when it started (JupyterHub's restore on spawn, here
+`restore_on_start = if-empty`) resumes the notebooks' kernels by itself, as `spotwarp start` does (docs/resume.md)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+
+from jupyter_api import call
+from server_config import spotwarp_server_config
+
+pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+
+@pytest.fixture
+def jp_server_config(store_dir, tmp_path, monkeypatch) -> dict:
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (origin / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
+    kernel = engine.snapshot_kernel({"weights": [0.5, 1.5], "step": 7}, "train.ipynb")
+    engine.snapshot_project(str(origin), kernels={"train.ipynb": kernel.kernels["train.ipynb"]})
+    config = spotwarp_server_config(store_dir, monkeypatch)
+    config["SpotWarp"].update(restore_on_start="if-empty", heartbeat_interval=0)
+    monkeypatch.delenv("SPOTWARP_START_RESTORE", raising=False)
+    monkeypatch.delenv("SPOTWARP_RESUME_KERNELS", raising=False)
+    return config
+
+
+async def test_a_restore_on_spawn_resumes_the_notebooks_kernel(jp_fetch, jp_serverapp, jp_root_dir):
+    assert (jp_root_dir / "train.ipynb").exists()  # restored before anything was served
+    await jp_serverapp.extension_manager.start_all_extensions()
+    (app,) = jp_serverapp.extension_manager.extension_apps["spotwarp_jupyter.server"]
+    await app._resume_task
+    code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+    (entry,) = status["resume"]
+    assert entry["notebook"] == "train.ipynb" and entry["state"] == "restored", entry
+    assert entry["line"].endswith("no cell was running")
+    code, sessions = await call(jp_fetch, "GET", "api", "sessions")
+    assert [s["path"] for s in sessions] == ["train.ipynb"] and sessions[0]["kernel"]["id"] == entry["kernel_id"]

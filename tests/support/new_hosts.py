@@ -1,0 +1,163 @@
+"""Hosts for the resume tests (issue 22): `spotwarp start` servers sharing a store, notebooks, waiting, killing."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from kernels import Kernel
+from lab_server import LabServer, host_env
+
+EPOCHS, STEPS = 2, 16
+TOTAL = EPOCHS * STEPS
+
+SETUP = """%load_ext spotwarp
+%spotwarp policy --every 0.2s --no-after-cell
+import random, numpy as np, torch, spotwarp
+torch.use_deterministic_algorithms(True)
+random.seed(1); np.random.seed(1); torch.manual_seed(1)
+X = torch.randn(128, 8)
+Y = X @ torch.randn(8, 1) + 0.1 * torch.randn(128, 1)
+shuffle = torch.Generator().manual_seed(3)
+loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(X, Y), batch_size=8, shuffle=True, generator=shuffle)
+model = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Tanh(), torch.nn.Dropout(0.2), torch.nn.Linear(16, 1))
+opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+losses = []
+"""
+
+# the pause stands for compute time on host A (from the environment, not from the snapshot); the draws after the
+# loop are taken in the same cell: a client connecting later draws from `random` itself (kernel_info_request)
+LOOP = """import os as _os, time as _time
+for epoch in spotwarp.resumable(range(2), name="epochs"):
+    for xb, yb in spotwarp.resumable(loader, name="train"):
+        noise = float(np.random.rand()) * 1e-3 + random.random() * 1e-3
+        loss = torch.nn.functional.mse_loss(model(xb), yb) + noise
+        opt.zero_grad(); loss.backward(); opt.step()
+        losses.append(loss.item())
+        print(f"step {len(losses)}", flush=True)
+        _time.sleep(float(_os.environ.get("STEP_PAUSE", "0")))
+after = [repr(random.random()), repr(float(np.random.rand())), repr(torch.rand(3).tolist()),
+         repr(torch.rand(2, generator=shuffle).tolist())]
+print(f"done: {len(losses)} steps, final loss {losses[-1]:.6f}")
+"""
+
+FINGERPRINT = """import hashlib as _h
+_d = _h.sha256()
+for _t in model.state_dict().values():
+    _d.update(_t.detach().contiguous().numpy().tobytes())
+_result = {"weights": _d.hexdigest(), "losses": [repr(x) for x in losses], "after": after}
+"""
+
+
+def notebook(cells: list[tuple[str, str]], kernelspec: str = "python3") -> dict:
+    return {"cells": [{"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [],
+                       "source": src} for cid, src in cells],
+            "metadata": {"kernelspec": {"name": kernelspec, "language": "python",
+                                        "display_name": "Python 3 (ipykernel)" if kernelspec == "python3" else kernelspec}},
+            "nbformat": 4, "nbformat_minor": 5}
+
+
+def wait_for(condition, timeout: float, what: str, server: LabServer | None = None):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(0.05)  # poll interval of a deadline-bounded wait
+    raise AssertionError(f"timed out waiting for {what}" + (f"\n{server.log()[-4000:]}" if server else ""))
+
+
+def kernel_manifests(store: str, project: str) -> list[dict]:
+    folder = Path(store) / project / "snapshots"
+    docs = [json.loads(p.read_text()) for p in folder.glob("*.json")] if folder.is_dir() else []
+    return [d for d in docs if d.get("kind") == "kernel"]
+
+
+def cell_outputs(path: Path, cell_id: str) -> str:
+    try:
+        document = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return ""  # not there yet, or being replaced
+    cell = next((c for c in document["cells"] if c.get("id") == cell_id), None)
+    return "" if cell is None else "".join("".join(o.get("text", "")) for o in cell.get("outputs", []))
+
+
+def kill_host(server: LabServer, *kernel_pids: int) -> None:
+    """The host vanishes: the server's process group and its kernels (which jupyter starts in their own session)."""
+    for pid in kernel_pids:
+        os.kill(pid, signal.SIGKILL)
+    server.kill()
+
+
+def start_host(tmp_path: Path, name: str, store: str, *start_args: str, **env: str) -> LabServer:
+    home = tmp_path / f"home-{name}"
+    home.mkdir()
+    server = LabServer(tmp_path / f"ws-{name}", store, "proj",
+                       host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
+                                SPOTWARP_BACKUP_INTERVAL="0", **env),
+                       tmp_path / f"{name}.log", start_args=start_args)
+    server.wait_ready()
+    return server
+
+
+def kernel_pids(workspace: Path) -> list[int]:
+    """The kernels running in `workspace` (found without connecting a client to them)."""
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            cmdline = (entry / "cmdline").read_bytes()
+            cwd = os.readlink(entry / "cwd")
+        except OSError:
+            continue
+        if b"ipykernel_launcher" in cmdline and cwd == os.path.realpath(workspace):
+            pids.append(int(entry.name))
+    return pids
+
+
+def reference_run(root: Path) -> dict:
+    """The notebook run without interruption, in a plain kernel: the fingerprint every resumed run must equal."""
+    kernel = Kernel(root / "host", {"HOME": str(root / "home"), "SPOTWARP_STORAGE": str(root / "store"),
+                                     "SPOTWARP_PROJECT": "ref", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"})
+    try:
+        kernel.run(SETUP)
+        assert f"done: {TOTAL} steps" in kernel.run(LOOP)
+        kernel.run(FINGERPRINT)
+        return kernel.value("_result")
+    finally:
+        kernel.close()
+
+
+def completed(positions: dict) -> int:
+    return positions.get("epochs", 0) * STEPS + positions.get("train", 0)
+
+
+def finished_on(server: LabServer, reference: dict, partial_seen: bool = False) -> dict:
+    """Wait for the resumed cell to finish on `server` (no client connected until then), check what it did and that
+    its session holds the uninterrupted run's state; its resume entry."""
+    on_disk = server.workspace / "train.ipynb"
+    if partial_seen:
+        partial = wait_for(lambda: "step " in cell_outputs(on_disk, "loop") and cell_outputs(on_disk, "loop"), 300,
+                           "the resumed cell's first outputs in the notebook file", server)
+        assert "done:" not in partial  # written as they come, not only at the end
+    outputs = wait_for(lambda: "done:" in cell_outputs(on_disk, "loop") and cell_outputs(on_disk, "loop"), 300,
+                       "the resumed cell's final output in the notebook file", server)
+    assert f"done: {TOTAL} steps" in outputs
+    code, status = server.request("GET", "spotwarp/api/status")
+    entry = next(e for e in status["resume"] if e["notebook"] == "train.ipynb")
+    assert entry["state"] == "finished" and entry["cell"] == "loop", entry
+    steps = [int(line.split()[1]) for line in outputs.splitlines() if line.startswith("step ")]
+    # the loop continued at the next batch: the batches done before the snapshot were not run again
+    assert steps == list(range(completed(entry["positions"]) + 1, TOTAL + 1)), (steps[:3], entry)
+    code, sessions = server.request("GET", "api/sessions")
+    assert [s["path"] for s in sessions] == ["train.ipynb"]
+    session = server.open_notebook("train.ipynb")  # as JupyterLab opening the notebook: it attaches to that kernel
+    assert session.kernel_id == sessions[0]["kernel"]["id"]
+    session.run(FINGERPRINT)
+    assert session.value("_result") == reference
+    assert session.value("len(losses)") == TOTAL
+    return entry
