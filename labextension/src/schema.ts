@@ -151,6 +151,19 @@ export interface components {
                 [key: string]: unknown;
             };
             /**
+             * @description What resuming each notebook did on this host after a restore at start (docs/resume.md): `notebook`,
+             *     `state` (skipped, failed, restored, running, finished), `line` (one sentence), and where known
+             *     `kernel_id`, `snapshot`, `positions`, `cell` re-run or `interrupted_cell` not re-run, `seconds_to_running`.
+             */
+            resume?: ({
+                notebook: string;
+                /** @enum {string} */
+                state: "skipped" | "failed" | "restored" | "running" | "finished" | "off";
+                line: string;
+            } & {
+                [key: string]: unknown;
+            })[];
+            /**
              * @description What the server restored into an empty workspace when it started (restore-on-start, on by
              *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
              *     Null when nothing was restored at start.
@@ -196,6 +209,14 @@ export interface components {
             events: components["schemas"]["ReportRow"][];
             /** @description One row per race of `spotwarp launch` (docs/failover.md) */
             failovers: components["schemas"]["FailoverRow"][];
+            /**
+             * @description One row per cell a new host's server ran again by itself (docs/resume.md): `time`, `host`, `notebook`,
+             *     `snapshot`, `cell`, `positions` (loop -> completed steps it continued after), `start_to_running_s`
+             *     (seconds from `spotwarp start` to the training running again)
+             */
+            resumes?: {
+                [key: string]: unknown;
+            }[];
         };
         FailoverRow: {
             /**
