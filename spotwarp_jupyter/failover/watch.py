@@ -97,13 +97,16 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
 
     Silence is measured on this machine's monotonic clock, from the last change of the holder's heartbeat.
     A bad or missing heartbeat read is no news. While the store cannot be reached the watch retries with
-    backoff and says so, and declares nothing: silence counts again from when the store answers.
+    backoff and says so, and declares nothing: silence counts again from when the store answers, plus a grace
+    (the outage's length, at most twice the backoff cap) until the host's first beat after it, which comes
+    through the host's own retries.
     """
     say: OnEvent = on_event or (lambda kind, data: None)
     clock = BeatClock()
     skew_said = False
     outage: float | None = None
     backoff = poll_s
+    grace = 0.0  # after an outage, the host's own writes come back through its retries' backoff
     next_notice = 0.0
     while not stop.is_set():
         try:
@@ -125,13 +128,17 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             stop.wait(backoff)
             continue
         if outage is not None:
-            say("store_reachable", {"holder": holder.id, "outage_s": round(time.monotonic() - outage, 3)})
-            outage, backoff = None, poll_s
+            outage_s = time.monotonic() - outage
+            say("store_reachable", {"holder": holder.id, "outage_s": round(outage_s, 3)})
+            outage, backoff, grace = None, poll_s, min(outage_s, 2 * max_backoff_s)
             clock.restart()
         lost = _lease_verdict(lease, holder, clock)
         if lost is not None:
             return lost
-        if clock.see(doc) and not skew_said:
+        changed = clock.see(doc)
+        if changed:
+            grace = 0.0
+        if changed and not skew_said:
             off = skew_s(doc)
             if off is not None:
                 skew_said = True
@@ -140,7 +147,7 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             raise LeaseConflict(f"the holder {holder.id} says it is fenced: {doc.get('why')}")
         if notice is not None:
             return _after_notice(store, holder, notice, stop)
-        if clock.silent_s() >= dead_after:
+        if clock.silent_s() >= dead_after + grace:
             details: dict[str, Any] = {"silent_s": round(clock.silent_s(), 3)}
             if provider is not None and holder.handle is not None:
                 status = provider.poll(holder.handle)
