@@ -66,9 +66,10 @@ class BeatClock:
         """The last change, as this machine's wall-clock time (for the journal's figures)."""
         return time.time() - self.silent_s()
 
-    def restart(self) -> None:
-        """Silence counts again from now (after an outage of the store: the host could not write either)."""
-        self.changed = max(self.changed, time.monotonic())
+    def restart(self, grace_s: float = 0.0) -> None:
+        """Silence counts again from now plus `grace_s` (after an outage of the store: the host could not write
+        either, and its first beat after it comes through its own retries' backoff); a new beat ends the grace."""
+        self.changed = max(self.changed, time.monotonic() + grace_s)
 
 
 def skew_s(doc: dict[str, Any], interval: float | None = None) -> float | None:

@@ -97,16 +97,14 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
 
     Silence is measured on this machine's monotonic clock, from the last change of the holder's heartbeat.
     A bad or missing heartbeat read is no news. While the store cannot be reached the watch retries with
-    backoff and says so, and declares nothing: silence counts again from when the store answers, plus a grace
-    (the outage's length, at most twice the backoff cap) until the host's first beat after it, which comes
-    through the host's own retries.
+    backoff and says so, and declares nothing: silence counts again from when the store answers (plus a grace,
+    BeatClock.restart).
     """
     say: OnEvent = on_event or (lambda kind, data: None)
     clock = BeatClock()
     skew_said = False
     outage: float | None = None
     backoff = poll_s
-    grace = 0.0  # after an outage, the host's own writes come back through its retries' backoff
     next_notice = 0.0
     while not stop.is_set():
         try:
@@ -128,17 +126,13 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             stop.wait(backoff)
             continue
         if outage is not None:
-            outage_s = time.monotonic() - outage
-            say("store_reachable", {"holder": holder.id, "outage_s": round(outage_s, 3)})
-            outage, backoff, grace = None, poll_s, min(outage_s, 2 * max_backoff_s)
-            clock.restart()
+            say("store_reachable", {"holder": holder.id, "outage_s": round(time.monotonic() - outage, 3)})
+            clock.restart(grace_s=min(time.monotonic() - outage, 2 * max_backoff_s))
+            outage, backoff = None, poll_s
         lost = _lease_verdict(lease, holder, clock)
         if lost is not None:
             return lost
-        changed = clock.see(doc)
-        if changed:
-            grace = 0.0
-        if changed and not skew_said:
+        if clock.see(doc) and not skew_said:
             off = skew_s(doc)
             if off is not None:
                 skew_said = True
@@ -147,7 +141,7 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             raise LeaseConflict(f"the holder {holder.id} says it is fenced: {doc.get('why')}")
         if notice is not None:
             return _after_notice(store, holder, notice, stop)
-        if clock.silent_s() >= dead_after + grace:
+        if clock.silent_s() >= dead_after:
             details: dict[str, Any] = {"silent_s": round(clock.silent_s(), 3)}
             if provider is not None and holder.handle is not None:
                 status = provider.poll(holder.handle)

@@ -34,7 +34,8 @@ def test_the_old_kernel_snapshot_restores_and_carries_on(tmp_path):
     manifest, result = engine.restore_kernel(expected["kernel"], ns, notebook="train.ipynb")
     assert manifest.id == expected["kernel"] and not result.skipped_at_snapshot
     model, opt, x = ns["model"], ns["opt"], ns["x"]
-    assert model(x).tolist() == expected["model_out"]
+    # the last bits of a forward pass depend on the CPU's kernels (expected.json was written on another machine)
+    torch.testing.assert_close(model(x).detach(), torch.tensor(expected["model_out"]), rtol=1e-5, atol=1e-6)
     assert ns["alias"] is model[0].weight  # shared objects come back shared
     assert [p for g in opt.param_groups for p in g["params"]] == list(model.parameters())
     assert [float(opt.state[p]["step"]) for p in model.parameters()] == expected["adam_steps"]

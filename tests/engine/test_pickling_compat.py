@@ -62,7 +62,10 @@ def test_a_stream_of_the_storage_format_still_loads():
     assert base[1, 0] == 100.0 and tr[0, 1] == 100.0 and row.storage_offset() == 6 and tr.stride() == (1, 6)
     conv, opt = group["conv"], group["opt"]
     assert conv.weight.is_contiguous(memory_format=torch.channels_last)
-    assert conv(torch.ones(1, 2, 5, 5)).detach().flatten().tolist() == blob["conv_out"]
+    # a forward pass's last bits depend on the CPU's kernels (the blob was written on another machine):
+    # the restored weights are what must be exact, and they are when the output agrees this closely
+    torch.testing.assert_close(conv(torch.ones(1, 2, 5, 5)).detach().flatten(), torch.tensor(blob["conv_out"]),
+                               rtol=1e-5, atol=1e-6)
     assert opt.param_groups[0]["params"][0] is conv.weight and float(opt.state[conv.weight]["step"]) == 1.0
     opt.zero_grad()
     conv(torch.ones(1, 2, 5, 5)).sum().backward()
