@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -148,6 +149,7 @@ class Resumer:
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+            await _answer_kernel_info_for_tabs(client, self.serverapp.kernel_manager.get_kernel(kernel_id))
             timings = {"kernel_started_s": _since_start(started)}
             outcome = await self._restore(client, ref)
             outcome["timings"] = {**timings, "state_restored_s": _since_start(started)}
@@ -226,6 +228,19 @@ def _since_start(started: float) -> float:
     return round(time.time() - began if began else time.monotonic() - started, 3)
 
 
+async def _answer_kernel_info_for_tabs(client: Any, kernel: Any) -> None:
+    """Ask the kernel's info now, while it is idle, and keep the answer where jupyter_server keeps the one it
+    asks for the first browser tab that connects (`_kernel_info_future` on the kernel's manager, reused for every
+    later tab). Without it, a tab opened while the resumed cell runs waits behind the cell for that answer
+    (`kernel_info_timeout`, 60 s) before its websocket opens, its kernel shown `connecting`."""
+    if hasattr(kernel, "_kernel_info_future") or not hasattr(kernel, "execution_state"):
+        return  # a tab connected already, or not jupyter_server's kernel manager
+    reply = await _reply(client, client.kernel_info(), 30.0)
+    answered: concurrent.futures.Future = concurrent.futures.Future()
+    answered.set_result(reply["content"])
+    kernel._kernel_info_future = answered
+
+
 async def _reply(client: Any, msg_id: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -266,8 +281,9 @@ class CellRun:
     async def run(self) -> str:
         """Execute the cell as JupyterLab would (its id in the request's metadata); 'ok' or why it ended."""
         target = await open_outputs(self.resumer.serverapp, self.plan.api_path, self.cell_id, self.source)
-        log.info("SpotWarp resume: %s: outputs of cell %s go %s", self.plan.notebook, self.cell_id,
-                 "live into the notebook's shared document" if target.live else "into the notebook file")
+        getattr(self.resumer.serverapp, "log", log).info(
+            "SpotWarp resume: %s: outputs of cell %s go %s", self.plan.notebook, self.cell_id,
+            "live into the notebook's shared document" if target.live else "into the notebook file")
         content = {"code": self.source, "silent": False, "store_history": True, "user_expressions": {},
                    "allow_stdin": False, "stop_on_error": True}
         msg = self.client.session.msg("execute_request", content,
