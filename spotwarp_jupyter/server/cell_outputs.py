@@ -179,21 +179,32 @@ class SharedCell:
         if self.document is None or self.room is None:
             raise RuntimeError(f"no room for {self.api_path}")
 
-    async def _held(self, outputs: Outputs) -> None:
-        """Reopen the room if it was cleaned meanwhile (its last client left): it reloads the file, the cell is
-        written again whole."""
+    async def _held(self, outputs: Outputs) -> bool:
+        """Reopen the room if it was cleaned meanwhile (its last client left): it reloads the file, and the cell is
+        written again whole, with every output taken so far (True)."""
         if self.app.ywebsocket_server.rooms.get(self.room_id) is self.room:
-            return
+            return False
         await self._open()
-        cell = self._cell()
-        if cell is not None:
-            with self.document.ydoc.transaction():
-                self._set_outputs(cell, outputs.items)
-                cell["execution_state"] = "running"
+        self._write_cell(outputs.items)
+        return True
 
     def _cell(self) -> Any:
         """The cell's shared map, found by id (cells may have moved); None if a user deleted it."""
         return next((c for c in self.document.ycells if c.get("id") == self.cell_id), None)
+
+    def _write_cell(self, items: list[dict[str, Any]]) -> None:
+        """The cell as it runs: the source that runs, these outputs, no count, `running` (`[*]` in every tab)."""
+        if self._cell() is None:  # added after the files were backed up: at the end, as restores put run cells
+            self.document.append_cell({"cell_type": "code", "id": self.cell_id, "source": self.source,
+                                       "metadata": {}, "outputs": [], "execution_count": None})
+        index, cell = next((i, c) for i, c in enumerate(self.document.ycells) if c.get("id") == self.cell_id)
+        if str(cell["source"]) != self.source:
+            self.document.set_cell(index, source=self.source)
+        with self.document.ydoc.transaction():
+            self._set_outputs(cell, items)
+            cell["execution_count"] = None  # JupyterLab sets a count only when the cell ends, then shows it idle
+            cell["execution_state"] = "running"
+        self.unsaved = True
 
     @staticmethod
     def _set_outputs(cell: Any, items: list[dict[str, Any]]) -> None:
@@ -205,25 +216,14 @@ class SharedCell:
         cell["outputs"].extend([_shared_output(o) for o in items])
 
     async def begin(self) -> None:
-        """The cell shows the source that runs, no outputs, and `[*]` (running) in every client."""
+        """Open the room; the cell shows the source that runs, no outputs, and `[*]`."""
         await self._open()
-        if self._cell() is None:  # added after the files were backed up: at the end, as restores put run cells
-            self.document.append_cell({"cell_type": "code", "id": self.cell_id, "source": self.source,
-                                       "metadata": {}, "outputs": [], "execution_count": None})
-        index, cell = next((i, c) for i, c in enumerate(self.document.ycells) if c.get("id") == self.cell_id)
-        if str(cell["source"]) != self.source:
-            self.document.set_cell(index, source=self.source)
-        with self.document.ydoc.transaction():
-            self._set_outputs(cell, [])
-            cell["execution_count"] = None  # JupyterLab sets a count only when the cell ends, then shows it idle
-            cell["execution_state"] = "running"
-        self.unsaved = True
+        self._write_cell([])
 
     async def apply(self, outputs: Outputs, changes: list[Change]) -> None:
         """The changes into the shared cell, at once (streams appended to the shared text)."""
-        if not changes:
+        if not changes or await self._held(outputs):
             return
-        await self._held(outputs)
         cell = self._cell()
         if cell is None:
             return
