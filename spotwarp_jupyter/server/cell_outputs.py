@@ -161,7 +161,7 @@ class SharedCell:
         self.room: Any = None
         self.document: Any = None
         self.unsaved = False
-        self.saved_at = time.monotonic()
+        self.saved_at = 0.0  # the first output is saved at once, as the file path writes it
 
     async def _open(self) -> None:
         """Open the notebook's room (created when no client has it open) and hold its document.
@@ -216,9 +216,10 @@ class SharedCell:
         cell["outputs"].extend([_shared_output(o) for o in items])
 
     async def begin(self) -> None:
-        """Open the room; the cell shows the source that runs, no outputs, and `[*]`."""
+        """Open the room; the cell shows the source that runs, no outputs, and `[*]` (saved with the first output)."""
         await self._open()
         self._write_cell([])
+        self.unsaved = False
 
     async def apply(self, outputs: Outputs, changes: list[Change]) -> None:
         """The changes into the shared cell, at once (streams appended to the shared text)."""
