@@ -267,6 +267,32 @@ class SharedCell:
                 cell["execution_count"] = float(count) if isinstance(count, int) else None
                 cell["execution_state"] = "idle"
         await self._save()
+        self._leave()
+
+    def _leave(self) -> None:
+        """Leave the room as a tab leaving it does: when no tab is in it, it is cleaned after the extension's
+        `document_cleanup_delay`, unless a tab joins meanwhile (joining cancels `room.cleaner`)."""
+        delay = getattr(self.app, "document_cleanup_delay", None)
+        cleaner = getattr(self.room, "cleaner", None)
+        if delay is None or self.room is None or self.room.clients or (cleaner is not None and not cleaner.done()):
+            return
+        self.room.cleaner = asyncio.ensure_future(self._clean(self.room, delay))
+
+    async def _clean(self, room: Any, delay: float) -> None:
+        from jupyter_server_ydoc.utils import decode_file_path
+
+        await asyncio.sleep(delay)
+        try:
+            async with self.app._room_locks[self.room_id]:  # the lock its handler and get_document take
+                server = self.app.ywebsocket_server
+                if room.clients or server.rooms.get(self.room_id) is not room:
+                    return
+                await server.delete_room(room=room)
+                file_id = decode_file_path(self.room_id)[2]
+                if file_id in self.app.file_loaders and self.app.file_loaders[file_id].number_of_subscriptions == 0:
+                    await self.app.file_loaders.remove(file_id)
+        except Exception as exc:  # noqa: BLE001 - a room left open costs memory and a poll a second, no more
+            log.warning("SpotWarp resume: the room of %s was not cleaned: %s", self.api_path, exc)
 
     async def _save(self) -> None:
         self.unsaved, self.saved_at = False, time.monotonic()

@@ -1,7 +1,8 @@
 """The real-time path of a resumed cell (docs/resume.md): in a real jupyter_server running jupyter-collaboration's
 extension, the cell the server runs (a real kernel) writes into the notebook's shared document as outputs come:
 the running state, streams merged into one shared text, `clear_output(wait=True)` honoured, an error, the count at
-the end; the room saves it to the file; a room cleaned meanwhile (its last tab left) is opened again."""
+the end; the room saves it to the file; a room cleaned meanwhile (its last tab left) is opened again, and one no
+tab is in is cleaned after the cell."""
 
 from __future__ import annotations
 
@@ -37,6 +38,7 @@ def jp_server_config(jp_root_dir):
                       "allow_root": True},
         "SQLiteYStore": {"db_path": str(jp_root_dir / ".ystore.db")},
         "BaseFileIdManager": {"root_dir": str(jp_root_dir), "db_path": str(jp_root_dir / ".fileid.db")},
+        "YDocExtension": {"document_cleanup_delay": 1},
     }
 
 
@@ -90,8 +92,10 @@ async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_ser
         client.stop_channels()
         await kernels.shutdown_kernel(kernel_id, now=True)
 
+    # no tab is in the room: it is cleaned once the cell ended, as when its last tab leaves
+    await _until(lambda: not ydoc_app.ywebsocket_server.rooms, "the room to be cleaned", timeout=30)
     document = await ydoc_app.get_document(path="train.ipynb", content_type="notebook", file_format="json",
-                                           copy=False)
+                                           copy=False, create=True)  # opened again, from the file
     cell = document.get()["cells"][0]
     expected = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
                 ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
