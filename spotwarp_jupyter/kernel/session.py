@@ -31,6 +31,7 @@ from ..service.records import KernelStatus, RestoreProgress, SnapshotSummary
 from ..service.wire import kernel_status_json
 from ..training.resumable import positions as resumable_positions
 from .arrivals import Arrivals
+from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
 from .policy import Policy
@@ -470,6 +471,8 @@ class KernelSession:
         """
         if where == "cell":
             self.cell_ended_at = time.time()
+        elif where == "step":
+            still_busy()  # a tab connecting while the loop runs shows the kernel busy
         if where in ("cell", "idle") and not reasons and not self.policy.after_cell:
             return
         if not self.due(reasons, cell_end=where == "cell"):

@@ -4,8 +4,9 @@ After `spotwarp start` (or a promotion, or the hub's restore on spawn) restored 
 every notebook whose kernel was live in the snapshot gets a Jupyter session through the server's own session
 manager (a JupyterLab tab opening the notebook later attaches to that kernel), the kernel restores its state as
 `%spotwarp restore` does, and a cell that was running inside a `resumable` loop when the snapshot was taken runs
-again from its recorded source: the loop continues at the next step. Its outputs are written into that cell of the
-notebook file through the contents manager, as they come (at most every `WRITE_EVERY_S`) and at the end.
+again from its recorded source: the loop continues at the next step. Its outputs go into that cell of the notebook
+as they come: live into the notebook's shared document when jupyter-collaboration runs in this server, else into
+the file through the contents manager (server/cell_outputs.py).
 Nothing here blocks the event loop: kernels are driven through async clients, the store is read in the
 service's thread pool.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import concurrent.futures
 import json
 import logging
 import os
@@ -26,9 +28,9 @@ from jupyter_core.utils import ensure_async
 
 from ..engine import Manifest, SnapshotEngine, SpotWarpError
 from ..engine.journal import KERNEL_RESUMED
+from .cell_outputs import Outputs, open_outputs
 
 log = logging.getLogger("spotwarp")
-WRITE_EVERY_S = 3.0  # outputs reach the notebook file at most this often while the cell runs
 RESTORE_TIMEOUT_S = 600.0
 _KERNEL_RESUME = "__import__('spotwarp_jupyter.kernel.resume', fromlist=['_'])"
 
@@ -147,6 +149,7 @@ class Resumer:
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
         try:
             await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+            await _answer_kernel_info_for_tabs(client, self.serverapp.kernel_manager.get_kernel(kernel_id))
             timings = {"kernel_started_s": _since_start(started)}
             outcome = await self._restore(client, ref)
             outcome["timings"] = {**timings, "state_restored_s": _since_start(started)}
@@ -225,6 +228,19 @@ def _since_start(started: float) -> float:
     return round(time.time() - began if began else time.monotonic() - started, 3)
 
 
+async def _answer_kernel_info_for_tabs(client: Any, kernel: Any) -> None:
+    """Ask the kernel's info now, while it is idle, and keep the answer where jupyter_server keeps the one it
+    asks for the first browser tab that connects (`_kernel_info_future` on the kernel's manager, reused for every
+    later tab). Without it, a tab opened while the resumed cell runs waits behind the cell for that answer
+    (`kernel_info_timeout`, 60 s) before its websocket opens, its kernel shown `connecting`."""
+    if hasattr(kernel, "_kernel_info_future") or not hasattr(kernel, "execution_state"):
+        return  # a tab connected already, or not jupyter_server's kernel manager
+    reply = await _reply(client, client.kernel_info(), 30.0)
+    answered: concurrent.futures.Future = concurrent.futures.Future()
+    answered.set_result(reply["content"])
+    kernel._kernel_info_future = answered
+
+
 async def _reply(client: Any, msg_id: str, timeout: float) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
@@ -253,20 +269,21 @@ async def _until_idle(client: Any, msg_id: str, timeout: float) -> None:
 
 
 class CellRun:
-    """The interrupted cell, run again from its recorded source; its outputs written into the notebook file."""
+    """The interrupted cell, run again from its recorded source; its outputs go into the notebook as they come:
+    into its shared document when jupyter-collaboration runs here, else into the file (server/cell_outputs.py)."""
 
     def __init__(self, resumer: Resumer, client: Any, kernel_id: str, plan: Plan, running: dict[str, Any]):
         self.resumer, self.client, self.kernel_id, self.plan = resumer, client, kernel_id, plan
         self.cell_id: str | None = running.get("id")
         self.source: str = running["source"]
-        self.outputs: list[dict[str, Any]] = []
-        self.execution_count: int | None = None
-        self.clear_pending = False
-        self.dirty = False
-        self.written_at = 0.0
+        self.outputs = Outputs()
 
     async def run(self) -> str:
         """Execute the cell as JupyterLab would (its id in the request's metadata); 'ok' or why it ended."""
+        target = await open_outputs(self.resumer.serverapp, self.plan.api_path, self.cell_id, self.source)
+        getattr(self.resumer.serverapp, "log", log).info(
+            "SpotWarp resume: %s: outputs of cell %s go %s", self.plan.notebook, self.cell_id,
+            "live into the notebook's shared document" if target.live else "into the notebook file")
         content = {"code": self.source, "silent": False, "store_history": True, "user_expressions": {},
                    "allow_stdin": False, "stop_on_error": True}
         msg = self.client.session.msg("execute_request", content,
@@ -275,79 +292,25 @@ class CellRun:
         msg_id = msg["header"]["msg_id"]
         km = self.resumer.serverapp.kernel_manager.get_kernel(self.kernel_id)
         status = "ok"
-        while True:
-            try:
-                reply = await self.client.get_iopub_msg(timeout=1.0)
-            except Empty:
-                if not await ensure_async(km.is_alive()):
-                    status = "the kernel died"
-                    break
-                await self._write_if_due()
-                continue
-            if reply.get("parent_header", {}).get("msg_id") != msg_id:
-                continue
-            kind = reply["msg_type"]
-            if kind == "status" and reply["content"].get("execution_state") == "idle":
-                break
-            if kind == "error":
-                status = f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}"
-            self.take(kind, reply)
-            await self._write_if_due()
-        await self.write()
-        return status
-
-    def take(self, kind: str, msg: dict[str, Any]) -> None:
-        """One iopub message of the cell, into its outputs (streams merged, clear_output honoured)."""
-        from nbformat.v4 import output_from_msg
-
-        content = msg["content"]
-        if kind == "execute_input":
-            self.execution_count = content.get("execution_count")
-            return
-        if kind == "clear_output":
-            if content.get("wait"):
-                self.clear_pending = True
-            else:
-                self.outputs, self.dirty = [], True
-            return
-        if kind not in ("stream", "display_data", "execute_result", "error"):
-            return
-        if self.clear_pending:
-            self.outputs, self.clear_pending = [], False
-        last = self.outputs[-1] if self.outputs else None
-        if kind == "stream" and last is not None and last.get("output_type") == "stream" \
-                and last.get("name") == content.get("name"):
-            last["text"] += content.get("text", "")
-        else:
-            self.outputs.append(dict(output_from_msg(msg)))
-        self.dirty = True
-
-    async def _write_if_due(self) -> None:
-        if self.dirty and time.monotonic() - self.written_at >= WRITE_EVERY_S:
-            await self.write()
-
-    async def write(self) -> None:
-        """The cell's outputs (and the source that ran) into the notebook file as it is on disk now."""
-        if self.cell_id is None:
-            return
-        self.dirty, self.written_at = False, time.monotonic()
-        contents = self.resumer.serverapp.contents_manager
         try:
-            model = await ensure_async(contents.get(self.plan.api_path, content=True, type="notebook"))
-            notebook = model["content"]
-            from nbformat import from_dict
-            from nbformat.v4 import new_code_cell
-
-            cell = next((c for c in notebook.cells if c.get("id") == self.cell_id), None)
-            if cell is None:  # added after the files were backed up: it goes at the end, as restores put run cells
-                cell = new_code_cell(self.source, id=self.cell_id)
-                notebook.cells.append(cell)
-
-            cell["source"] = self.source
-            cell["outputs"] = [from_dict(o) for o in self.outputs]
-            cell["execution_count"] = self.execution_count
-            await ensure_async(contents.save({"type": "notebook", "format": "json", "content": notebook},
-                                             self.plan.api_path))
-        except Exception as exc:  # noqa: BLE001 - the run goes on; the next write tries again
-            log.warning("SpotWarp resume: outputs of %s not written: %s", self.plan.notebook, exc)
-            self.dirty = True
+            while True:
+                try:
+                    reply = await self.client.get_iopub_msg(timeout=1.0)
+                except Empty:
+                    if not await ensure_async(km.is_alive()):
+                        status = "the kernel died"
+                        break
+                    await target.tick(self.outputs)
+                    continue
+                if reply.get("parent_header", {}).get("msg_id") != msg_id:
+                    continue
+                kind = reply["msg_type"]
+                if kind == "status" and reply["content"].get("execution_state") == "idle":
+                    break
+                if kind == "error":
+                    status = f"{reply['content'].get('ename')}: {reply['content'].get('evalue')}"
+                await target.apply(self.outputs, self.outputs.take(kind, reply))
+                await target.tick(self.outputs)
+        finally:
+            await target.end(self.outputs)
+        return status

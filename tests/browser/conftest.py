@@ -21,10 +21,11 @@ CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networki
 
 
 def browser_lab(workspace: Path, store: str, home: Path, log: Path, without_spotwarp: bool = False,
-                start_args: tuple[str, ...] = ()) -> LabServer:
+                start_args: tuple[str, ...] = (), jupyter_args: tuple[str, ...] = ()) -> LabServer:
     """`spotwarp start` with the browser-facing options a test needs (its own HOME; news and update checks off).
 
-    `without_spotwarp`: plain `jupyter lab` with SpotWarp's server extension off (the panel must say so).
+    `without_spotwarp`: plain `jupyter lab` with SpotWarp's server extension off (the panel must say so);
+    `jupyter_args`: more of JupyterLab's own flags (e.g. `--YDocExtension.disable_rtc=True`: collaboration off).
     """
     config = home / ".jupyter"
     (config / "labconfig").mkdir(parents=True, exist_ok=True)
@@ -32,7 +33,7 @@ def browser_lab(workspace: Path, store: str, home: Path, log: Path, without_spot
     (config / "labconfig" / "page_config.json").write_text(json.dumps(
         {"disabledExtensions": {"@jupyterlab/apputils-extension:announcements": True}}))
     browser_args = ("--LabApp.news_url=", "--LabApp.check_for_updates_class=jupyterlab.NeverCheckForUpdate",
-                    "--LabApp.expose_app_in_browser=True")
+                    "--LabApp.expose_app_in_browser=True", *jupyter_args)
     if without_spotwarp:
         browser_args += ("--ServerApp.jpserver_extensions=spotwarp_jupyter.server=False",)
     # SIGTERM watcher only: a test never asks a cloud's metadata address
@@ -52,9 +53,10 @@ def start_lab(tmp_path: Path) -> Iterator:
     """Start `spotwarp start` as a host named `host` (its own HOME); every host shares one store."""
     started: list[LabServer] = []
 
-    def start(host: str, workspace: Path, without_spotwarp: bool = False, start_args: tuple[str, ...] = ()) -> LabServer:
+    def start(host: str, workspace: Path, without_spotwarp: bool = False, start_args: tuple[str, ...] = (),
+              jupyter_args: tuple[str, ...] = ()) -> LabServer:
         server = browser_lab(workspace, str(tmp_path / "store"), tmp_path / host / "home", tmp_path / f"{host}.log",
-                     without_spotwarp, start_args)
+                             without_spotwarp, start_args, jupyter_args)
         started.append(server)
         server.wait_ready()
         return server

@@ -78,6 +78,8 @@ def assert_spotwarp_installed(venv: Path, env: dict[str, str]) -> None:
     serverext = checked(run([str(venv / "bin" / "jupyter"), "server", "extension", "list"], venv, env))
     assert re.search(r"^\s*spotwarp_jupyter\.server enabled", serverext, re.M), serverext
     assert re.search(r"^\s*spotwarp_jupyter\.server [\d.]+\S*\s+OK", serverext, re.M), serverext
+    # jupyter-collaboration comes with it: a resumed cell's outputs go live into the notebook (docs/resume.md)
+    assert re.search(r"^\s*jupyter_server_ydoc 3\.[\d.]+\s+OK", serverext, re.M), serverext
     helptext = checked(run([str(venv / "bin" / "spotwarp"), "--help"], venv, env))
     assert "start" in helptext and "restore" in helptext
     # published as spotwarp-jupyter (PyPI's `spotwarp` is another project): `import spotwarp` and the magic work

@@ -87,6 +87,19 @@ def test_spotwarpignore_gitignore_syntax_and_local_store_inside_workspace(tmp_pa
     assert "mod.pyc" not in names
 
 
+def test_collaboration_files_of_the_host_are_not_backed_up(engine, ws):
+    """jupyter-collaboration's document history and session ids belong to the host that wrote them."""
+    (ws / ".jupyter_ystore.db").write_bytes(b"SQLite format 3\0")
+    (ws / ".jupyter_ystore.db-journal").write_bytes(b"\0")
+    (ws / ".jupyter").mkdir()
+    (ws / ".jupyter" / "collaboration_sessions.json").write_text("{}")
+    (ws / ".jupyter" / "kept.json").write_text("{}")
+    files, _objects, _stats = backup_workspace(engine.store, str(ws), chunk_size=CHUNK)
+    names = set(files["entries"])
+    assert ".jupyter/kept.json" in names
+    assert not names & {".jupyter_ystore.db", ".jupyter_ystore.db-journal", ".jupyter/collaboration_sessions.json"}
+
+
 def test_unchanged_files_are_not_read_and_a_changed_chunk_is_the_only_upload(engine, ws):
     age(ws)
     first, _o, s1 = backup_workspace(engine.store, str(ws), chunk_size=CHUNK)

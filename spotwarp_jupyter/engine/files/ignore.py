@@ -68,6 +68,10 @@ DEFAULT_PATTERNS = (
     # secret) and package-manager caches belong to the running host, not to the session
     ".local/share/jupyter/runtime/",
     ".jupyter/lab/workspaces/",
+    # jupyter-collaboration's document history (in the folder the server started in) and its session ids (under
+    # the server's root): the host's own, rebuilt from the notebook files
+    ".jupyter_ystore.db*",
+    ".jupyter/collaboration_sessions.json",
     ".npm/",
     ".ipython/profile_*/history.sqlite*",
     *CREDENTIAL_PATTERNS,

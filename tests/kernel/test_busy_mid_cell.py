@@ -1,0 +1,55 @@
+"""A client that connects while a `resumable` loop runs (a browser tab opened on the cell the server re-ran on a new
+host) hears the kernel say `busy` for that cell within a couple of seconds: JupyterLab takes a kernel's state only
+from IOPub `status` messages, which a kernel otherwise sends only when a request starts and ends."""
+
+from __future__ import annotations
+
+import time
+from queue import Empty
+
+from kernels import Kernel
+
+LOOP = """import spotwarp, time
+print('looping', flush=True)
+for step in spotwarp.resumable(range(400), name='train'):
+    time.sleep(0.05)
+"""
+
+
+def _until_printed(kernel: Kernel, msg_id: str, text: str) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            msg = kernel.kc.get_iopub_msg(timeout=0.5)
+        except Empty:
+            continue
+        if msg["parent_header"].get("msg_id") == msg_id and text in msg["content"].get("text", ""):
+            return
+    raise AssertionError(f"{text!r} not printed")
+
+
+def test_a_client_connecting_mid_loop_hears_the_kernel_busy(tmp_path):
+    kernel = Kernel(tmp_path / "k", {"HOME": str(tmp_path / "home"), "SPOTWARP_STORAGE": str(tmp_path / "store"),
+                                     "SPOTWARP_PROJECT": "busy"})
+    late = None
+    try:
+        kernel.run("%load_ext spotwarp\n%spotwarp policy --every 10m --no-after-cell")
+        msg_id = kernel.kc.execute(LOOP)
+        _until_printed(kernel, msg_id, "looping")  # the loop runs: its `busy` went out before the next client
+        late = kernel.km.client()  # a second client, connected after the loop started
+        late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
+        heard: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 5  # the loop runs for 20 s: its start is long gone
+        while time.monotonic() < deadline and ("busy", msg_id) not in heard:
+            try:
+                msg = late.get_iopub_msg(timeout=0.5)
+            except Empty:
+                continue
+            if msg["msg_type"] == "status":
+                heard.append((msg["content"]["execution_state"], msg["parent_header"].get("msg_id")))
+        assert ("busy", msg_id) in heard, heard
+        assert not any(state == "idle" for state, parent in heard if parent == msg_id), heard
+    finally:
+        if late is not None:
+            late.stop_channels()
+        kernel.close()

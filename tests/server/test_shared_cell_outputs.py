@@ -1,0 +1,105 @@
+"""The real-time path of a resumed cell (docs/resume.md): in a real jupyter_server running jupyter-collaboration's
+extension, the cell the server runs (a real kernel) writes into the notebook's shared document as outputs come:
+the running state, streams merged into one shared text, `clear_output(wait=True)` honoured, an error, the count at
+the end; the room saves it to the file; a room cleaned meanwhile (its last tab left) is opened again, and one no
+tab is in is cleaned after the cell."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+import pytest
+
+from spotwarp_jupyter.server.resume import CellRun, Plan, Resumer
+
+pytest_plugins = ("pytest_jupyter.jupyter_server",)
+
+SOURCE = """import os, sys, time
+from IPython.display import clear_output, display
+print('gone', flush=True)
+clear_output(wait=True)
+print('first', flush=True)
+deadline = time.monotonic() + 60
+while not os.path.exists('go') and time.monotonic() < deadline:
+    time.sleep(0.02)
+print('second', flush=True)
+print('to stderr', file=sys.stderr, flush=True)
+display({'text/plain': 'a display'}, raw=True)
+1 / 0
+"""
+
+
+@pytest.fixture
+def jp_server_config(jp_root_dir):
+    return {
+        "ServerApp": {"jpserver_extensions": {"jupyter_server_ydoc": True, "jupyter_server_fileid": True},
+                      "allow_root": True},
+        "SQLiteYStore": {"db_path": str(jp_root_dir / ".ystore.db")},
+        "BaseFileIdManager": {"root_dir": str(jp_root_dir), "db_path": str(jp_root_dir / ".fileid.db")},
+        "YDocExtension": {"document_cleanup_delay": 1},
+    }
+
+
+async def _until(condition, what: str, timeout: float = 60.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        await asyncio.sleep(0.05)  # poll interval of a deadline-bounded wait
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _texts(cell: dict) -> list[tuple[str, str]]:
+    return [(o["output_type"], o.get("name") or o.get("ename") or "") + ("".join(o.get("text", "")),)
+            for o in cell["outputs"]]
+
+
+async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+    notebook = {"cells": [{"cell_type": "code", "id": "loop", "metadata": {}, "outputs": [], "execution_count": 3,
+                           "source": "an older draft"}],
+                "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
+                "nbformat": 4, "nbformat_minor": 5}
+    (jp_root_dir / "train.ipynb").write_text(json.dumps(notebook))
+    kernels = jp_serverapp.kernel_manager
+    kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
+    client = kernels.get_kernel(kernel_id).client()
+    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+    try:
+        await client.wait_for_ready(timeout=60)
+        run = CellRun(Resumer(None, jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
+                      {"id": "loop", "source": SOURCE})
+        running = asyncio.ensure_future(run.run())
+        ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
+        document = await _until(lambda: ydoc_app.ywebsocket_server.rooms and next(
+            iter(ydoc_app.ywebsocket_server.rooms.values()))._document, "the notebook's room")
+
+        def shared() -> dict:
+            cell = next((c for c in document.ycells if c.get("id") == "loop"), None)
+            return {} if cell is None else {**document.get()["cells"][0], "execution_state": cell.get("execution_state")}
+
+        # while the cell runs: what ran, `running`, no count yet, the output so far (the cleared one gone)
+        now = await _until(lambda: shared().get("outputs") and shared(), "the first output in the shared document")
+        assert now["source"] == SOURCE and now["execution_state"] == "running" and now["execution_count"] is None
+        assert _texts(now) == [("stream", "stdout", "first\n")]
+        # the last tab left a minute ago: the room is cleaned; the next output opens it again
+        await ydoc_app.ywebsocket_server.delete_room(name=next(iter(ydoc_app.ywebsocket_server.rooms)))
+        (jp_root_dir / "go").touch()
+        assert await asyncio.wait_for(running, 60) == "ZeroDivisionError: division by zero"
+    finally:
+        client.stop_channels()
+        await kernels.shutdown_kernel(kernel_id, now=True)
+
+    # no tab is in the room: it is cleaned once the cell ended, as when its last tab leaves
+    await _until(lambda: not ydoc_app.ywebsocket_server.rooms, "the room to be cleaned", timeout=30)
+    document = await ydoc_app.get_document(path="train.ipynb", content_type="notebook", file_format="json",
+                                           copy=False, create=True)  # opened again, from the file
+    cell = document.get()["cells"][0]
+    expected = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
+                ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
+    assert _texts(cell) == expected and cell["execution_count"] == 1
+    assert next(c for c in document.ycells if c.get("id") == "loop")["execution_state"] == "idle"
+    on_disk = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"][0]  # the room saved it at the end
+    assert _texts(on_disk) == expected and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
