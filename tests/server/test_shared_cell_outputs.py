@@ -80,8 +80,10 @@ async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_ser
             cell = next((c for c in document.ycells if c.get("id") == "loop"), None)
             return {} if cell is None else {**document.get()["cells"][0], "execution_state": cell.get("execution_state")}
 
-        # while the cell runs: what ran, `running`, no count yet, the output so far (the cleared one gone)
-        now = await _until(lambda: shared().get("outputs") and shared(), "the first output in the shared document")
+        # while the cell runs: what ran, `running`, no count yet, the output so far (the cleared one gone once the
+        # next output came: 'gone' may be seen alone first, as a tab would see it)
+        now = await _until(lambda: "first" in str(shared().get("outputs")) and shared(),
+                           "the output after the clear in the shared document")
         assert now["source"] == SOURCE and now["execution_state"] == "running" and now["execution_count"] is None
         assert _texts(now) == [("stream", "stdout", "first\n")]
         # the last tab left a minute ago: the room is cleaned; the next output opens it again
