@@ -25,6 +25,7 @@ from typing import Any
 from .. import pages, pickling
 from ..errors import SpotWarpError
 from ..storage import Store
+from ..timings import phase
 from .capture import EXTRAS_NAME
 
 _MISSING = object()
@@ -137,7 +138,8 @@ class GroupRead:
 
 def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[Any, list[Future]]:
     """Allocate one buffer (in a pool thread: populating pages costs CPU) and queue its chunks' reads."""
-    target = _allocate(buf["size"])
+    with phase("populate", buf["size"]):
+        target = _allocate(buf["size"])
     view = memoryview(target)
     chunks = []
     offset = 0
@@ -176,7 +178,7 @@ def collector_paused():
 
 def load_group(group: dict[str, Any], data: bytes, buffers: list[Any]) -> dict[str, Any]:
     """Unpickle one group's variables (name -> value) from its stream and buffers."""
-    with collector_paused():
+    with collector_paused(), phase("unpickle", len(data)):
         return pickling.loads(group["codec"], data, buffers)
 
 
@@ -185,7 +187,8 @@ def rebuild(reads: list[GroupRead], main: pickling.main_namespace) -> tuple[list
     values: list[tuple[str, Any]] = []
     total = 0
     for read in reads:
-        data, buffers, n = read.result()
+        with phase("wait for reads"):
+            data, buffers, n = read.result()
         total += n
         for name, value in load_group(read.group, data, buffers).items():
             main.bind(name, value)
