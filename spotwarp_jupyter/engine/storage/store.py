@@ -37,6 +37,7 @@ from ..settings import env_float, env_int  # noqa: E402
 from ..timings import phase  # noqa: E402
 from .backends import check_backend  # noqa: E402
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
+from .local_reads import read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
 from .retries import RetryPolicy, call_with_retries, log  # noqa: E402
 
@@ -54,8 +55,6 @@ ASK_BEFORE_UPLOAD = 8 * 1024 * 1024
 # On GCS, objects from this size up go as resumable uploads in chunks of GCS_CHUNK_SIZE (a multiple of 256 KiB).
 GCS_RESUMABLE_THRESHOLD = 1024 * 1024
 GCS_CHUNK_SIZE = 8 * 1024 * 1024
-# Local reads go in pieces this size, each hashed right after it lands (while the CPU's cache holds it).
-READ_PIECE = 2 * 1024 * 1024
 # On S3, objects from this size up are read as concurrent ranged GETs of RANGE_SIZE (one GET streams slowly).
 RANGED_READ_MIN = 32 * 1024 * 1024
 RANGE_SIZE = 16 * 1024 * 1024
@@ -318,7 +317,7 @@ class Store:
         path = self.object_path(oid)
         try:
             if self.local:
-                _read_local_checked(oid, path, target)
+                read_local_checked(oid, path, target)
                 return
             if self._s3 and target.nbytes >= RANGED_READ_MIN:
                 self._read_ranges_checked(oid, path, target)
@@ -544,27 +543,6 @@ def modified(info: dict[str, Any]) -> float | None:
         except ValueError:
             continue
     return None
-
-
-def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
-    """Read a local object into `target` piece by piece, hashing each piece while it is still in cache."""
-    hasher = object_hasher()
-    got = 0
-    with open(path, "rb", buffering=0) as f:
-        while got < target.nbytes:
-            piece = target[got:got + READ_PIECE]
-            with phase("read", piece.nbytes):
-                n = f.readinto(piece)
-            if not n:
-                break
-            with phase("hash", n):
-                hasher.update(piece[:n])
-            got += n
-        extra = f.read(1)
-    if got != target.nbytes or extra:
-        raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
-    if hasher.hexdigest() != oid:
-        raise DamagedObjectError(oid, "content does not match its hash")
 
 
 def check_content(oid: str, data: Buffer, size: int | None) -> None:
