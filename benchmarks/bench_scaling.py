@@ -50,6 +50,8 @@ from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine import timings
 engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]), create=False)
 ns = {}
+import resource
+rss_before = int(open("/proc/self/statm").read().split()[1]) * resource.getpagesize()
 collect = timings.collecting() if sys.argv[3:] == ["breakdown"] else None
 phases = collect.__enter__() if collect else None
 cpu = time.process_time()
@@ -65,7 +67,7 @@ if load is not None:
     load.bind_ready(ns)
     assert not load.failure_report(), load.failure_report()
 out = {"usable_s": usable, "restore_s": time.perf_counter() - started, "names": len(ns),
-       "cpu_s": time.process_time() - cpu}
+       "cpu_s": time.process_time() - cpu, "peak_growth": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - rss_before}
 if phases is not None:
     out["phases"] = phases.as_dict()
 print(json.dumps(out))
@@ -111,7 +113,8 @@ def breakdown_row(children: list[dict], reads: list[dict], nbytes: int) -> dict:
     phases = {name: {k: median([c["phases"].get(name, {}).get(k, 0.0) for c in children])
                      for k in ("wall_s", "cpu_s", "bytes")} for name in names}
     row = {"bytes": nbytes, "phases": phases, "restore_s": median([c["restore_s"] for c in children]),
-           "restore_cpu_s": median([c["cpu_s"] for c in children])}
+           "restore_cpu_s": median([c["cpu_s"] for c in children]),
+           "peak_extra": median([c["peak_growth"] - nbytes for c in children]) / max(nbytes, 1)}
     for key in reads[0]:
         row[key] = median([r[key] for r in reads])
     return row
@@ -196,6 +199,8 @@ def print_breakdown(rows: list[dict]) -> None:
                   ("raw read O_DIRECT", b["direct_wall_s"], b["direct_cpu_s"])]
         for name, wall, cpu in lines:
             print(f"{row['point']:>8} {name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / gb:>9.2f}")
+        print(f"{row['point']:>8} {'peak extra memory':>16}: {b['peak_extra']:.1%} of the state (the restoring "
+              "process's peak growth beyond the state's bytes)")
 
 
 def _points(text: str, kind) -> list:

@@ -6,6 +6,7 @@ memory, with no copy out of the page cache and no page cache to fill and evict. 
 cache mostly holds (asked of the kernel with mincore, which reads nothing) is copied from there,
 which is faster than the disk. The last partial block, and anything O_DIRECT refuses, is read the ordinary way.
 Either way each piece is hashed right after it lands, and a size or hash that differs is refused.
+SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import os
 
 from ..errors import DamagedObjectError
 from ..hashing import object_hasher
+from ..settings import env_int
 from ..timings import phase
 
 # Pieces read (and then hashed) one at a time; several objects are read by as many threads at once.
@@ -46,6 +48,8 @@ def read_local_checked(oid: str, path: str, target: memoryview) -> None:
 def _direct_worth_it(fd: int, target: memoryview) -> bool:
     """O_DIRECT when the object is large, the destination aligned and most of the file not in the page cache."""
     if not _O_DIRECT or target.nbytes < DIRECT_MIN or target.readonly or _address(target) % _ALIGN:
+        return False
+    if not env_int("SPOTWARP_DIRECT_READS", 1, 0):  # 0: always through the page cache
         return False
     cached = _cached_fraction(fd, target.nbytes)
     return cached is None or cached < 0.5  # a filesystem that cannot tell: assume a cold cache, as a new host has
