@@ -3,6 +3,7 @@
     python benchmarks/bench_scaling.py                         # sizes 0.25-4 GB, counts 1k-1M
     python benchmarks/bench_scaling.py --sizes 0.25,0.5 --counts 1000,10000 --reps 3
     python benchmarks/bench_scaling.py --sizes 4 --counts none --reps 1   # the large end once
+    python benchmarks/bench_scaling.py --sizes 1,4 --counts none --reps 3 --breakdown   # where restores' seconds go
 
 Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
 scaled to about that many GB of state; counts are a dict of that many small notebook objects.
@@ -14,6 +15,9 @@ O_DIRECT). The last column repeats full and restore against the old references (
 fsync, buffered cold read), so the change of reference stays visible for one release. `usable` is the same restore's time until the small
 variables are bound (a progressive restore); the large ones arrive by `restore`.
 A ratio that grows with size means something does not scale: the last column flags it.
+`--breakdown` adds, per size, where the restore's seconds go (read, hash, page population, unpickle,
+copies, the unpickling thread's wait for reads: wall and CPU seconds, CPU per GB, gathered by
+spotwarp_jupyter.engine.timings only when asked) beside the CPU of a cold buffered and an O_DIRECT read.
 """
 
 from __future__ import annotations
@@ -32,7 +36,7 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
-from common import disk_limits, drop_cache, median  # noqa: E402
+from common import direct_read, disk_limits, drop_cache, median, raw_read  # noqa: E402
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
 
@@ -43,8 +47,19 @@ sys.path.insert(0, sys.argv[2])  # the workload's code is saved by reference, as
 import numpy, pandas, torch
 import torch._dynamo  # an optimizer's first step (or its constructor) imports it, ~1 s: an import, not restore work
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import timings
 engine = SnapshotEngine(Settings(project="bench", storage=sys.argv[1]), create=False)
 ns = {}
+def rss(field):  # bytes of /proc/self/status's VmRSS (now) or VmHWM (peak since the reset below)
+    return next(int(l.split()[1]) * 1024 for l in open("/proc/self/status") if l.startswith(field + ":"))
+try:
+    open("/proc/self/clear_refs", "w").write("5")  # the peak so far (imports) is not the restore's
+except OSError:
+    pass
+rss_before = rss("VmRSS")
+collect = timings.collecting() if sys.argv[3:] == ["breakdown"] else None
+phases = collect.__enter__() if collect else None
+cpu = time.process_time()
 started = time.perf_counter()
 if hasattr(engine, "restore_kernel_progressive"):
     _m, result, load = engine.restore_kernel_progressive("latest", ns)
@@ -56,7 +71,12 @@ if load is not None:
     load.wait()
     load.bind_ready(ns)
     assert not load.failure_report(), load.failure_report()
-print(json.dumps({"usable_s": usable, "restore_s": time.perf_counter() - started, "names": len(ns)}))
+out = {"usable_s": usable, "restore_s": time.perf_counter() - started, "names": len(ns),
+       "cpu_s": time.process_time() - cpu, "peak_growth": rss("VmHWM") - rss_before,
+       "final_growth": rss("VmRSS") - rss_before}
+if phases is not None:
+    out["phases"] = phases.as_dict()
+print(json.dumps(out))
 """
 
 
@@ -73,9 +93,44 @@ def small_objects(count: int) -> dict:
     return {"items": {f"k{i}": Item(i) for i in range(count)}}
 
 
-def measure(ns: dict, scratch: Path, reps: int) -> dict[str, float]:
+def restore_in_child(store: Path, breakdown: bool) -> dict:
+    """A restore of `store`'s latest snapshot into a fresh process: its figures (and phases, when asked)."""
+    drop_cache(store)
+    out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)]
+                         + (["breakdown"] if breakdown else []), capture_output=True, text=True, check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def read_cpu(path: Path) -> dict[str, float]:
+    """CPU seconds (user + system, all threads) of a cold buffered read and of an O_DIRECT read of `path`."""
+    out = {}
+    for name, read in (("buffered", raw_read), ("direct", direct_read)):
+        drop_cache(path)
+        cpu = time.process_time()
+        wall = read(path)
+        out[f"{name}_cpu_s"] = time.process_time() - cpu if wall is not None else float("nan")
+        out[f"{name}_wall_s"] = wall if wall is not None else float("nan")
+    return out
+
+
+def breakdown_row(children: list[dict], reads: list[dict], nbytes: int) -> dict:
+    """Medians over the repetitions: each phase's wall and CPU seconds, the restore's CPU, the raw reads' CPU."""
+    names = sorted({name for child in children for name in child["phases"]})
+    phases = {name: {k: median([c["phases"].get(name, {}).get(k, 0.0) for c in children])
+                     for k in ("wall_s", "cpu_s", "bytes")} for name in names}
+    row = {"bytes": nbytes, "phases": phases, "restore_s": median([c["restore_s"] for c in children]),
+           "restore_cpu_s": median([c["cpu_s"] for c in children]),
+           "peak_extra": median([c["peak_growth"] - nbytes for c in children]) / max(nbytes, 1),
+           "transient": median([c["peak_growth"] - c["final_growth"] for c in children]) / max(nbytes, 1)}
+    for key in reads[0]:
+        row[key] = median([r[key] for r in reads])
+    return row
+
+
+def measure(ns: dict, scratch: Path, reps: int, breakdown: bool = False) -> dict[str, float]:
     """Full, unchanged and restore times for `ns`, each as a ratio to a raw reference of its bytes."""
     full, unchanged, restore, usable, limits = [], [], [], [], []
+    children, reads = [], []
     nbytes = 0
     for rep in range(reps):
         store = scratch / f"store-{rep}"
@@ -88,17 +143,18 @@ def measure(ns: dict, scratch: Path, reps: int) -> dict[str, float]:
         engine.snapshot_kernel(ns)
         unchanged.append(time.perf_counter() - started)
         limits.append(disk_limits(scratch / "raw.bin", max(nbytes, 1)))
-        drop_cache(store)
-        out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)],
-                             capture_output=True, text=True, check=True)
-        child = json.loads(out.stdout.strip().splitlines()[-1])
+        if breakdown:
+            reads.append(read_cpu(scratch / "raw.bin"))
+        child = restore_in_child(store, breakdown)
+        children.append(child)
         restore.append(child["restore_s"])
         usable.append(child["usable_s"])
         shutil.rmtree(store)
     # the best write and read this disk does (buffered+fsync or O_DIRECT), and the old buffered references
     w, r = median([x.best_write_s for x in limits]), median([x.best_read_s for x in limits])
     old_w, old_r = median([x.buffered_write_s for x in limits]), median([x.buffered_read_s for x in limits])
-    return {"bytes": nbytes, "raw_write_s": w, "raw_read_s": r, "old_write_s": old_w, "old_read_s": old_r,
+    return {"breakdown": breakdown_row(children, reads, nbytes) if breakdown else None,
+            "bytes": nbytes, "raw_write_s": w, "raw_read_s": r, "old_write_s": old_w, "old_read_s": old_r,
             "full_s": median(full), "unchanged_s": median(unchanged), "restore_s": median(restore),
             "usable_s": median(usable), "full_x": median(full) / w, "unchanged_x": median(unchanged) / w,
             "restore_x": median(restore) / r, "usable_x": median(usable) / r,
@@ -133,6 +189,28 @@ def print_table(title: str, label: str, rows: list[dict], per_object: bool = Fal
                                                         for k in ("full", "unchanged", "restore", "usable")))
 
 
+def print_breakdown(rows: list[dict]) -> None:
+    """Per size: each phase's wall and CPU seconds (summed over the threads that ran it) and CPU s/GB,
+    against the restore's whole CPU and a raw cold read's (buffered and O_DIRECT) of the same bytes."""
+    print("\nwhere a restore's seconds go (medians; phases run in several threads at once, so their wall "
+          "seconds may add up to more than the restore's)")
+    header = f"{'state':>8} {'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        b = row["breakdown"]
+        gb = b["bytes"] / 1e9
+        lines = [(name, p["wall_s"], p["cpu_s"]) for name, p in b["phases"].items()]
+        lines += [("restore (all)", b["restore_s"], b["restore_cpu_s"]),
+                  ("raw read buffered", b["buffered_wall_s"], b["buffered_cpu_s"]),
+                  ("raw read O_DIRECT", b["direct_wall_s"], b["direct_cpu_s"])]
+        for name, wall, cpu in lines:
+            print(f"{row['point']:>8} {name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / gb:>9.2f}")
+        print(f"{row['point']:>8} {'peak extra memory':>16}: {b['transient']:.1%} of the state above what the restore "
+              f"ends holding (a second copy would show here); {b['peak_extra']:.1%} peak growth beyond the state's "
+              "stored bytes (imports and Python objects larger than their pickles count here)")
+
+
 def _points(text: str, kind) -> list:
     if text.strip().lower() in ("", "none"):
         return []
@@ -146,6 +224,9 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--breakdown", action="store_true",
+                        help="also show where each restore's seconds go, per phase, and its CPU per GB against "
+                             "a raw read's (adds a cold buffered and an O_DIRECT read per repetition)")
     args = parser.parse_args()
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="spotwarp-scaling-"))
     scratch.mkdir(parents=True, exist_ok=True)
@@ -154,7 +235,7 @@ def main() -> None:
         for gb in _points(args.sizes, float):
             print(f"state of {gb} GB ...", flush=True)
             ns = workload.build(gb / REFERENCE_GB)
-            results["sizes"].append({"point": f"{gb} GB", **measure(ns, scratch, args.reps)})
+            results["sizes"].append({"point": f"{gb} GB", **measure(ns, scratch, args.reps, args.breakdown)})
             del ns
         for count in _points(args.counts, int):
             print(f"{count} small objects ...", flush=True)
@@ -169,6 +250,8 @@ def main() -> None:
     if results["counts"]:
         print_table("number of small objects (fixed costs dominate the small end)", "objects", results["counts"],
                     per_object=True)
+    if args.breakdown and results["sizes"]:
+        print_breakdown(results["sizes"])
     if args.json:
         print(json.dumps(results, indent=2))
 

@@ -42,6 +42,17 @@ def populate(buf: mmap.mmap) -> bool:
     return populate_range(start, len(buf))
 
 
+def populate_view(view: memoryview) -> bool:
+    """`populate` for a writable view into a map (one chunk of a restored buffer); False where it cannot."""
+    if _libc is None or view.nbytes == 0 or view.readonly:
+        return False
+    try:
+        start = ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return False
+    return populate_range(start, view.nbytes)
+
+
 def populate_range(address: int, nbytes: int) -> bool:
     """`populate` for part of a map, by address (pieces of one map are faulted in by several threads)."""
     if _libc is None or nbytes <= 0:

@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from spotwarp_jupyter.engine import DamagedObjectError
+from spotwarp_jupyter.engine.storage.local_reads import _cached_fraction
 from spotwarp_jupyter.engine.storage.store import Store
-from spotwarp_jupyter.engine.variables.load import _allocate
+from spotwarp_jupyter.engine.variables.load import _allocate, _read_chunk
 
 SIZE = 24 * 1024 * 1024 + 1234  # several read pieces and a partial one
 
@@ -49,6 +50,23 @@ def test_large_object_reads_back_whole(stored, cold):
     else:
         path.read_bytes()
     assert _read(store, oid) == data
+
+
+def test_a_cold_object_is_read_past_the_page_cache(stored):
+    store, oid, data, path = stored
+    try:
+        os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
+    except OSError:
+        pytest.skip("this filesystem has no O_DIRECT")
+    _evict(path)
+    assert _read(store, oid) == data
+    fd = os.open(path, os.O_RDONLY)
+    try:  # the disk filled the destination itself: no copy of the object was left in the page cache
+        assert _cached_fraction(fd, SIZE) < 0.05
+        path.read_bytes()
+        assert _cached_fraction(fd, SIZE) > 0.95  # (which the measure does see)
+    finally:
+        os.close(fd)
 
 
 def test_unaligned_buffer_reads_back_whole(stored):
@@ -95,22 +113,27 @@ def test_damaged_large_object_is_refused(stored, cold, damage):
         _read(store, oid)
 
 
-def _resident_kib(start: int) -> int:
-    """Resident KiB of this process's mapping that begins at `start` (from /proc/self/smaps)."""
-    lines = Path("/proc/self/smaps").read_text().splitlines()
-    for i, line in enumerate(lines):
-        if line.split("-", 1)[0] == f"{start:x}":
-            for detail in lines[i + 1:]:
-                if detail.startswith("Rss:"):
-                    return int(detail.split()[1])
-    raise AssertionError(f"no mapping starts at {start:x}")
-
-
-def test_large_buffers_are_populated_when_allocated():
+def _resident_bytes(buf) -> int:
+    """Bytes of `buf` (a map) whose pages are in memory (mincore)."""
     import ctypes
+    import mmap
 
-    size = 64 * 1024 * 1024
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    count = (len(buf) + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+    vec = ctypes.create_string_buffer(count)
+    assert libc.mincore(ctypes.addressof(ctypes.c_char.from_buffer(buf)), len(buf), vec) == 0
+    return sum(b & 1 for b in vec.raw) * mmap.PAGESIZE
+
+
+def test_restore_buffers_are_populated_chunk_by_chunk_by_the_reads(stored):
+    store, oid, data, path = stored
+    _evict(path)
+    size = 3 * 64 * 1024 * 1024
     buf = _allocate(size)
-    start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    # every page is faulted in before the read (one call), not one by one while reading into it
-    assert _resident_kib(start) * 1024 >= size
+    # memory is taken as the reads reach it (peak memory follows the restore), not all at allocation
+    assert _resident_bytes(buf) < size // 2
+    chunk = memoryview(buf)[64 * 1024 * 1024:64 * 1024 * 1024 + SIZE]
+    _read_chunk(store, oid, chunk)
+    assert bytes(chunk) == data
+    assert SIZE <= _resident_bytes(buf) < size // 2

@@ -444,12 +444,19 @@ def temporaries(root: Path) -> list[str]:
     return sorted(p.name for p in root.rglob("*") if ".spotwarp-tmp-" in p.name)
 
 
+def stored_content(store: str) -> dict[str, dict[bytes, tuple]]:
+    """The store's objects and snapshot manifests (its journal of events aside, which a restore adds to)."""
+    root = Path(store) / PROJECT
+    return {part: btree(root / part) for part in ("objects", "snapshots")}
+
+
 def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, store):
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
     (ws / "big.bin").write_bytes(os.urandom(96 * 1024 * 1024))
     (ws / "sub" / "small.txt").write_text("small")
     ok(cli("snapshot", "--workspace-path", str(ws), store=store, home=tmp_path / "a"))
+    store_before = stored_content(store)
 
     target = tmp_path / "target"
     env = host_env(tmp_path / "b", SPOTWARP_KEY=KEY)
@@ -475,6 +482,12 @@ def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, 
         if target.exists():
             subprocess.run(["rm", "-rf", str(target)], check=True)
     assert left, "the restore was never caught with a temporary on disk"
+    # the kill left no partial file under a real name (each is absent or whole), and the store as it was
+    source = btree(ws)
+    for rel, entry in btree(target).items():
+        if entry[0] == "file" and b".spotwarp-tmp-" not in rel:
+            assert entry[1] == source.get(rel, ("", b""))[1], f"{rel!r} is partly written under its own name"
+    assert stored_content(store) == store_before, "a killed restore changed the store"
     # what an earlier version left behind: `.NAME.spotwarp-tmp-XXXXXXXX` next to the file
     (target / "sub").mkdir(exist_ok=True)
     (target / "sub" / ".small.txt.spotwarp-tmp-0badc0de").write_bytes(b"x" * 1000)
@@ -487,7 +500,8 @@ def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, 
     ok(cli("restore", "--workspace-path", str(target), "--snapshot", json.loads(snap.stdout)["parent"],
            store=store, home=tmp_path / "b"))
     assert temporaries(target) == []
-    assert (target / "big.bin").read_bytes() == (ws / "big.bin").read_bytes()
+    restored = btree(target)
+    assert {rel: restored.get(rel) for rel in source} == source  # every file and folder, whole
 
 
 def test_the_temporary_of_a_restore_still_running_is_left_alone(tmp_path, store):

@@ -34,8 +34,10 @@ from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 from ..errors import DamagedObjectError, StorageError, one_line  # noqa: E402
 from ..hashing import Buffer, is_object_id, object_hasher, object_id  # noqa: E402
 from ..settings import env_float, env_int  # noqa: E402
+from ..timings import phase  # noqa: E402
 from .backends import check_backend  # noqa: E402
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
+from .local_reads import read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
 from .retries import RetryPolicy, call_with_retries, log  # noqa: E402
 
@@ -53,8 +55,6 @@ ASK_BEFORE_UPLOAD = 8 * 1024 * 1024
 # On GCS, objects from this size up go as resumable uploads in chunks of GCS_CHUNK_SIZE (a multiple of 256 KiB).
 GCS_RESUMABLE_THRESHOLD = 1024 * 1024
 GCS_CHUNK_SIZE = 8 * 1024 * 1024
-# Local reads go in pieces this size, each hashed right after it lands (while the CPU's cache holds it).
-READ_PIECE = 2 * 1024 * 1024
 # On S3, objects from this size up are read as concurrent ranged GETs of RANGE_SIZE (one GET streams slowly).
 RANGED_READ_MIN = 32 * 1024 * 1024
 RANGE_SIZE = 16 * 1024 * 1024
@@ -304,10 +304,12 @@ class Store:
         """The object's bytes, checked against its hash."""
         path = self.object_path(oid)
         try:
-            data = self._call("reading an object", self.fs.cat_file, path)
+            with phase("read", size or 0):
+                data = self._call("reading an object", self.fs.cat_file, path)
         except FileNotFoundError:
             raise DamagedObjectError(oid, "missing from storage") from None
-        check_content(oid, data, size)
+        with phase("hash", len(data)):
+            check_content(oid, data, size)
         return data
 
     def read_object_into(self, oid: str, target: memoryview) -> None:
@@ -315,18 +317,21 @@ class Store:
         path = self.object_path(oid)
         try:
             if self.local:
-                _read_local_checked(oid, path, target)
+                read_local_checked(oid, path, target)
                 return
             if self._s3 and target.nbytes >= RANGED_READ_MIN:
                 self._read_ranges_checked(oid, path, target)
                 return
-            data = self._call("reading an object", self.fs.cat_file, path)
+            with phase("read", target.nbytes):
+                data = self._call("reading an object", self.fs.cat_file, path)
         except FileNotFoundError:
             raise DamagedObjectError(oid, "missing from storage") from None
         if len(data) != target.nbytes:
             raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
-        target[:] = data
-        check_content(oid, target, target.nbytes)
+        with phase("copy", target.nbytes):
+            target[:] = data
+        with phase("hash", target.nbytes):
+            check_content(oid, target, target.nbytes)
 
     def _read_ranges_checked(self, oid: str, path: str, target: memoryview) -> None:
         """Fill `target` from concurrent ranged GETs of the object (its size asked first), hashing the pieces in order."""
@@ -336,14 +341,17 @@ class Store:
             raise DamagedObjectError(oid, f"size differs from the manifest ({size} bytes expected)")
         starts = list(range(0, size, RANGE_SIZE))
         ends = [min(start + RANGE_SIZE, size) for start in starts]
-        pieces = self._call("reading an object", self.fs.cat_ranges, [path] * len(starts), starts, ends,
-                            on_error="raise")
+        with phase("read", size):
+            pieces = self._call("reading an object", self.fs.cat_ranges, [path] * len(starts), starts, ends,
+                                on_error="raise")
         hasher = object_hasher()
         for start, end, piece in zip(starts, ends, pieces):
             if len(piece) != end - start:
                 raise DamagedObjectError(oid, f"size differs from the manifest ({size} bytes expected)")
-            target[start:end] = piece
-            hasher.update(piece)
+            with phase("copy", end - start):
+                target[start:end] = piece
+            with phase("hash", end - start):
+                hasher.update(piece)
         if hasher.hexdigest() != oid:
             raise DamagedObjectError(oid, "content does not match its hash")
 
@@ -535,25 +543,6 @@ def modified(info: dict[str, Any]) -> float | None:
         except ValueError:
             continue
     return None
-
-
-def _read_local_checked(oid: str, path: str, target: memoryview) -> None:
-    """Read a local object into `target` piece by piece, hashing each piece while it is still in cache."""
-    hasher = object_hasher()
-    got = 0
-    with open(path, "rb", buffering=0) as f:
-        while got < target.nbytes:
-            piece = target[got:got + READ_PIECE]
-            n = f.readinto(piece)
-            if not n:
-                break
-            hasher.update(piece[:n])
-            got += n
-        extra = f.read(1)
-    if got != target.nbytes or extra:
-        raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
-    if hasher.hexdigest() != oid:
-        raise DamagedObjectError(oid, "content does not match its hash")
 
 
 def check_content(oid: str, data: Buffer, size: int | None) -> None:

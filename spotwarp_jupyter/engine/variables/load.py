@@ -25,10 +25,10 @@ from typing import Any
 from .. import pages, pickling
 from ..errors import SpotWarpError
 from ..storage import Store
+from ..timings import phase
 from .capture import EXTRAS_NAME
 
 _MISSING = object()
-_POPULATE = getattr(mmap, "MAP_POPULATE", 0)
 
 
 @dataclass
@@ -87,24 +87,28 @@ def group_bytes(group: dict[str, Any]) -> int:
 
 
 def _allocate(size: int) -> Any:
-    """A writable buffer for a restored array.
+    """A writable buffer for a restored array: large ones are anonymous maps whose pages the reading
+    threads populate chunk by chunk (`_read_chunk`).
 
-    Large ones are anonymous maps populated in one call: faulting fresh pages in one by one while
-    reading into them costs about three times as much CPU as the read itself. The call is made with
-    the GIL released (pages.py), so unpickling the groups already read goes on meanwhile.
+    Not huge pages: with this kernel's usual THP setting (defrag on madvise) a fault may wait for memory
+    to be compacted, measured at 1.5 s per GB against 0.3 s for small pages when memory is fragmented.
     """
     if size < (1 << 20):
         return bytearray(size)
-    buf = mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-    if pages.populate(buf):
-        return buf
-    buf.close()  # a kernel before 5.14: populated when mapped, holding the GIL
-    if _POPULATE:
-        try:
-            return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _POPULATE)
-        except OSError:
-            pass
-    return mmap.mmap(-1, size)
+    return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+
+
+def _read_chunk(store: Store, oid: str, view: memoryview) -> None:
+    """Read one chunk into its place in a restored buffer, its pages populated first in one call.
+
+    Faulting fresh pages in one by one while reading into them costs about three times as much CPU as
+    the read itself; one call (GIL released, pages.py) in the reading thread, just before the read,
+    overlaps that work with the other threads' reads, and memory is taken only as the reads reach it.
+    """
+    if view.nbytes >= (1 << 20):
+        with phase("populate", view.nbytes):
+            pages.populate_view(view)
+    store.read_object_into(oid, view)
 
 
 @dataclass
@@ -113,45 +117,42 @@ class GroupRead:
 
     group: dict[str, Any]
     data: Future
-    buffers: list[Future]  # each: (buffer, futures of its chunks' reads)
+    buffers: list[tuple[Any, list[Future]]]  # each buffer and the futures of its chunks' reads
 
     def result(self) -> tuple[bytes, list[Any], int]:
         """Wait for every object; raise the first failure (a DamagedObjectError or StorageError)."""
-        targets = []
-        for f in self.buffers:
-            target, chunks = f.result()
+        for _target, chunks in self.buffers:
             for chunk in chunks:
                 chunk.result()
-            targets.append(target)
         data = self.data.result()
+        targets = [target for target, _chunks in self.buffers]
         return data, targets, len(data) + sum(len(b) for b in targets)
 
     def cancel(self) -> None:
         """Drop reads not started yet (after a failure elsewhere, or when the restore is abandoned)."""
         self.data.cancel()
-        for f in self.buffers:
-            if not f.cancel() and f.done() and not f.exception():
-                for chunk in f.result()[1]:
-                    chunk.cancel()
+        for _target, chunks in self.buffers:
+            for chunk in chunks:
+                chunk.cancel()
 
 
 def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[Any, list[Future]]:
-    """Allocate one buffer (in a pool thread: populating pages costs CPU) and queue its chunks' reads."""
+    """Map one buffer (its pages come with the reads) and queue its chunks' reads."""
     target = _allocate(buf["size"])
     view = memoryview(target)
     chunks = []
     offset = 0
     for chunk in buf["chunks"]:
-        chunks.append(pool.submit(store.read_object_into, chunk["id"], view[offset:offset + chunk["size"]]))
+        chunks.append(pool.submit(_read_chunk, store, chunk["id"], view[offset:offset + chunk["size"]]))
         offset += chunk["size"]
     return target, chunks
 
 
 def start_read(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> GroupRead:
-    """Queue the reads of a group's objects (its buffers are allocated by the pool too); returns at once."""
+    """Queue the reads of a group's objects, in order; returns at once."""
     ref = group["pickle"]
     data = pool.submit(store.read_object, ref["id"], ref["size"])
-    buffers = [pool.submit(_fill, store, buf, pool) for buf in group.get("buffers", [])]
+    buffers = [_fill(store, buf, pool) for buf in group.get("buffers", [])]
     return GroupRead(group, data, buffers)
 
 
@@ -176,7 +177,7 @@ def collector_paused():
 
 def load_group(group: dict[str, Any], data: bytes, buffers: list[Any]) -> dict[str, Any]:
     """Unpickle one group's variables (name -> value) from its stream and buffers."""
-    with collector_paused():
+    with collector_paused(), phase("unpickle", len(data)):
         return pickling.loads(group["codec"], data, buffers)
 
 
@@ -185,7 +186,8 @@ def rebuild(reads: list[GroupRead], main: pickling.main_namespace) -> tuple[list
     values: list[tuple[str, Any]] = []
     total = 0
     for read in reads:
-        data, buffers, n = read.result()
+        with phase("wait for reads"):
+            data, buffers, n = read.result()
         total += n
         for name, value in load_group(read.group, data, buffers).items():
             main.bind(name, value)

@@ -17,6 +17,7 @@ from typing import Any
 from .. import pickling
 from ..errors import SpotWarpError
 from ..storage import Store
+from ..timings import phase
 from .capture import EXTRAS_NAME
 from .load import (
     LoadResult,
@@ -103,7 +104,8 @@ class BackgroundLoad:
             self._fail(names, f"it needs {', '.join(missing)}, which could not be restored")
             return
         try:
-            data, buffers, n = read.result()
+            with phase("wait for reads"):
+                data, buffers, n = read.result()
             values = list(load_group(read.group, data, buffers).items())
         except Exception as exc:  # noqa: BLE001 - one group's failure leaves the others to load
             read.cancel()

@@ -1,0 +1,137 @@
+"""Reading a local object straight into its destination, hashed piece by piece on the way.
+
+An object not in the page cache (a new host, a restore after the snapshot's O_DIRECT writes) is read
+with O_DIRECT into the destination itself when that is page-aligned: the disk's DMA fills the final
+memory, with no copy out of the page cache and no page cache to fill and evict. An object the page
+cache mostly holds (asked of the kernel with mincore, which reads nothing) is copied from there,
+which is faster than the disk. The last partial block, and anything O_DIRECT refuses, is read the ordinary way.
+Either way each piece is hashed right after it lands, and a size or hash that differs is refused.
+SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import errno
+import mmap
+import os
+
+from ..errors import DamagedObjectError
+from ..hashing import object_hasher
+from ..settings import env_int
+from ..timings import phase
+
+# Pieces read (and then hashed) one at a time; several objects are read by as many threads at once.
+READ_PIECE = 8 * 1024 * 1024
+# Objects from this size up are read with O_DIRECT when cold and their destination is aligned.
+DIRECT_MIN = 4 * 1024 * 1024
+_ALIGN = 4096
+_O_DIRECT = getattr(os, "O_DIRECT", 0)
+
+
+def read_local_checked(oid: str, path: str, target: memoryview) -> None:
+    """Fill `target` with the object at `path`; DamagedObjectError unless its size and blake3 hash match `oid`."""
+    hasher = object_hasher()
+    with open(path, "rb", buffering=0) as f:
+        fd = f.fileno()
+        if os.fstat(fd).st_size != target.nbytes:
+            raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
+        done = _read_direct(path, target, hasher) if _direct_worth_it(fd, target) else 0
+        got = done + _read_buffered(fd, target, done, hasher)
+        extra = os.pread(fd, 1, got) if got == target.nbytes else b""
+    if got != target.nbytes or extra:
+        raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
+    if hasher.hexdigest() != oid:
+        raise DamagedObjectError(oid, "content does not match its hash")
+
+
+def _direct_worth_it(fd: int, target: memoryview) -> bool:
+    """O_DIRECT when the object is large, the destination aligned and most of the file not in the page cache."""
+    if not _O_DIRECT or target.nbytes < DIRECT_MIN or target.readonly or _address(target) % _ALIGN:
+        return False
+    if not env_int("SPOTWARP_DIRECT_READS", 1, 0):  # 0: always through the page cache
+        return False
+    cached = _cached_fraction(fd, target.nbytes)
+    return cached is None or cached < 0.5  # a filesystem that cannot tell: assume a cold cache, as a new host has
+
+
+def _load_libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.mmap.restype = ctypes.c_void_p
+        libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int,
+                              ctypes.c_long]
+        libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+        libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+        return libc
+    except (OSError, AttributeError):
+        return None
+
+
+_libc = _load_libc() if _O_DIRECT else None
+
+
+def _cached_fraction(fd: int, size: int) -> float | None:
+    """The share of the file's pages the page cache holds (mapped, never read: no I/O); None if unknown."""
+    if _libc is None:
+        return None
+    address = _libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, fd, 0)
+    if address in (None, ctypes.c_void_p(-1).value):
+        return None
+    try:
+        count = (size + mmap.PAGESIZE - 1) // mmap.PAGESIZE
+        vec = ctypes.create_string_buffer(count)
+        if _libc.mincore(address, size, vec) != 0:
+            return None
+        return vec.raw.count(b"\x01") / count if count else 1.0
+    finally:
+        _libc.munmap(address, size)
+
+
+def _address(view: memoryview) -> int:
+    return ctypes.addressof(ctypes.c_char.from_buffer(view))
+
+
+def _read_direct(path: str, target: memoryview, hasher) -> int:
+    """Read the whole blocks of the object into `target` with O_DIRECT; how many bytes it read (0 if refused)."""
+    whole = target.nbytes // _ALIGN * _ALIGN
+    try:
+        fd = os.open(path, os.O_RDONLY | _O_DIRECT)
+    except OSError:
+        return 0  # a filesystem without O_DIRECT (tmpfs before 6.6, some overlays): read through the cache
+    got = 0
+    try:
+        while got < whole:
+            piece = target[got:min(got + READ_PIECE, whole)]
+            try:
+                with phase("read", piece.nbytes):
+                    n = os.preadv(fd, [piece], got)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                break  # refused after all: the rest goes through the cache
+            if n <= 0:
+                break
+            with phase("hash", n):
+                hasher.update(piece[:n])
+            got += n
+            if n % _ALIGN:
+                break
+    finally:
+        os.close(fd)
+    return got
+
+
+def _read_buffered(fd: int, target: memoryview, start: int, hasher) -> int:
+    """Read `target[start:]` through the page cache; how many bytes it read (short when the file is)."""
+    got = start
+    while got < target.nbytes:
+        piece = target[got:got + READ_PIECE]
+        with phase("read", piece.nbytes):
+            n = os.preadv(fd, [piece], got)
+        if n <= 0:
+            break
+        with phase("hash", n):
+            hasher.update(piece[:n])
+        got += n
+    return got - start
