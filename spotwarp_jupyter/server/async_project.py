@@ -58,6 +58,7 @@ class AsyncProject:
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
         self.resumed: list[dict[str, Any]] = []  # what resuming each notebook did on this host (server/resume.py)
+        self.resumer: Any = None  # the Resumer of this host's resume, once one began (POST resume/run)
         self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile

@@ -99,6 +99,9 @@ class Resumer:
         self.service = service
         self.serverapp = serverapp
         self.tasks: set[asyncio.Task] = set()
+        # notebook -> (its plan, the cell interrupted outside a resumable loop): what POST resume/run runs
+        self.interrupted: dict[str, tuple[Plan, dict[str, Any]]] = {}
+        service.resumer = self
 
     def say(self, notebook: str, state: str, line: str, **facts: Any) -> dict[str, Any]:
         """Record one notebook's state (replacing its previous one) and log its line."""
@@ -190,6 +193,7 @@ class Resumer:
         cell = running.get("id") or "(a cell without id)"
         if outcome.get("at") != "step" or not outcome.get("resume", True):
             why = "resume is off in its policy" if outcome.get("at") == "step" else "outside a resumable loop"
+            self.interrupted[plan.notebook] = (plan, running)
             self.say(plan.notebook, "restored", f"{where}; cell {cell} was running ({why}): not run again, "
                      "run it yourself", interrupted_cell=running.get("id"), **facts)
             return
@@ -205,6 +209,62 @@ class Resumer:
         self.say(plan.notebook, "finished" if status == "ok" else "failed",
                  f"{where}; cell {cell} re-ran and {'finished' if status == 'ok' else 'ended: ' + status}{note}",
                  **facts)
+
+
+class RunRefused(Exception):
+    """POST resume/run refused: `status` is the HTTP status, the message one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def run_interrupted(resumer: Resumer | None, notebook: str) -> dict[str, Any]:
+    """Run again, as asked (the panel's one click), the recorded source of the cell that was interrupted outside a
+    resumable loop in `notebook`, in its resumed kernel; its outputs go into the notebook as a re-run's do.
+
+    Answers the notebook's status entry once the cell is sent; RunRefused for an unknown notebook, nothing
+    interrupted (or already run), or a kernel that is gone."""
+    entry = next((e for e in resumer.service.resumed if e["notebook"] == notebook), None) if resumer else None
+    if entry is None or resumer is None:
+        raise RunRefused(404, f"{notebook}: not resumed on this host (see resume in GET status)")
+    held = resumer.interrupted.get(notebook)
+    if held is None or entry.get("state") != "restored":
+        raise RunRefused(409, f"{notebook}: no interrupted cell waits to run (state {entry.get('state')})")
+    kernel_id = entry.get("kernel_id")
+    kernels = resumer.serverapp.kernel_manager
+    km = kernels.get_kernel(kernel_id) if kernel_id in kernels else None
+    if km is None or not await ensure_async(km.is_alive()):
+        raise RunRefused(409, f"{notebook}: its resumed kernel {kernel_id} is gone (shut down): nothing run")
+    plan, running = resumer.interrupted.pop(notebook)
+    facts = {k: v for k, v in entry.items() if k not in ("notebook", "state", "line", "interrupted_cell", "cell")}
+    cell = running.get("id") or "(a cell without id)"
+    where = f"restored from snapshot {entry.get('snapshot')}"
+    answer = resumer.say(notebook, "running", f"{where}; running interrupted cell {cell} again, as asked",
+                         **facts, cell=running.get("id"))
+    task = asyncio.ensure_future(_run_asked(resumer, km, kernel_id, plan, running, where, facts))
+    resumer.tasks.add(task)
+    task.add_done_callback(resumer.tasks.discard)
+    return answer
+
+
+async def _run_asked(resumer: Resumer, km: Any, kernel_id: str, plan: Plan, running: dict[str, Any], where: str,
+                     facts: dict[str, Any]) -> None:
+    cell = running.get("id") or "(a cell without id)"
+    client = km.client()
+    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+    try:
+        await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+        status = await CellRun(resumer, client, kernel_id, plan, running).run()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line in status and log
+        status = f"{type(exc).__name__}: {exc}"
+    finally:
+        client.stop_channels()
+    resumer.say(plan.notebook, "finished" if status == "ok" else "failed",
+                f"{where}; cell {cell} ran again, as asked, and {'finished' if status == 'ok' else 'ended: ' + status}",
+                **facts, cell=running.get("id"))
 
 
 async def _journal_resumed(service: Any, notebook: str, facts: dict[str, Any]) -> None:
