@@ -9,15 +9,23 @@ Both are timed from the start command to the loop's first step (its first output
 files restored / server serving / kernel started / kernel state restored / cell started / first step.
 Goal (issue 22): resume / by hand at most 1.1x. Medians of --repeat runs.
 
-Run: python benchmarks/bench_resume.py [--repeat 3] [--scale 0.1]   (--scale: the reference workload beside the
-     model, benchmarks/workload.py; 0 leaves it out)
+--failover: the same loss through `spotwarp launch --provider local --watch --dead-after 4s`: the holder trains,
+is SIGKILLed with its kernel (no notice); timed from the kill to the loop's first step on the promoted host, split
+into loss detected / new holder promoted / first step; against `--dead-after` + 1.2x a plain `spotwarp start`
+(files restored, serving; measured in the same run on a copy of the same store). Goal: at most that.
+
+Run: python benchmarks/bench_resume.py [--repeat 3] [--variant small | --scale 0.1] [--failover]
+     (--scale: the reference workload beside the model, benchmarks/workload.py, 0 leaves it out; --variant small
+     is BENCH.md's smaller variant, --scale 0.1, about 200 MB)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
+import signal
 import statistics
 import sys
 import tempfile
@@ -26,6 +34,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "support"))
+sys.path.insert(0, str(HERE.parent / "tests" / "failover"))
 
 from new_hosts import (  # noqa: E402
     LOOP,
@@ -44,8 +53,9 @@ PHASES = ("files restored", "server serving", "kernel started", "state restored"
 def setup_code(scale: float) -> str:
     if not scale:
         return SETUP
+    # the workload's names get a prefix: its `model` and `opt` must not replace the loop's
     return SETUP + (f"import sys as _s\n_s.path.insert(0, {str(HERE)!r})\nimport workload as _w\n"
-                    f"globals().update(_w.build({scale!r}))\n")
+                    f"globals().update({{'ref_' + k: v for k, v in _w.build({scale!r}).items()}})\n")
 
 
 def lose_host(base: Path, store: str, scale: float) -> None:
@@ -109,11 +119,88 @@ def by_hand(base: Path, store: str, run: int) -> float:
         server.discard()
 
 
+DEAD_AFTER_S = 4.0
+
+
+def failover(base: Path, scale: float) -> dict[str, float]:
+    """Kill the holder of a `launch --watch`; seconds from the kill to each phase, and a plain start's."""
+    from test_failover import Launch, attach, cleanup, engine_for, env_for
+
+    from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
+
+    from lab_server import LabServer, host_env
+
+    store = str(base / "fo-store")
+    origin = base / "fo-origin"
+    origin.mkdir()
+    setup = setup_code(scale)
+    (origin / "train.ipynb").write_text(json.dumps(notebook([("setup", setup), ("loop", LOOP)])))
+    engine_for(store).snapshot_project(str(origin))
+    shutil.copytree(store, base / "fo-plain-store")
+    (base / "home-fo-plain").mkdir()
+    plain = LabServer(base / "ws-fo-plain", str(base / "fo-plain-store"), "fo",
+                      host_env(base / "home-fo-plain", PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1",
+                               SPOTWARP_BACKUP_INTERVAL="0"), base / "fo-plain.log", start_args=("--no-resume",))
+    plain.wait_ready()
+    out = {"plain start": time.perf_counter() - plain.started}
+    plain.discard()
+    launch = Launch(base, store, "--candidates", "1", "--watch", "--dead-after", f"{DEAD_AFTER_S:g}s",
+                    env=env_for(base, STEP_PAUSE="0.15", PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
+                                PYTHONPATH=str(HERE.parent)))
+    try:
+        first = launch.next("promoted")
+        holder = attach(first["url"], base / "fo-first.log")
+        nb = holder.open_notebook("train.ipynb")
+        kernel_pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
+        nb.run(setup, cell_id="setup", timeout=1200)
+        nb.send(LOOP, cell_id="loop")
+        wait_for(lambda: len([m for m in kernel_manifests(store, "fo")
+                              if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 600, "snapshots in the loop")
+        launch.next("failover_finished")
+        pid = read_heartbeat(engine_for(store).store, first["candidate"])["pid"]
+        os.killpg(pid, signal.SIGKILL)  # the host vanishes, no notice
+        os.kill(kernel_pid, signal.SIGKILL)
+        killed = time.perf_counter()
+        launch.next("host_lost", timeout=120)
+        out["loss detected"] = time.perf_counter() - killed
+        second = launch.next("promoted", timeout=600)
+        out["promoted"] = time.perf_counter() - killed
+        on_disk = base / "candidates" / second["candidate"] / "ws" / "train.ipynb"
+        wait_for(lambda: "step " in cell_outputs(on_disk, "loop"), 1200, "the first resumed step on the new holder")
+        out["first step"] = time.perf_counter() - killed
+    finally:
+        launch.stop()
+        cleanup(store, base)
+    return out
+
+
+def report_failover(scale: float) -> None:
+    with tempfile.TemporaryDirectory(prefix="spotwarp-bench-resume-fo-") as tmp:
+        f = failover(Path(tmp), scale)
+    goal = DEAD_AFTER_S + 1.2 * f["plain start"]
+    print(f"failover (launch --provider local --watch --dead-after {DEAD_AFTER_S:g}s), scale {scale:g}, one run, "
+          "seconds from the SIGKILL")
+    for key in ("loss detected", "promoted", "first step"):
+        print(f"{key:<16} {f[key]:>8.2f}")
+    print(f"plain start      {f['plain start']:>8.2f}  (spotwarp start --no-resume on the same store, to serving)")
+    print(f"kill to training running again / (dead-after + 1.2x plain start) = {f['first step']:.2f} / {goal:.2f} = "
+          f"{f['first step'] / goal:.2f}x (goal at most 1: {'met' if f['first step'] <= goal else 'NOT met'})")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs; medians are reported (default 3)")
     parser.add_argument("--scale", type=float, default=0.0, help="reference workload beside the model (0: none)")
+    parser.add_argument("--variant", choices=("small",), help="BENCH.md's smaller variant of the reference "
+                        "workload (--scale 0.1, about 200 MB)")
+    parser.add_argument("--failover", action="store_true", help="kill to running again through `spotwarp launch "
+                        "--provider local --watch` instead (one run)")
     args = parser.parse_args()
+    if args.variant == "small":
+        args.scale = 0.1
+    if args.failover:
+        report_failover(args.scale)
+        return
     runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="spotwarp-bench-resume-") as tmp:
         base = Path(tmp)
