@@ -83,7 +83,9 @@ def resumed(base: Path, store: str, run: int) -> dict[str, float]:
     try:
         out = {"server serving": time.perf_counter() - began}
         on_disk = server.workspace / "train.ipynb"
-        wait_for(lambda: "step " in cell_outputs(on_disk, "loop"), 1200, "the first resumed step", server)
+        polls = iter(range(10**9))
+        wait_for(lambda: "step " in cell_outputs(on_disk, "loop") or (next(polls) % 40 == 39 and _failed(server)),
+                 1200, "the first resumed step", server)
         out["first step"] = time.perf_counter() - began
         summary = json.loads(next(line for line in server.log().splitlines() if line.startswith("{")))
         out["files restored"] = summary["prepared_s"]
@@ -95,6 +97,15 @@ def resumed(base: Path, store: str, run: int) -> dict[str, float]:
         return out
     finally:
         server.discard()
+
+
+def _failed(server) -> bool:
+    """False while the resume goes on; a failed one ends the benchmark with its line."""
+    _code, status = server.request("GET", "spotwarp/api/status")
+    for e in status.get("resume") or []:
+        if e.get("state") in ("failed", "skipped"):
+            raise SystemExit(f"the resume failed: {e['line']}")
+    return False
 
 
 def _entry(server) -> dict | None:
@@ -122,6 +133,11 @@ def by_hand(base: Path, store: str, run: int) -> float:
 DEAD_AFTER_S = 4.0
 
 
+def _pythonpath() -> str:
+    """This tree first (the hosts run its package), then what the benchmark was given."""
+    return os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
+
+
 def failover(base: Path, scale: float) -> dict[str, float]:
     """Kill the holder of a `launch --watch`; seconds from the kill to each phase, and a plain start's."""
     from test_failover import Launch, attach, cleanup, engine_for, env_for
@@ -139,14 +155,14 @@ def failover(base: Path, scale: float) -> dict[str, float]:
     shutil.copytree(store, base / "fo-plain-store")
     (base / "home-fo-plain").mkdir()
     plain = LabServer(base / "ws-fo-plain", str(base / "fo-plain-store"), "fo",
-                      host_env(base / "home-fo-plain", PYTHONPATH=str(HERE.parent), OMP_NUM_THREADS="1",
+                      host_env(base / "home-fo-plain", PYTHONPATH=_pythonpath(), OMP_NUM_THREADS="1",
                                SPOTWARP_BACKUP_INTERVAL="0"), base / "fo-plain.log", start_args=("--no-resume",))
     plain.wait_ready()
     out = {"plain start": time.perf_counter() - plain.started}
     plain.discard()
     launch = Launch(base, store, "--candidates", "1", "--watch", "--dead-after", f"{DEAD_AFTER_S:g}s",
                     env=env_for(base, STEP_PAUSE="0.15", PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
-                                PYTHONPATH=str(HERE.parent)))
+                                PYTHONPATH=_pythonpath()))
     try:
         first = launch.next("promoted")
         holder = attach(first["url"], base / "fo-first.log")
@@ -198,6 +214,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.variant == "small":
         args.scale = 0.1
+    if args.scale:  # the workload's classes are pickled by reference: every host's kernel imports `workload`
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE)) if p)
     if args.failover:
         report_failover(args.scale)
         return

@@ -270,5 +270,7 @@ class SpotWarpApp(ExtensionApp):
             self._backup_task.cancel()
         if getattr(self, "_resume_task", None) is not None:
             self._resume_task.cancel()
+        for task in list(getattr(getattr(getattr(self, "service", None), "resumer", None), "tasks", ())):
+            task.cancel()  # a cell run as asked (POST resume/run) after the resume itself ended
         if getattr(self, "service", None) is not None:
             self.service.close()

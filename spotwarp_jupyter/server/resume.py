@@ -194,8 +194,9 @@ class Resumer:
         if outcome.get("at") != "step" or not outcome.get("resume", True):
             why = "resume is off in its policy" if outcome.get("at") == "step" else "outside a resumable loop"
             self.interrupted[plan.notebook] = (plan, running)
-            self.say(plan.notebook, "restored", f"{where}; cell {cell} was running ({why}): not run again, "
-                     "run it yourself", interrupted_cell=running.get("id"), **facts)
+            self.say(plan.notebook, "restored", f"{where}; cell {cell} was running ({why}): not run again "
+                     f"(run it yourself, or with 'Run cell {cell}' in the SpotWarp panel)",
+                     interrupted_cell=running.get("id"), **facts)
             return
         note = ""
         if running.get("id") in plan.cells and plan.cells[running["id"]] != running["source"]:
@@ -228,15 +229,16 @@ async def run_interrupted(resumer: Resumer | None, notebook: str) -> dict[str, A
     entry = next((e for e in resumer.service.resumed if e["notebook"] == notebook), None) if resumer else None
     if entry is None or resumer is None:
         raise RunRefused(404, f"{notebook}: not resumed on this host (see resume in GET status)")
-    held = resumer.interrupted.get(notebook)
+    held = resumer.interrupted.pop(notebook, None)  # taken before any await: a second ask at once finds nothing
     if held is None or entry.get("state") != "restored":
         raise RunRefused(409, f"{notebook}: no interrupted cell waits to run (state {entry.get('state')})")
     kernel_id = entry.get("kernel_id")
     kernels = resumer.serverapp.kernel_manager
     km = kernels.get_kernel(kernel_id) if kernel_id in kernels else None
     if km is None or not await ensure_async(km.is_alive()):
+        resumer.interrupted[notebook] = held  # asked again, it says the same
         raise RunRefused(409, f"{notebook}: its resumed kernel {kernel_id} is gone (shut down): nothing run")
-    plan, running = resumer.interrupted.pop(notebook)
+    plan, running = held
     facts = {k: v for k, v in entry.items() if k not in ("notebook", "state", "line", "interrupted_cell", "cell")}
     cell = running.get("id") or "(a cell without id)"
     where = f"restored from snapshot {entry.get('snapshot')}"
