@@ -89,7 +89,7 @@ export interface paths {
          *     outputs written into the notebook file. Answers 202 with the notebook's `resume` entry, now
          *     `running`, once the cell is sent; its end shows in GET status (`finished` or `failed`). Needs the
          *     `execute` action. 404 for a notebook not resumed on this host; 409 when no interrupted cell waits to
-         *     run (none was, or it was already run) or the resumed kernel is gone.
+         *     run (none was, or it was already run) or the resumed kernel is gone; 503 while the server is stopping.
          */
         post: operations["runInterruptedCell"];
         delete?: never;
@@ -565,6 +565,7 @@ export interface operations {
                     "application/json": components["schemas"]["Error"];
                 };
             };
+            503: components["responses"]["Stopping"];
         };
     };
 }

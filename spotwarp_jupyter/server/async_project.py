@@ -81,6 +81,11 @@ class AsyncProject:
                 raise self._why_stopping() from None
             raise
 
+    async def check_open(self) -> None:
+        """Refused in one line, as `run` is, once the server is stopping (work that needs no thread asks this)."""
+        if self._closed:
+            raise self._why_stopping()
+
     def _why_stopping(self) -> SpotWarpError:
         # a fenced host stops itself: the request that races its shutdown learns why, not "Unhandled error"
         if self.role == FENCED:

@@ -112,6 +112,7 @@ class ResumeRunHandler(SpotWarpHandler):
     @web.authenticated
     @authorized("execute")
     async def post(self) -> None:
+        await self.call(self.service.check_open())  # a stopping (or fenced) server runs nothing more
         body = self.json_body()
         unknown = sorted(set(body) - {"notebook"})
         if unknown:
