@@ -149,8 +149,8 @@ export class FakeServer {
       if (!entry.interrupted_cell || entry.state !== 'restored') {
         throw new ApiError(409, `${notebook}: no interrupted cell waits to run (state ${entry.state})`);
       }
-      const { interrupted_cell: cell, ...rest } = entry;
-      Object.assign(entry, { ...rest, interrupted_cell: undefined, cell, state: 'running' });
+      entry.cell = entry.interrupted_cell;
+      entry.state = 'running';
       delete entry.interrupted_cell;
       return { ...entry } as T;
     }
