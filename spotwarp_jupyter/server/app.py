@@ -183,11 +183,14 @@ class SpotWarpApp(ExtensionApp):
         if not fence.candidate:  # a candidate resumes once promoted (_commit_promotion)
             self._start_resume()
 
-    def _start_resume(self) -> None:
-        """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py)."""
+    def _start_resume(self, caught_up: str | None = None, gate: asyncio.Event | None = None) -> None:
+        """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py).
+
+        `caught_up`: the snapshot a promoted candidate's files now hold; `gate`: set once its promotion snapshot is
+        committed (kernels start and restore meanwhile, a cell runs only after)."""
         restored = self._host_info(self.serverapp)["restore"] or {}
         hub = self.settings.get("spotwarp_start_restore") or {}
-        snapshot = restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
+        snapshot = caught_up or restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
         if not snapshot or getattr(self, "_resume_task", None) is not None:
             return
         if not self.config_object.resume_kernels:
@@ -196,7 +199,7 @@ class SpotWarpApp(ExtensionApp):
             self.log.info("SpotWarp resume: off (spotwarp start --no-resume or c.SpotWarp.resume_kernels)")
             return
         self._resume_task = asyncio.ensure_future(
-            Resumer(self.service, self.serverapp).resume(snapshot, restored.get("ref") or "latest"))
+            Resumer(self.service, self.serverapp, gate).resume(snapshot, restored.get("ref") or "latest"))
 
     def _host_info(self, serverapp) -> dict:
         """What the heartbeat says of this server: where it listens, when `spotwarp start` began, what it restored."""
@@ -210,18 +213,29 @@ class SpotWarpApp(ExtensionApp):
         return info
 
     def _promoted(self) -> None:
+        self.log.info("SpotWarp: promoted (generation %d): files brought up to date, then the promotion snapshot",
+                      self.service.engine.fence.generation)
         asyncio.ensure_future(self._commit_promotion())
 
     async def _commit_promotion(self, first_pause_s: float = 1.0, max_pause_s: float = 30.0) -> None:
-        """The promotion snapshot, retried with backoff until it is committed (or this host is no longer the
-        holder): until it lands, nothing of this generation ranks above what the previous holder wrote."""
+        """The workspace brought to the newest snapshot (a standby restored an older one), then the promotion
+        snapshot, retried with backoff until it is committed (or this host is no longer the holder): until it
+        lands, nothing of this generation ranks above what the previous holder wrote. The kernels' resume starts
+        once the files are up to date; the cells it re-runs wait for the promotion snapshot."""
         pause = first_pause_s
         attempt = 0
+        committed = asyncio.Event()
+        caught_up: str | None = None
         while True:
             attempt += 1
             try:
-                await self.service.promoted()
-                self._start_resume()
+                if caught_up is None:
+                    caught_up = await self.service.catch_up((self._host_info(self.serverapp)["restore"] or {})
+                                                            .get("snapshot")) or ""
+                    self._start_resume(caught_up or None, committed)
+                manifest = await self.service.promoted()
+                committed.set()
+                self.log.info("SpotWarp: promotion snapshot %s committed", manifest.id if manifest else None)
                 return
             except Exception as exc:  # noqa: BLE001 - retried below
                 heartbeat = self.service.heartbeat

@@ -108,6 +108,11 @@ class AsyncProject:
         """Fenced (a SpotWarpError) unless this host may write to the project now; reads the lease."""
         await self.run(self.engine.fence.check, self.engine.store)
 
+    async def catch_up(self, restored: str | None) -> str | None:
+        """Just promoted: the workspace brought to the newest snapshot holding files (Project.catch_up); its id."""
+        async with self._lock:
+            return await self.run(self.project.catch_up, restored)
+
     async def promoted(self) -> Manifest | None:
         """Just promoted: commit this generation's first snapshot, naming the files and every notebook's newest state.
 

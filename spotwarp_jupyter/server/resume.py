@@ -95,9 +95,10 @@ def _text(source: Any) -> str:
 class Resumer:
     """Resumes the notebooks of one restore; what happened to each is in `service.resumed` (status) and the log."""
 
-    def __init__(self, service: Any, serverapp: Any):
+    def __init__(self, service: Any, serverapp: Any, gate: asyncio.Event | None = None):
         self.service = service
         self.serverapp = serverapp
+        self.gate = gate  # a promoted candidate's promotion snapshot committed: only then does a cell run
         self.tasks: set[asyncio.Task] = set()
         # notebook -> (its plan, the cell interrupted outside a resumable loop): what POST resume/run runs
         self.interrupted: dict[str, tuple[Plan, dict[str, Any]]] = {}
@@ -202,6 +203,8 @@ class Resumer:
         if running.get("id") in plan.cells and plan.cells[running["id"]] != running["source"]:
             note = "; the notebook's cell differs from what ran: the recorded source is run"
         steps = ", ".join(f"step {n} of loop {name!r}" for name, n in sorted(facts["positions"].items()))
+        if self.gate is not None:
+            await self.gate.wait()  # what the cell writes ranks after the promotion snapshot
         facts.update(cell=running.get("id"), seconds_to_running=_since_start(started))
         self.say(plan.notebook, "running", f"{where}; re-running cell {cell} from {steps or 'its start'}{note}",
                  **facts)
