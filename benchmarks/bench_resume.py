@@ -9,12 +9,14 @@ Both are timed from the start command to the loop's first step (its first output
 files restored / server serving / kernel started / kernel state restored / cell started / first step.
 Goal (issue 22): resume / by hand at most 1.1x. Medians of --repeat runs.
 
---failover: the same loss through `spotwarp launch --provider local --watch --dead-after 4s`: the holder trains,
-is SIGKILLed with its kernel (no notice); timed from the kill to the loop's first step on the promoted host, split
-into loss detected / new holder promoted / first step; against `--dead-after` + 1.2x a plain `spotwarp start`
+--failover: the same loss through `spotwarp launch --provider local --watch --dead-after 4s --standby 1` (one
+candidate waits in standby; --standby 0: launched once the loss is detected): the holder trains, is SIGKILLed with
+its kernel (no notice) once the standby serves; timed from the kill to the loop's first step on the promoted host,
+split into loss detected / candidate started and serving / promoted / promotion seen and its snapshot committed /
+kernel started / state restored / cell started / first step; against `--dead-after` + 1.2x a plain `spotwarp start`
 (files restored, serving; measured in the same run on a copy of the same store). Goal: at most that.
 
-Run: python benchmarks/bench_resume.py [--repeat 3] [--variant small | --scale 0.1] [--failover]
+Run: python benchmarks/bench_resume.py [--repeat 3] [--variant small | --scale 0.1] [--failover [--standby N]]
      (--scale: the reference workload beside the model, benchmarks/workload.py, 0 leaves it out; --variant small
      is BENCH.md's smaller variant, --scale 0.1, about 200 MB)
 """
@@ -138,7 +140,7 @@ def _pythonpath() -> str:
     return os.pathsep.join(p for p in (str(HERE.parent), os.environ.get("PYTHONPATH")) if p)
 
 
-def failover(base: Path, scale: float) -> dict[str, float]:
+def failover(base: Path, scale: float, standby: int = 1) -> dict[str, float]:
     """Kill the holder of a `launch --watch`; seconds from the kill to each phase, and a plain start's."""
     from test_failover import Launch, attach, cleanup, engine_for, env_for
 
@@ -161,6 +163,7 @@ def failover(base: Path, scale: float) -> dict[str, float]:
     out = {"plain start": time.perf_counter() - plain.started}
     plain.discard()
     launch = Launch(base, store, "--candidates", "1", "--watch", "--dead-after", f"{DEAD_AFTER_S:g}s",
+                    "--standby", str(standby),
                     env=env_for(base, STEP_PAUSE="0.15", PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
                                 PYTHONPATH=_pythonpath()))
     try:
@@ -173,10 +176,12 @@ def failover(base: Path, scale: float) -> dict[str, float]:
         wait_for(lambda: len([m for m in kernel_manifests(store, "fo")
                               if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 600, "snapshots in the loop")
         launch.next("failover_finished")
+        if standby:
+            launch.next("standby_ready", timeout=600)  # the steady state: a standby waits for the next race
         pid = read_heartbeat(engine_for(store).store, first["candidate"])["pid"]
         os.killpg(pid, signal.SIGKILL)  # the host vanishes, no notice
         os.kill(kernel_pid, signal.SIGKILL)
-        killed = time.perf_counter()
+        killed, killed_at = time.perf_counter(), time.time()
         launch.next("host_lost", timeout=120)
         out["loss detected"] = time.perf_counter() - killed
         second = launch.next("promoted", timeout=600)
@@ -184,20 +189,63 @@ def failover(base: Path, scale: float) -> dict[str, float]:
         on_disk = base / "candidates" / second["candidate"] / "ws" / "train.ipynb"
         wait_for(lambda: "step " in cell_outputs(on_disk, "loop"), 1200, "the first resumed step on the new holder")
         out["first step"] = time.perf_counter() - killed
+        out.update(_split(store, second, base / "candidates" / second["candidate"], killed_at))
     finally:
         launch.stop()
+        if os.environ.get("BENCH_KEEP_LOGS"):  # the candidates' logs, for a closer look
+            for log in (base / "candidates").glob("*/candidate.log"):
+                shutil.copy(log, Path(os.environ["BENCH_KEEP_LOGS"]) / f"{log.parent.name}.log")
         cleanup(store, base)
     return out
 
 
-def report_failover(scale: float) -> None:
+def _split(store: str, promoted: dict, folder: Path, killed_at: float) -> dict[str, float]:
+    """The promoted candidate's phases, seconds from the kill (one machine, one clock): its `spotwarp start` and
+    serving (its heartbeat), its promotion seen and snapshot committed (its log), its resume (its status)."""
+    from test_failover import attach, engine_for
+
+    from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
+
+    doc = read_heartbeat(engine_for(store).store, promoted["candidate"]) or {}
+    began = float(doc.get("started_at") or 0)
+    out = {"candidate started": began - killed_at, "candidate serving": float(doc.get("ready_at") or 0) - killed_at}
+    for key, text in (("promotion seen", "SpotWarp: promoted (generation"),
+                      ("promotion committed", "SpotWarpApp] SpotWarp: promotion snapshot")):
+        stamp = _logged_at(folder / "candidate.log", text)
+        if stamp is not None:
+            out[key] = stamp - killed_at
+    _code, status = attach(promoted["url"], folder / "bench.log").request("GET", "spotwarp/api/status")
+    entry = next((e for e in status.get("resume") or [] if e.get("seconds_to_running") is not None), {})
+    for key, name in (("kernel started", "kernel_started_s"), ("state restored", "state_restored_s"),
+                      ("cell started", "seconds_to_running")):
+        if entry.get(name) is not None:
+            out[key] = began + entry[name] - killed_at
+    return out
+
+
+def _logged_at(log: Path, text: str) -> float | None:
+    """When the first log line holding `text` was written (Jupyter's `[W 2026-01-02 03:04:05.678 ...]` prefix)."""
+    import datetime
+
+    for line in log.read_text(errors="replace").splitlines():
+        if text in line and line.startswith("[") and len(line) > 26:
+            try:
+                when = datetime.datetime.strptime(line[3:26], "%Y-%m-%d %H:%M:%S.%f")
+            except ValueError:
+                continue
+            return when.timestamp()
+    return None
+
+
+def report_failover(scale: float, standby: int) -> None:
     with tempfile.TemporaryDirectory(prefix="spotwarp-bench-resume-fo-") as tmp:
-        f = failover(Path(tmp), scale)
+        f = failover(Path(tmp), scale, standby)
     goal = DEAD_AFTER_S + 1.2 * f["plain start"]
-    print(f"failover (launch --provider local --watch --dead-after {DEAD_AFTER_S:g}s), scale {scale:g}, one run, "
-          "seconds from the SIGKILL")
-    for key in ("loss detected", "promoted", "first step"):
-        print(f"{key:<16} {f[key]:>8.2f}")
+    print(f"failover (launch --provider local --watch --dead-after {DEAD_AFTER_S:g}s --standby {standby}), "
+          f"scale {scale:g}, one run, seconds from the SIGKILL (negative: before it)")
+    for key in ("loss detected", "candidate started", "candidate serving", "promoted", "promotion seen",
+                "promotion committed", "kernel started", "state restored", "cell started", "first step"):
+        print(f"{key:<20} {f[key]:>8.2f}" if key in f else f"{key:<20}        ?")
     print(f"plain start      {f['plain start']:>8.2f}  (spotwarp start --no-resume on the same store, to serving)")
     print(f"kill to training running again / (dead-after + 1.2x plain start) = {f['first step']:.2f} / {goal:.2f} = "
           f"{f['first step'] / goal:.2f}x (goal at most 1: {'met' if f['first step'] <= goal else 'NOT met'})")
@@ -211,13 +259,15 @@ def main() -> None:
                         "workload (--scale 0.1, about 200 MB)")
     parser.add_argument("--failover", action="store_true", help="kill to running again through `spotwarp launch "
                         "--provider local --watch` instead (one run)")
+    parser.add_argument("--standby", type=int, default=1, help="with --failover: candidates kept in standby "
+                        "(launch --standby; default 1, 0: launched only once the loss is detected)")
     args = parser.parse_args()
     if args.variant == "small":
         args.scale = 0.1
     if args.scale:  # the workload's classes are pickled by reference: every host's kernel imports `workload`
         os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(HERE)) if p)
     if args.failover:
-        report_failover(args.scale)
+        report_failover(args.scale, args.standby)
         return
     runs: list[dict[str, float]] = []
     with tempfile.TemporaryDirectory(prefix="spotwarp-bench-resume-") as tmp:
