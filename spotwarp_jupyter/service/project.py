@@ -104,7 +104,7 @@ class Project:
         self.engine.restore_files(manifest, workspace)
         bring_back_run_cells(workspace, manifest.kernels)
         root = os.path.realpath(workspace)
-        for relpath in sorted(set((before.files if before else None) or {}) - set(manifest.files or {})):
+        for relpath in sorted(set(_entries(before)) - set(_entries(manifest))):
             named = os.path.join(root, *relpath.split("/"))
             path = os.path.realpath(named)
             if path.startswith(root + os.sep) and not os.path.islink(named) and os.path.isfile(path):
@@ -178,3 +178,9 @@ class Project:
         if self.workspace is None:
             raise ValueError("this project was opened without a workspace folder")
         return self.workspace
+
+
+def _entries(manifest: Manifest | None) -> dict[str, Any]:
+    """The files a snapshot names (relative path -> entry); none for None or a snapshot without files."""
+    entries = ((manifest.files or {}) if manifest is not None else {}).get("entries")
+    return entries if isinstance(entries, dict) else {}
