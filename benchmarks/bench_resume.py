@@ -163,7 +163,7 @@ def failover(base: Path, scale: float, standby: int = 1) -> dict[str, float]:
     out = {"plain start": time.perf_counter() - plain.started}
     plain.discard()
     launch = Launch(base, store, "--candidates", "1", "--watch", "--dead-after", f"{DEAD_AFTER_S:g}s",
-                    "--standby", str(standby),
+                    *(("--standby", str(standby)) if standby else ()),
                     env=env_for(base, STEP_PAUSE="0.15", PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
                                 PYTHONPATH=_pythonpath()))
     try:
