@@ -95,7 +95,10 @@ class Project:
         """Just promoted: bring the workspace from the snapshot it was restored from at start (`restored`) to the
         newest holding files, which the previous holder may have committed since (a warm standby restored long
         before the loss). Files the newer snapshot no longer names are removed, so the workspace is that
-        snapshot's. The id the workspace now holds (None: no snapshot holds files)."""
+        snapshot's. The id the workspace now holds; a workspace that was not restored at start (None: it held
+        files already, or the project had none) is left as it is."""
+        if restored is None:
+            return None
         manifest = self.choose("latest", files_only=True)
         if manifest is None or manifest.id == restored:
             return restored if manifest is None else manifest.id
