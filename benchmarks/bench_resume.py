@@ -11,7 +11,7 @@ Goal (issue 22): resume / by hand at most 1.1x. Medians of --repeat runs.
 
 --failover: the same loss through `spotwarp launch --provider local --watch --dead-after 4s --standby 1` (one
 candidate waits in standby; --standby 0: launched once the loss is detected): the holder trains, is SIGKILLed with
-its kernel (no notice) once the standby serves; timed from the kill to the loop's first step on the promoted host,
+its kernel (no notice) once the standby serves and its warm kernel imported its packages; timed from the kill to the loop's first step on the promoted host,
 split into loss detected / candidate started and serving / promoted / promotion seen and its snapshot committed /
 kernel started / state restored / cell started / first step; against `--dead-after` + 1.2x a plain `spotwarp start`
 (files restored, serving; measured in the same run on a copy of the same store). Goal: at most that.
@@ -176,8 +176,11 @@ def failover(base: Path, scale: float, standby: int = 1) -> dict[str, float]:
         wait_for(lambda: len([m for m in kernel_manifests(store, "fo")
                               if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 600, "snapshots in the loop")
         launch.next("failover_finished")
-        if standby:
-            launch.next("standby_ready", timeout=600)  # the steady state: a standby waits for the next race
+        if standby:  # the steady state: a standby waits for the next race, its warm kernel ready
+            ready = launch.next("standby_ready", timeout=600)
+            warm_log = base / "candidates" / ready["candidate"] / "candidate.log"
+            wait_for(lambda: "the warm kernel for train.ipynb imported" in warm_log.read_text(errors="replace"),
+                     120, "the standby's warm kernel")
         pid = read_heartbeat(engine_for(store).store, first["candidate"])["pid"]
         os.killpg(pid, signal.SIGKILL)  # the host vanishes, no notice
         os.kill(kernel_pid, signal.SIGKILL)

@@ -95,10 +95,11 @@ def _text(source: Any) -> str:
 class Resumer:
     """Resumes the notebooks of one restore; what happened to each is in `service.resumed` (status) and the log."""
 
-    def __init__(self, service: Any, serverapp: Any, gate: asyncio.Event | None = None):
+    def __init__(self, service: Any, serverapp: Any, gate: asyncio.Event | None = None, warm: Any = None):
         self.service = service
         self.serverapp = serverapp
         self.gate = gate  # a promoted candidate's promotion snapshot committed: only then does a cell run
+        self.warm = warm  # a promoted standby's warm kernels (warm_kernels.py)
         self.tasks: set[asyncio.Task] = set()
         # notebook -> (its plan, the cell interrupted outside a resumable loop): what POST resume/run runs
         self.interrupted: dict[str, tuple[Plan, dict[str, Any]]] = {}
@@ -127,22 +128,28 @@ class Resumer:
             if plan.skip:
                 self.say(plan.notebook, "skipped", plan.skip)
             else:
-                task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest"))
+                warm = self.warm.take(plan, self.serverapp.kernel_manager) if self.warm is not None else None
+                task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest", warm))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
+        if self.warm is not None:
+            await self.warm.shut_down_unused(self.serverapp)
         if self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
-    async def _one(self, plan: Plan, ref: str) -> None:
+    async def _one(self, plan: Plan, ref: str, warm: str | None = None) -> None:
         started = time.monotonic()
         sessions = self.serverapp.session_manager
         if await ensure_async(sessions.session_exists(path=plan.api_path)):
             self.say(plan.notebook, "skipped", "a session for it was opened before the resume got to it: "
                      "its kernel is left to its user (%spotwarp restore)")
+            if warm is not None:
+                await ensure_async(self.serverapp.kernel_manager.shutdown_kernel(warm, now=True))
             return
-        try:
+        try:  # `warm`: a kernel a standby started for it (warm_kernels.py), else a new one
             session = await sessions.create_session(
-                path=plan.api_path, name=os.path.basename(plan.api_path), type="notebook", kernel_name=plan.kernel_name)
+                path=plan.api_path, name=os.path.basename(plan.api_path), type="notebook", kernel_name=plan.kernel_name,
+                kernel_id=warm)
             kernel_id = session["kernel"]["id"]
         except Exception as exc:  # noqa: BLE001 - one line in status and log
             self.say(plan.notebook, "failed", f"its kernel did not start: {type(exc).__name__}: {exc}")
