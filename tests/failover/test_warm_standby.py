@@ -69,3 +69,40 @@ def test_a_standby_is_promoted_at_once_with_the_files_the_holder_committed_after
     finally:
         launch.stop()
         cleanup(store, tmp_path)
+
+
+def test_a_standbys_warm_kernel_becomes_the_resumed_sessions_kernel(tmp_path):
+    """In standby: a kernel for the notebook, no session, nothing written; once promoted that kernel is resumed."""
+    store = str(tmp_path / "store")
+    seed_project(tmp_path, store)
+    engine = engine_for(store)
+    launch = Launch(tmp_path, store, "--candidates", "1", "--watch", "--dead-after", "4s", "--standby", "1",
+                    env=env_for(tmp_path))
+    try:
+        first = launch.next("promoted")
+        standby = launch.next("standby_ready", timeout=300)
+        log = tmp_path / "candidates" / standby["candidate"] / "candidate.log"
+        wait_for(lambda: "the warm kernel for train.ipynb imported" in log.read_text(errors="replace"),
+                 "the standby's warm kernel", timeout=120)
+        warm = attach(f"http://127.0.0.1:{read_heartbeat(engine.store, standby['candidate'])['port']}/",
+                      tmp_path / "standby.log")
+        kernels = warm.request("GET", "api/kernels")[1]
+        assert len(kernels) == 1 and warm.request("GET", "api/sessions")[1] == [], kernels
+        written_before = {m.id for m in engine.manifests()}
+        assert not [m for m in engine.manifests() if m.holder == standby["candidate"]]
+
+        os.killpg(read_heartbeat(engine.store, first["candidate"])["pid"], signal.SIGKILL)  # no notice
+        second = launch.next("promoted", timeout=120)
+        assert second["candidate"] == standby["candidate"]
+        entry = wait_for(lambda: next((e for e in warm.request("GET", "spotwarp/api/status")[1].get("resume") or []
+                                       if e.get("state") == "restored"), None), "the resumed kernel", timeout=120)
+        assert entry["kernel_id"] == kernels[0]["id"], (entry, kernels)
+        sessions = warm.request("GET", "api/sessions")[1]
+        assert [(s["path"], s["kernel"]["id"]) for s in sessions] == [("train.ipynb", kernels[0]["id"])]
+        nb = warm.open_notebook("train.ipynb")
+        assert nb.value("weights") == [0.5, 1.5] and nb.value("step") == 7
+        nb.close()
+        assert all(m.generation == 2 for m in engine.manifests() if m.id not in written_before)
+    finally:
+        launch.stop()
+        cleanup(store, tmp_path)
