@@ -137,19 +137,21 @@ class Resumer:
         if self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
-    async def _one(self, plan: Plan, ref: str, warm: str | None = None) -> None:
+    async def _one(self, plan: Plan, ref: str, warm: Any = None) -> None:
         started = time.monotonic()
         sessions = self.serverapp.session_manager
         if await ensure_async(sessions.session_exists(path=plan.api_path)):
             self.say(plan.notebook, "skipped", "a session for it was opened before the resume got to it: "
                      "its kernel is left to its user (%spotwarp restore)")
             if warm is not None:
-                await ensure_async(self.serverapp.kernel_manager.shutdown_kernel(warm, now=True))
+                await ensure_async(self.serverapp.kernel_manager.shutdown_kernel(warm.kernel_id, now=True))
             return
         try:  # `warm`: a kernel a standby started for it (warm_kernels.py), else a new one
+            if warm is not None:
+                await warm.ready()
             session = await sessions.create_session(
                 path=plan.api_path, name=os.path.basename(plan.api_path), type="notebook", kernel_name=plan.kernel_name,
-                kernel_id=warm)
+                kernel_id=warm.kernel_id if warm is not None else None)
             kernel_id = session["kernel"]["id"]
         except Exception as exc:  # noqa: BLE001 - one line in status and log
             self.say(plan.notebook, "failed", f"its kernel did not start: {type(exc).__name__}: {exc}")

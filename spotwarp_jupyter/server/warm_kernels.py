@@ -44,6 +44,14 @@ class WarmKernel:
     kernel_id: str
     kernel_name: str
     api_path: str
+    # its imports; another client of the kernel connects only after (clients of one kernel manager share a
+    # session id, and with it the socket identity the kernel tells them apart by)
+    imported: asyncio.Future | None = None
+
+    async def ready(self) -> None:
+        """Once its imports are done (or failed): the resume's client may connect."""
+        if self.imported is not None:
+            await asyncio.shield(self.imported)
 
 
 def packages(record: dict[str, Any]) -> list[str]:
@@ -95,10 +103,10 @@ class WarmKernels:
             self.kernels[plan.notebook] = kernel
             say = getattr(serverapp, "log", log).info
             say("SpotWarp: warm kernel started in standby for %s", plan.notebook)
-            asyncio.ensure_future(_imported(client, msg_id, plan.notebook, say))
+            kernel.imported = asyncio.ensure_future(_imported(client, msg_id, plan.notebook, say))
 
 
-    def take(self, plan: Any, kernel_manager: Any) -> str | None:
+    def take(self, plan: Any, kernel_manager: Any) -> WarmKernel | None:
         """The warm kernel for `plan`'s notebook, when it was started for the same path and kernelspec."""
         kernel = self.kernels.pop(plan.notebook, None)
         if kernel is None or (kernel.kernel_name, kernel.api_path) != (plan.kernel_name, plan.api_path) \
@@ -106,12 +114,14 @@ class WarmKernels:
             if kernel is not None:
                 self.kernels[plan.notebook] = kernel  # shut down with the other unused ones
             return None
-        return kernel.kernel_id
+        return kernel
 
     async def shut_down_unused(self, serverapp: Any) -> None:
         """The warm kernels the resume did not use; no more are started."""
         self.closed = True
         for kernel in list(self.kernels.values()):
+            if kernel.imported is not None:
+                kernel.imported.cancel()
             try:
                 await ensure_async(serverapp.kernel_manager.shutdown_kernel(kernel.kernel_id, now=True))
             except Exception as exc:  # noqa: BLE001 - gone already
