@@ -23,6 +23,7 @@ from .heartbeat import BeatClock, candidates_for_adoption, live_host, read_heart
 from .lease import LeaseConflict, read_lease
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Provider
 from .race import OnEvent, RaceFailed, RaceResult, finish, race, wait_promotion_seen
+from .standby import WarmStandby
 
 log = logging.getLogger("spotwarp")
 
@@ -197,8 +198,6 @@ def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder
     With `standby`, that many candidates wait in standby for the next race (standby.py); after a failover the
     next ones start `dead_after` seconds after the promotion, so they do not compete with the new holder's resume.
     """
-    from .standby import WarmStandby
-
     warm = WarmStandby(provider, spec, store, standby, on_event, floor, stop) if standby > 0 else None
     try:
         return _follow(provider, spec, store, count, holder, dead_after, stop, on_event, race_timeout, retry_s,
@@ -210,7 +209,7 @@ def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder
 
 def _follow(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder: Holder, dead_after: float,
             stop: threading.Event, on_event: OnEvent, race_timeout: float, retry_s: float,
-            floor: Callable[[], int] | None, warm: Any) -> Holder:
+            floor: Callable[[], int] | None, warm: WarmStandby | None) -> Holder:
     settle_s = 0.0
     while not stop.is_set():
         if warm is not None:
