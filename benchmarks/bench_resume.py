@@ -172,15 +172,17 @@ def failover(base: Path, scale: float, standby: int = 1) -> dict[str, float]:
         nb = holder.open_notebook("train.ipynb")
         kernel_pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
         nb.run(setup, cell_id="setup", timeout=1200)
-        nb.send(LOOP, cell_id="loop")
-        wait_for(lambda: len([m for m in kernel_manifests(store, "fo")
-                              if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 600, "snapshots in the loop")
+        assert holder.request("POST", "spotwarp/api/snapshots", {"message": "after the setup"})[0] == 201
         launch.next("failover_finished")
         if standby:  # the steady state: a standby waits for the next race, its warm kernel ready
             ready = launch.next("standby_ready", timeout=600)
             warm_log = base / "candidates" / ready["candidate"] / "candidate.log"
-            wait_for(lambda: "the warm kernel for train.ipynb imported" in warm_log.read_text(errors="replace"),
-                     120, "the standby's warm kernel")
+            wait_for(lambda: any("train.ipynb imported its packages" in line and "torch" in line
+                                 for line in warm_log.read_text(errors="replace").splitlines()),
+                     120, "the standby's warm kernel, torch imported")
+        nb.send(LOOP, cell_id="loop")
+        wait_for(lambda: len([m for m in kernel_manifests(store, "fo")
+                              if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 600, "snapshots in the loop")
         pid = read_heartbeat(engine_for(store).store, first["candidate"])["pid"]
         os.killpg(pid, signal.SIGKILL)  # the host vanishes, no notice
         os.kill(kernel_pid, signal.SIGKILL)

@@ -6,7 +6,9 @@ Jupyter session would (same kernelspec, working folder and environment), without
 the installed packages its variables' types come from (torch, numpy...): the seconds a fresh kernel spends
 importing them are spent before the loss. Nothing is restored and nothing is bound in the kernel's namespace
 (the imports run silently, outside it, without an execution count); packages found in the workspace (the user's
-own modules) are not imported, since importing runs their code. Once promoted, the resume gives each warm
+own modules) are not imported, since importing runs their code. The snapshots are looked at again every 5 s
+in standby: a notebook opened later gets its warm kernel, and a kernel whose newer state needs more packages
+imports them too. Once promoted, the resume gives each warm
 kernel its notebook's session (`create_session(kernel_id=...)`) instead of starting one; a warm kernel the
 resume does not use is shut down.
 """
@@ -17,7 +19,7 @@ import asyncio
 import json
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_core.utils import ensure_async
@@ -47,6 +49,7 @@ class WarmKernel:
     # its imports; another client of the kernel connects only after (clients of one kernel manager share a
     # session id, and with it the socket identity the kernel tells them apart by)
     imported: asyncio.Future | None = None
+    names: set[str] = field(default_factory=set)  # the packages asked for so far
 
     async def ready(self) -> None:
         """Once its imports are done (or failed): the resume's client may connect."""
@@ -57,7 +60,7 @@ class WarmKernel:
 def packages(record: dict[str, Any]) -> list[str]:
     """The top-level packages a kernel record's variables' types come from (never `builtins` or `__main__`)."""
     names = {str(v.get("type") or "").split(".")[0] for v in (record.get("variables") or {}).values()
-             if isinstance(v, dict)}
+             if isinstance(v, dict) and "." in str(v.get("type") or "")}
     return sorted(n for n in names if n.isidentifier() and n not in ("builtins", "__main__"))
 
 
@@ -70,6 +73,7 @@ class WarmKernels:
         self.started = asyncio.Event()
         self.closed = False  # the resume took what it uses: no more warm kernels
         self.every_s = every_s
+        self.say: Any = log.info
 
     async def warm_up(self, service: Any, serverapp: Any, snapshot_id: str, ref: str) -> None:
         """Until the resume takes them: start the kernels the resume of `snapshot_id` would start."""
@@ -85,14 +89,23 @@ class WarmKernels:
         names = set(await ensure_async(serverapp.kernel_spec_manager.find_kernel_specs()))
         plans = await service.run(plan_resume, service.engine, service.workspace, service.root_dir, snapshot_id,
                                   ref, names, serverapp.kernel_manager.default_kernel_name)
-        plans = [p for p in plans if not p.skip and p.notebook not in self.kernels]
+        plans = [p for p in plans if not p.skip]
         if not plans:
             return
         records = await service.run(lambda: newest_kernel_records(service.engine.manifests()))
+        workspace = os.path.realpath(service.workspace)
         for plan in plans:
+            wanted = packages(records.get(plan.notebook) or {})
+            kernel = self.kernels.get(plan.notebook)
+            if kernel is not None:  # newer state may need more packages: imported once the last ones are
+                more = [n for n in wanted if n not in kernel.names]
+                if more and (kernel.imported is None or kernel.imported.done()):
+                    kernel.names.update(more)
+                    client, msg_id = _send(serverapp, kernel.kernel_id, more, workspace)
+                    kernel.imported = asyncio.ensure_future(_imported(client, msg_id, plan.notebook, more, self.say))
+                continue
             try:
-                kernel, client, msg_id = await _start(serverapp, plan, packages(records.get(plan.notebook) or {}),
-                                                      os.path.realpath(service.workspace))
+                kernel, client, msg_id = await _start(serverapp, plan, wanted, workspace)
             except Exception as exc:  # noqa: BLE001 - no warm kernel: the resume starts one as without
                 log.warning("SpotWarp: no warm kernel for %s: %s", plan.notebook, exc)
                 continue
@@ -101,9 +114,9 @@ class WarmKernels:
                 await ensure_async(serverapp.kernel_manager.shutdown_kernel(kernel.kernel_id, now=True))
                 return
             self.kernels[plan.notebook] = kernel
-            say = getattr(serverapp, "log", log).info
-            say("SpotWarp: warm kernel started in standby for %s", plan.notebook)
-            kernel.imported = asyncio.ensure_future(_imported(client, msg_id, plan.notebook, say))
+            self.say = getattr(serverapp, "log", log).info
+            self.say("SpotWarp: warm kernel started in standby for %s", plan.notebook)
+            kernel.imported = asyncio.ensure_future(_imported(client, msg_id, plan.notebook, wanted, self.say))
 
 
     def take(self, plan: Any, kernel_manager: Any) -> WarmKernel | None:
@@ -129,11 +142,11 @@ class WarmKernels:
         self.kernels.clear()
 
 
-async def _imported(client: Any, msg_id: str, notebook: str, say: Any) -> None:
+async def _imported(client: Any, msg_id: str, notebook: str, names: list[str], say: Any) -> None:
     """Wait for a warm kernel's imports, then let go of its client."""
     try:
         await _reply(client, msg_id, RESTORE_TIMEOUT_S)
-        say("SpotWarp: the warm kernel for %s imported its packages", notebook)
+        say("SpotWarp: the warm kernel for %s imported its packages (%s)", notebook, ", ".join(names) or "none")
     except Exception as exc:  # noqa: BLE001 - a warm-up that failed only costs the time it saved
         log.warning("SpotWarp: a warm kernel's imports did not finish: %s", exc)
     finally:
@@ -147,8 +160,14 @@ async def _start(serverapp: Any, plan: Any, names: list[str], workspace: str) ->
     kernel_id = await serverapp.kernel_manager.start_kernel(
         path=kernel_path, kernel_name=plan.kernel_name,
         env=sessions.get_kernel_env(plan.api_path, os.path.basename(plan.api_path)))
+    client, msg_id = _send(serverapp, kernel_id, names, workspace)
+    return WarmKernel(kernel_id, plan.kernel_name, plan.api_path, names=set(names)), client, msg_id
+
+
+def _send(serverapp: Any, kernel_id: str, names: list[str], workspace: str) -> tuple[Any, str]:
+    """A client of the kernel, and the imports sent through it (silently: no output, no execution count)."""
     client = serverapp.kernel_manager.get_kernel(kernel_id).client()
     client.start_channels(shell=True, iopub=False, stdin=False, hb=False, control=False)
     msg_id = client.execute(_WARM_UP % (json.dumps(names), json.dumps(workspace)), silent=True,
                             store_history=False, allow_stdin=False)
-    return WarmKernel(kernel_id, plan.kernel_name, plan.api_path), client, msg_id
+    return client, msg_id
