@@ -71,6 +71,21 @@ export class SpotWarpActions {
     }
   }
 
+  /**
+   * One click: run the cell interrupted outside a resumable loop again, in the notebook's resumed
+   * kernel (its outputs go into the notebook). No confirmation: the panel's button names the cell.
+   */
+  async runInterrupted(notebook: string): Promise<boolean> {
+    try {
+      const entry = await this.model.runInterrupted(notebook);
+      this.notify('success', `SpotWarp: cell ${entry.cell ?? ''} of ${notebook} is running again in its resumed kernel.`);
+      return true;
+    } catch (error) {
+      this.notify('error', `SpotWarp: the interrupted cell of ${notebook} was not run: ${messageOf(error)}`);
+      return false;
+    }
+  }
+
   /** Restore the newest snapshot of the project. */
   async restoreLatest(): Promise<boolean> {
     if (!this.model.snapshots.length) {

@@ -12,7 +12,7 @@ import {
   formatTime,
   previousOf
 } from './format';
-import { IReport, IReportRow, ISnapshotSummary, IStatus, IWatcherState } from './types';
+import { IReport, IReportRow, IResumeEntry, IResumeRow, ISnapshotSummary, IStatus, IWatcherState } from './types';
 
 export function ServerNotice(props: { state: ServerState; message: string }): JSX.Element | null {
   if (props.state === 'ok') {
@@ -231,6 +231,93 @@ export function EventsView({ report }: { report?: IReport | null }): JSX.Element
           <li key={i}>{describePreemption(e)}</li>
         ))}
       </ol>
+    </div>
+  );
+}
+
+/** "step 5 of loop 'train'" for each loop the re-run continues after. */
+function describePositions(positions: IResumeEntry['positions']): string {
+  const names = Object.keys(positions ?? {}).sort();
+  return names.map(name => `step ${positions![name]} of loop '${name}'`).join(', ');
+}
+
+/** How many steps the lost host had done after the snapshot, as `spotwarp report` knows it. */
+function describeRedone(row: IResumeRow | undefined): string | null {
+  if (!row) {
+    return null;
+  }
+  if (row.steps_redone === null || row.steps_redone === undefined) {
+    return 'steps redone unknown';
+  }
+  return `about ${row.steps_redone} step${row.steps_redone === 1 ? '' : 's'} redone`;
+}
+
+/**
+ * One notebook's resume on this host, in a line: where its state came from, the step it continued
+ * at, steps redone and the seconds to running again; the server's own line for the rest.
+ */
+export function describeResume(entry: IResumeEntry, rows: IResumeRow[] = []): string {
+  if (entry.cell && entry.seconds_to_running !== undefined && entry.seconds_to_running !== null) {
+    const at = describePositions(entry.positions);
+    const row = rows.find(r => r.notebook === entry.notebook && r.snapshot === entry.snapshot);
+    const parts = [
+      `${entry.notebook}: resumed on this host from snapshot ${entry.snapshot}${at ? ` at ${at}` : ''}`,
+      describeRedone(row),
+      `running again ${formatDuration(entry.seconds_to_running)} after start`
+    ];
+    if (entry.state === 'finished') {
+      parts.push('the cell has finished');
+    } else if (entry.state === 'failed') {
+      parts.push(entry.line.split('; ').pop() ?? entry.line);
+    }
+    return parts.filter(Boolean).join(' · ');
+  }
+  if (entry.interrupted_cell) {
+    return (
+      `${entry.notebook}: restored on this host from snapshot ${entry.snapshot} · cell ${entry.interrupted_cell} ` +
+      'was interrupted outside a resumable loop and is not run again by itself'
+    );
+  }
+  return entry.line;
+}
+
+export interface IResumeViewProps {
+  resume?: IResumeEntry[] | null;
+  report?: IReport | null;
+  busy?: string;
+  onRun: (notebook: string) => void;
+}
+
+/** The `resume` entries of GET status: what resuming each notebook did on this host. */
+export function ResumeView({ resume, report, busy, onRun }: IResumeViewProps): JSX.Element | null {
+  if (!resume || !resume.length) {
+    return null;
+  }
+  const rows = (report?.resumes ?? []) as IResumeRow[];
+  return (
+    <div className="jp-SpotWarp-resume">
+      <h4 className="jp-SpotWarp-subhead">Resumed on this host</h4>
+      <ul className="jp-SpotWarp-resumeList">
+        {resume.map(entry => (
+          <li
+            key={entry.notebook}
+            className={`jp-SpotWarp-resumeEntry jp-SpotWarp-resume-${entry.state}`}
+            data-notebook={entry.notebook}
+          >
+            <span className="jp-SpotWarp-resumeLine">{describeResume(entry, rows)}</span>
+            {entry.interrupted_cell && entry.state === 'restored' && (
+              <button
+                className="jp-Button jp-mod-styled jp-mod-accept jp-SpotWarp-runCell"
+                title={`Run cell ${entry.interrupted_cell} again, from the source that was running, in this kernel`}
+                disabled={Boolean(busy)}
+                onClick={() => onRun(entry.notebook)}
+              >
+                {busy === 'run' ? 'Running…' : `Run cell ${entry.interrupted_cell}`}
+              </button>
+            )}
+          </li>
+        ))}
+      </ul>
     </div>
   );
 }

@@ -4,7 +4,7 @@ import { IDisposable } from '@lumino/disposable';
 import { ServerConnection } from '@jupyterlab/services';
 
 import { ApiError, RequestFn, requestAPI } from './request';
-import { IRestoreResult, ISnapshotList, ISnapshotSummary, IStatus } from './types';
+import { IRestoreResult, IResumeEntry, ISnapshotList, ISnapshotSummary, IStatus } from './types';
 
 /** Whether the panel can talk to a server extension of its own version. */
 export type ServerState = 'checking' | 'ok' | 'missing' | 'mismatch' | 'error';
@@ -46,7 +46,7 @@ export class SpotWarpModel implements IDisposable {
   serverMessage = '';
   /** The last refresh's error, one line; null when the last refresh worked. */
   error: string | null = null;
-  busy: '' | 'snapshot' | 'restore' = '';
+  busy: '' | 'snapshot' | 'restore' | 'run' = '';
 
   get changed(): ISignal<this, void> {
     return this._changed;
@@ -160,6 +160,16 @@ export class SpotWarpModel implements IDisposable {
     );
   }
 
+  /**
+   * Run, in a notebook's resumed kernel, the cell that was interrupted outside a resumable loop
+   * (`interrupted_cell` of its `resume` entry); resolves to the entry, now running.
+   */
+  async runInterrupted(notebook: string): Promise<IResumeEntry> {
+    return this._act('run', () =>
+      this._request<IResumeEntry>('resume/run', { method: 'POST', body: JSON.stringify({ notebook }) })
+    );
+  }
+
   dispose(): void {
     if (this._isDisposed) {
       return;
@@ -169,7 +179,7 @@ export class SpotWarpModel implements IDisposable {
     Signal.clearData(this);
   }
 
-  private async _act<T>(name: 'snapshot' | 'restore', work: () => Promise<T>): Promise<T> {
+  private async _act<T>(name: 'snapshot' | 'restore' | 'run', work: () => Promise<T>): Promise<T> {
     if (this.busy) {
       throw new Error(`A ${this.busy} is already in progress.`);
     }

@@ -5,7 +5,7 @@ import { Message } from '@lumino/messaging';
 import { AccordionPanel } from '@lumino/widgets';
 
 import { SpotWarpActions } from './actions';
-import { EventsView, ServerNotice, StatusView, Timeline } from './components';
+import { EventsView, ResumeView, ServerNotice, StatusView, Timeline } from './components';
 import { spotwarpIcon } from './icon';
 import { SpotWarpModel } from './model';
 
@@ -83,7 +83,22 @@ export class SpotWarpPanel extends SidePanel {
     );
 
     this.addWidget(
-      new Section(model, () => <StatusView status={model.status} error={model.error} />, 'Status', 'jp-SpotWarp-statusSection')
+      new Section(
+        model,
+        () => (
+          <>
+            <ResumeView
+              resume={model.status?.resume}
+              report={model.status?.report}
+              busy={model.busy}
+              onRun={notebook => void actions.runInterrupted(notebook)}
+            />
+            <StatusView status={model.status} error={model.error} />
+          </>
+        ),
+        'Status',
+        'jp-SpotWarp-statusSection'
+      )
     );
     this.addWidget(
       new Section(

@@ -71,6 +71,33 @@ export interface paths {
         patch?: never;
         trace?: never;
     };
+    "/resume/run": {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        get?: never;
+        put?: never;
+        /**
+         * Run the cell interrupted outside a resumable loop in a notebook's resumed kernel
+         * @description On a host that resumed the session by itself (docs/resume.md), a cell that was running outside a
+         *     `spotwarp.resumable` loop is not run again on its own: the status names it (`interrupted_cell`).
+         *     This runs that cell's recorded source (the code as it was running when the snapshot was taken) once,
+         *     in the notebook's resumed kernel, as the server re-runs a loop's cell: under the same cell id, its
+         *     outputs written into the notebook file. Answers 202 with the notebook's `resume` entry, now
+         *     `running`, once the cell is sent; its end shows in GET status (`finished` or `failed`). Needs the
+         *     `execute` action. 404 for a notebook not resumed on this host; 409 when no interrupted cell waits to
+         *     run (none was, or it was already run) or the resumed kernel is gone; 503 while the server is stopping.
+         */
+        post: operations["runInterruptedCell"];
+        delete?: never;
+        options?: never;
+        head?: never;
+        patch?: never;
+        trace?: never;
+    };
 }
 export type webhooks = Record<string, never>;
 export interface components {
@@ -155,14 +182,7 @@ export interface components {
              *     `state` (skipped, failed, restored, running, finished), `line` (one sentence), and where known
              *     `kernel_id`, `snapshot`, `positions`, `cell` re-run or `interrupted_cell` not re-run, `seconds_to_running`.
              */
-            resume?: ({
-                notebook: string;
-                /** @enum {string} */
-                state: "skipped" | "failed" | "restored" | "running" | "finished" | "off";
-                line: string;
-            } & {
-                [key: string]: unknown;
-            })[];
+            resume?: components["schemas"]["ResumeEntry"][];
             /**
              * @description What the server restored into an empty workspace when it started (restore-on-start, on by
              *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
@@ -172,6 +192,33 @@ export interface components {
                 [key: string]: unknown;
             } | null;
             report: components["schemas"]["Report"];
+        };
+        /** @description What resuming one notebook did on this host (docs/resume.md); `*` for the whole server */
+        ResumeEntry: {
+            notebook: string;
+            /** @enum {string} */
+            state: "skipped" | "failed" | "restored" | "running" | "finished" | "off";
+            /** @description One sentence */
+            line: string;
+            kernel_id?: string;
+            /** @description The snapshot the kernel's state came from */
+            snapshot?: string;
+            /** @description Loop name -> completed steps the re-run continues after */
+            positions?: {
+                [key: string]: number;
+            };
+            /** @description The cell run again (its id) */
+            cell?: string | null;
+            /** @description The cell interrupted outside a resumable loop, not run again (POST /resume/run runs it) */
+            interrupted_cell?: string | null;
+            /** @description Seconds from `spotwarp start` to the kernel answering */
+            kernel_started_s?: number;
+            /** @description Seconds from `spotwarp start` to its state restored */
+            state_restored_s?: number;
+            /** @description Seconds from `spotwarp start` to the cell sent again */
+            seconds_to_running?: number;
+        } & {
+            [key: string]: unknown;
         };
         Watcher: {
             /** @description sigterm, aws, gcp, azure */
@@ -212,11 +259,33 @@ export interface components {
             /**
              * @description One row per cell a new host's server ran again by itself (docs/resume.md): `time`, `host`, `notebook`,
              *     `snapshot`, `cell`, `positions` (loop -> completed steps it continued after), `start_to_running_s`
-             *     (seconds from `spotwarp start` to the training running again)
+             *     (seconds from `spotwarp start` to the training running again), `steps_redone`
              */
-            resumes?: {
-                [key: string]: unknown;
-            }[];
+            resumes?: components["schemas"]["ResumeRow"][];
+        };
+        ResumeRow: {
+            time: string;
+            /** @description The host that resumed */
+            host: string;
+            notebook: string | null;
+            /** @description The snapshot the state came from */
+            snapshot: string | null;
+            cell: string | null;
+            /** @description Loop name -> completed steps it continued after */
+            positions: {
+                [key: string]: number;
+            };
+            start_to_running_s: number | null;
+            /**
+             * @description Steps the lost host had completed after the snapshot, done again (docs/resume.md): estimated from its
+             *     step rate between its last two snapshots of that loop and the time from the snapshot to its last sign
+             *     of life; null when either is not known
+             */
+            steps_redone: number | null;
+            /** @description One line: how `steps_redone` was estimated, or why it is unknown */
+            steps_redone_how: string;
+        } & {
+            [key: string]: unknown;
         };
         FailoverRow: {
             /**
@@ -456,6 +525,46 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
             500: components["responses"]["Failed"];
+            503: components["responses"]["Stopping"];
+        };
+    };
+    runInterruptedCell: {
+        parameters: {
+            query?: never;
+            header?: never;
+            path?: never;
+            cookie?: never;
+        };
+        requestBody: {
+            content: {
+                "application/json": {
+                    /** @description The notebook's path as `resume` in GET status names it */
+                    notebook: string;
+                };
+            };
+        };
+        responses: {
+            /** @description The cell is sent to the kernel */
+            202: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["ResumeEntry"];
+                };
+            };
+            400: components["responses"]["BadRequest"];
+            403: components["responses"]["Forbidden"];
+            404: components["responses"]["NotFound"];
+            /** @description Nothing interrupted waits to run in that notebook, or its resumed kernel is gone */
+            409: {
+                headers: {
+                    [name: string]: unknown;
+                };
+                content: {
+                    "application/json": components["schemas"]["Error"];
+                };
+            };
             503: components["responses"]["Stopping"];
         };
     };

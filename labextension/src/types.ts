@@ -13,6 +13,8 @@ export type IKernelState = IStatus['kernels'][number];
 export type IWatcherState = Schemas['Watcher'];
 export type IReport = Schemas['Report'];
 export type IReportRow = Schemas['ReportRow'];
+export type IResumeEntry = Schemas['ResumeEntry'];
+export type IResumeRow = Schemas['ResumeRow'];
 export type IRestoreResult = Schemas['RestoreResult'];
 export type IKernelRestore = IRestoreResult['kernels'][number];
 

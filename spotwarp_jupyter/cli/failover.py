@@ -67,6 +67,8 @@ def _launch_and_watch(args: argparse.Namespace, engine: Any, provider: Any, spec
     from ..failover.watch import adopt, holder_of, watch
 
     replace = getattr(args, "replace", False)
+    if args.standby and not args.watch:
+        raise ConfigError("--standby keeps candidates for the next race of a watch: use it with --watch")
     holder = adopt(store, args.dead_after, stop)
     if holder is not None and not args.watch and not replace:
         raise SpotWarpError(f"project {engine.settings.project!r} is served by the live host {holder.id} (generation "
@@ -95,7 +97,7 @@ def _launch_and_watch(args: argparse.Namespace, engine: Any, provider: Any, spec
     if args.watch:
         try:
             holder = watch(provider, spec, store, args.candidates, holder, args.dead_after, stop, say,
-                           race_timeout=args.timeout, floor=floor)
+                           race_timeout=args.timeout, floor=floor, standby=args.standby)
         except KeyboardInterrupt:
             stop.set()
         say("stopped", {"holder": holder.id, "leaks": provider.leaks()})
@@ -246,6 +248,11 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
         return (f"warning: {d['candidate']} has not shown itself holder within {fmt(d.get('waited_s'))}: is "
                 "SPOTWARP_KEY the same here and on the hosts? (a lease entry signed with another key, or unsigned "
                 "where a host has a key, is refused there)")
+    if kind == "standby_ready":
+        return (f"standby {d['candidate']} serves in standby for generation {d['generation']} after "
+                f"{fmt(d.get('ready_s'))}: a loss promotes it at once")
+    if kind == "standby_failed":
+        return f"warning: no standby{' ' + d['candidate'] if d.get('candidate') else ''}: {d['error']}"
     if kind == "provider_note":
         return str(d["note"])
     if kind == "adopted":

@@ -105,6 +105,9 @@ def _launch_parser(sub: Any, name: str) -> None:
     p.add_argument("--clouds", type=_clouds, default=(), help="clouds to pick offers from, comma-separated")
     p.add_argument("--max-price", dest="max_price", type=_price, help="highest spot price per hour, USD")
     p.add_argument("--watch", action="store_true", help="stay on: detect the host's loss and race again")
+    p.add_argument("--standby", type=_standby, default=0,
+                   help="with --watch: keep this many candidates running in standby (each a machine, billed) for "
+                        "the next race, so a loss promotes one at once (default 0)")
     if name == "launch":
         p.add_argument("--allow-empty", dest="allow_empty", action="store_true",
                        help="race even though the project has no snapshot yet (candidates start empty)")
@@ -167,6 +170,16 @@ def _candidates(text: str) -> int:
     value = _positive_int(text)
     if value > MAX_CANDIDATES:
         raise argparse.ArgumentTypeError(f"expected at most {MAX_CANDIDATES} candidates, got {text[:20]!r}")
+    return value
+
+
+def _standby(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number of standby candidates, got {text[:20]!r}") from None
+    if not 0 <= value <= MAX_CANDIDATES:
+        raise argparse.ArgumentTypeError(f"expected 0 to {MAX_CANDIDATES} standby candidates, got {text[:20]!r}")
     return value
 
 

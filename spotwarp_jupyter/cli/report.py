@@ -40,10 +40,11 @@ def cmd_report(args: argparse.Namespace) -> int:
     if data.get("resumes"):
         lines.append(f"resumed by the server (docs/resume.md): {len(data['resumes'])}")
         lines.append(f"{'time (UTC)':<25} {'host':<16} {'notebook':<20} {'snapshot':<10} {'continued after':<24} "
-                     f"{'start to running':>16}")
+                     f"{'start to running':>16} {'redone':>8}  how")
     for r in data.get("resumes") or []:
         steps = ", ".join(f"{name} {n}" for name, n in sorted(r["positions"].items())) or "-"
+        redone = "?" if r.get("steps_redone") is None else f"~{r['steps_redone']}"
         lines.append(f"{r['time']:<25} {r['host'][:16]:<16} {(r['notebook'] or '-')[:20]:<20} {r['snapshot'] or '-':<10} "
-                     f"{steps[:24]:<24} {fmt(r['start_to_running_s']):>16}")
+                     f"{steps[:24]:<24} {fmt(r['start_to_running_s']):>16} {redone:>8}  {r.get('steps_redone_how') or ''}")
     _print(args, data, "\n".join(lines))
     return EXIT_OK

@@ -122,17 +122,22 @@ def _quietly(journal: Journal, event: str, **details: Any) -> None:
 def race(provider: Provider, spec: LaunchSpec, store: Store, count: int, *, timeout: float = 900.0,
          poll_s: float = 0.2, provider_poll_s: float = 1.0, reason: str = "launch",
          on_event: OnEvent | None = None, floor: Callable[[], int] | None = None,
-         stop: threading.Event | None = None) -> RaceResult:
+         stop: threading.Event | None = None,
+         warm: Callable[[int], list[Candidate]] | None = None) -> RaceResult:
     """Race `count` candidates; promote the first ready; tear the rest down. RaceFailed when none comes up.
 
     The race is for the generation above every one the project recorded (`floor()`: its manifests' highest).
+    `warm(generation)`: candidates already running in standby for that generation (standby.py); they take the
+    place of launches, and only the rest of `count` is launched.
     """
-    offers = list(provider.offers(spec, count))[:count]
-    if not offers:
+    the_race = _Race(provider, spec, store, on_event, floor, stop)
+    ready = warm(the_race.result.generation) if warm is not None else []
+    offers = list(provider.offers(spec, count - len(ready)))[:count - len(ready)] if len(ready) < count else []
+    if not offers and not ready:
         raise RaceFailed(f"provider {provider.name} has no offer for {spec.gpus or 'this task'}"
                          + (f" on {', '.join(spec.clouds)}" if spec.clouds else "")
                          + (f" under ${spec.max_price:g}/h" if spec.max_price is not None else ""))
-    return _Race(provider, spec, store, on_event, floor, stop).run(offers, timeout, poll_s, provider_poll_s, reason)
+    return the_race.run(offers, timeout, poll_s, provider_poll_s, reason, ready)
 
 
 class _Race:
@@ -150,16 +155,17 @@ class _Race:
         self.result = RaceResult(secrets.token_hex(4), generation, provider.name, time.time())
 
     def run(self, offers: list[Offer], timeout: float, poll_s: float, provider_poll_s: float,
-            reason: str) -> RaceResult:
+            reason: str, warm: list[Candidate] | None = None) -> RaceResult:
         result, generation = self.result, self.result.generation
+        result.candidates.extend(warm or [])  # launched before the loss, in standby for this generation
         for i, offer in enumerate(offers):
             result.candidates.append(Candidate(f"g{generation}c{i}-{secrets.token_hex(2)}", offer))
         _quietly(self.journal, RACE_STARTED, race=result.race, generation=generation, provider=self.provider.name,
                  reason=reason, candidates=[{"id": c.id, "offer": c.offer.describe()} for c in result.candidates])
         self.emit(RACE_STARTED, {"race": result.race, "generation": generation,
                                  "candidates": [c.as_dict() for c in result.candidates]})
-        pool = ThreadPoolExecutor(max_workers=len(offers) * 2, thread_name_prefix="spotwarp-race")
-        launches = [pool.submit(self._launch, c) for c in result.candidates]
+        pool = ThreadPoolExecutor(max_workers=len(result.candidates) * 2, thread_name_prefix="spotwarp-race")
+        launches = [pool.submit(self._launch, c) for c in result.candidates if c.handle is None]
         try:
             self._wait_for_winner(timeout, poll_s, provider_poll_s)
             if result.winner is not None:

@@ -23,6 +23,7 @@ from .heartbeat import BeatClock, candidates_for_adoption, live_host, read_heart
 from .lease import LeaseConflict, read_lease
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Provider
 from .race import OnEvent, RaceFailed, RaceResult, finish, race, wait_promotion_seen
+from .standby import WarmStandby
 
 log = logging.getLogger("spotwarp")
 
@@ -192,9 +193,29 @@ def record_loss(store: Store, holder: Holder, loss: Loss) -> None:
 
 def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder: Holder, dead_after: float,
           stop: threading.Event, on_event: OnEvent, race_timeout: float = 900.0, retry_s: float = 10.0,
-          floor: Callable[[], int] | None = None) -> Holder:
-    """Follow the holder; when it is lost, race again and follow the winner; until `stop` is set (the last holder)."""
+          floor: Callable[[], int] | None = None, standby: int = 0) -> Holder:
+    """Follow the holder; when it is lost, race again and follow the winner; until `stop` is set (the last holder).
+
+    With `standby`, that many candidates wait in standby for the next race (standby.py); after a failover the
+    next ones start `dead_after` seconds after the promotion, so they do not compete with the new holder's resume.
+    """
+    warm = WarmStandby(provider, spec, store, standby, on_event, floor, stop) if standby > 0 else None
+    try:
+        return _follow(provider, spec, store, count, holder, dead_after, stop, on_event, race_timeout, retry_s,
+                       floor, warm)
+    finally:
+        if warm is not None:
+            warm.drop()
+
+
+def _follow(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder: Holder, dead_after: float,
+            stop: threading.Event, on_event: OnEvent, race_timeout: float, retry_s: float,
+            floor: Callable[[], int] | None, warm: WarmStandby | None) -> Holder:
+    settle_s = 0.0
     while not stop.is_set():
+        if warm is not None:
+            warm.start(settle_s)
+        settle_s = dead_after
         loss = detect_loss(store, holder, dead_after, provider, stop, on_event=on_event)
         if loss is None:
             return holder
@@ -210,7 +231,8 @@ def watch(provider: Provider, spec: LaunchSpec, store: Store, count: int, holder
         while not stop.is_set():
             try:
                 result = race(provider, spec, store, count, timeout=race_timeout, reason=loss.reason,
-                              on_event=on_event, floor=floor, stop=stop)
+                              on_event=on_event, floor=floor, stop=stop,
+                              warm=warm.take if warm is not None else None)
                 break
             except RaceFailed as exc:
                 on_event("race_failed", {"error": str(exc)})

@@ -48,7 +48,8 @@ def resumed_facts(outcome: dict[str, Any]) -> dict[str, Any]:
     elif rerun:
         line += f" at {steps or 'its start'}: cell {running.get('id')} run again by the server"
     else:
-        line += f": cell {running.get('id')} was interrupted and is not run again (run it yourself)"
+        line += (f": cell {running.get('id')} was interrupted outside a resumable loop and is not run again (run it, "
+                 f"or click 'Run cell {running.get('id')}' in the SpotWarp panel)")
     return {"snapshot": outcome["snapshot"], "positions": dict(outcome["positions"]),
             "cell": None if running is None else running.get("id"), "rerun": rerun, "line": line}
 

@@ -23,6 +23,7 @@ from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_st
 from .renames import follow_renames
 from .resume import Resumer
 from .saved_widgets import drop_widget_views
+from .warm_kernels import WarmKernels
 from .watchers import PreemptionResponder, start_watchers
 
 
@@ -180,14 +181,29 @@ class SpotWarpApp(ExtensionApp):
         self.service.watchers = start_watchers(self.config_object, self.service.responder, serverapp,
                                                self._exit_after_notice)
         self._resume_task: asyncio.Task | None = None
+        self._warm: WarmKernels | None = None
         if not fence.candidate:  # a candidate resumes once promoted (_commit_promotion)
             self._start_resume()
+        elif self._resume_snapshot() and self.config_object.resume_kernels:
+            # in standby: the kernels the promotion will resume start now, and import their packages
+            self._warm = WarmKernels()
+            self._warm_task = asyncio.ensure_future(self._warm.warm_up(
+                self.service, serverapp, self._resume_snapshot(), (self._host_info(serverapp)["restore"] or {})
+                .get("ref") or "latest"))
 
-    def _start_resume(self) -> None:
-        """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py)."""
+    def _resume_snapshot(self) -> str | None:
+        """The snapshot the files were restored from at start (`spotwarp start`, or JupyterHub's restore)."""
         restored = self._host_info(self.serverapp)["restore"] or {}
         hub = self.settings.get("spotwarp_start_restore") or {}
-        snapshot = restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
+        return restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
+
+    def _start_resume(self, caught_up: str | None = None, gate: asyncio.Event | None = None) -> None:
+        """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py).
+
+        `caught_up`: the snapshot a promoted candidate's files now hold; `gate`: set once its promotion snapshot is
+        committed (kernels start and restore meanwhile, a cell runs only after)."""
+        restored = self._host_info(self.serverapp)["restore"] or {}
+        snapshot = caught_up or self._resume_snapshot()
         if not snapshot or getattr(self, "_resume_task", None) is not None:
             return
         if not self.config_object.resume_kernels:
@@ -196,7 +212,8 @@ class SpotWarpApp(ExtensionApp):
             self.log.info("SpotWarp resume: off (spotwarp start --no-resume or c.SpotWarp.resume_kernels)")
             return
         self._resume_task = asyncio.ensure_future(
-            Resumer(self.service, self.serverapp).resume(snapshot, restored.get("ref") or "latest"))
+            Resumer(self.service, self.serverapp, gate, getattr(self, "_warm", None)).resume(
+                snapshot, restored.get("ref") or "latest"))
 
     def _host_info(self, serverapp) -> dict:
         """What the heartbeat says of this server: where it listens, when `spotwarp start` began, what it restored."""
@@ -210,18 +227,34 @@ class SpotWarpApp(ExtensionApp):
         return info
 
     def _promoted(self) -> None:
+        self.log.info("SpotWarp: promoted (generation %d): files brought up to date, then the promotion snapshot",
+                      self.service.engine.fence.generation)
         asyncio.ensure_future(self._commit_promotion())
 
     async def _commit_promotion(self, first_pause_s: float = 1.0, max_pause_s: float = 30.0) -> None:
-        """The promotion snapshot, retried with backoff until it is committed (or this host is no longer the
-        holder): until it lands, nothing of this generation ranks above what the previous holder wrote."""
+        """The workspace brought to the newest snapshot (a standby restored an older one), then the promotion
+        snapshot, retried with backoff until it is committed (or this host is no longer the holder): until it
+        lands, nothing of this generation ranks above what the previous holder wrote. The kernels' resume starts
+        once the files are up to date; the cells it re-runs wait for the promotion snapshot."""
         pause = first_pause_s
         attempt = 0
+        committed = asyncio.Event()
+        caught_up: str | None = None
         while True:
             attempt += 1
             try:
-                await self.service.promoted()
-                self._start_resume()
+                if caught_up is None:
+                    caught_up = await self.service.catch_up((self._host_info(self.serverapp)["restore"] or {})
+                                                            .get("snapshot")) or ""
+                    if self._warm is not None:
+                        await self._warm.started.wait()  # its kernels started (their imports may go on)
+                        self._warm.closed = True  # the resume takes those it uses, and shuts down the others
+                    self._start_resume(caught_up or None, committed)
+                    if self._warm is not None and self._resume_task is None:
+                        await self._warm.shut_down_unused(self.serverapp)
+                manifest = await self.service.promoted()
+                committed.set()
+                self.log.info("SpotWarp: promotion snapshot %s committed", manifest.id if manifest else None)
                 return
             except Exception as exc:  # noqa: BLE001 - retried below
                 heartbeat = self.service.heartbeat
@@ -270,5 +303,9 @@ class SpotWarpApp(ExtensionApp):
             self._backup_task.cancel()
         if getattr(self, "_resume_task", None) is not None:
             self._resume_task.cancel()
+        if getattr(self, "_warm_task", None) is not None:
+            self._warm_task.cancel()
+        for task in list(getattr(getattr(getattr(self, "service", None), "resumer", None), "tasks", ())):
+            task.cancel()  # a cell run as asked (POST resume/run) after the resume itself ended
         if getattr(self, "service", None) is not None:
             self.service.close()

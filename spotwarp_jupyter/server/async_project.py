@@ -58,6 +58,7 @@ class AsyncProject:
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
         self.resumed: list[dict[str, Any]] = []  # what resuming each notebook did on this host (server/resume.py)
+        self.resumer: Any = None  # the Resumer of this host's resume, once one began (POST resume/run)
         self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
@@ -80,6 +81,11 @@ class AsyncProject:
                 raise self._why_stopping() from None
             raise
 
+    async def check_open(self) -> None:
+        """Refused in one line, as `run` is, once the server is stopping (work that needs no thread asks this)."""
+        if self._closed:
+            raise self._why_stopping()
+
     def _why_stopping(self) -> SpotWarpError:
         # a fenced host stops itself: the request that races its shutdown learns why, not "Unhandled error"
         if self.role == FENCED:
@@ -101,6 +107,11 @@ class AsyncProject:
     async def check_fence(self) -> None:
         """Fenced (a SpotWarpError) unless this host may write to the project now; reads the lease."""
         await self.run(self.engine.fence.check, self.engine.store)
+
+    async def catch_up(self, restored: str | None) -> str | None:
+        """Just promoted: the workspace brought to the newest snapshot holding files (Project.catch_up); its id."""
+        async with self._lock:
+            return await self.run(self.project.catch_up, restored)
 
     async def promoted(self) -> Manifest | None:
         """Just promoted: commit this generation's first snapshot, naming the files and every notebook's newest state.

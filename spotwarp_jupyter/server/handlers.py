@@ -17,6 +17,7 @@ from ..engine.coordination import Fenced
 from ..service import SnapshotSummary
 from ..service.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
 from .async_project import AsyncProject, ServerStopping
+from .resume import RunRefused, run_interrupted
 
 _ID = r"(?P<snapshot_id>[^/]+)"
 
@@ -106,6 +107,26 @@ class RestoreHandler(SpotWarpHandler):
         self.reply(rest_restore_json(await self.call(self.service.restore(snapshot_id))))
 
 
+class ResumeRunHandler(SpotWarpHandler):
+    # runs a notebook cell's recorded source in its kernel: the action that runs code, as for kernels
+    @web.authenticated
+    @authorized("execute")
+    async def post(self) -> None:
+        await self.call(self.service.check_open())  # a stopping (or fenced) server runs nothing more
+        body = self.json_body()
+        unknown = sorted(set(body) - {"notebook"})
+        if unknown:
+            raise web.HTTPError(400, f"unknown field(s) {', '.join(unknown)}: the body takes only a notebook")
+        notebook = body.get("notebook")
+        if not isinstance(notebook, str) or not notebook or len(notebook) > 4096 or not _is_text(notebook):
+            raise web.HTTPError(400, "notebook must be the notebook's path as `resume` in GET status names it")
+        try:
+            entry = await run_interrupted(self.service.resumer, notebook)
+        except RunRefused as exc:
+            raise web.HTTPError(exc.status, str(exc)) from None
+        self.reply(entry, status=202)
+
+
 def _is_text(value: str) -> bool:
     """True when `value` is encodable text (JSON allows lone surrogates such as "\\ud800"; UTF-8 does not)."""
     try:
@@ -121,4 +142,5 @@ def handlers() -> list[tuple[str, type[SpotWarpHandler]]]:
         (r"/spotwarp/api/status", StatusHandler),
         (r"/spotwarp/api/snapshots", SnapshotsHandler),
         (rf"/spotwarp/api/snapshots/{_ID}/restore", RestoreHandler),
+        (r"/spotwarp/api/resume/run", ResumeRunHandler),
     ]

@@ -97,10 +97,15 @@ def _text(source: Any) -> str:
 class Resumer:
     """Resumes the notebooks of one restore; what happened to each is in `service.resumed` (status) and the log."""
 
-    def __init__(self, service: Any, serverapp: Any):
+    def __init__(self, service: Any, serverapp: Any, gate: asyncio.Event | None = None, warm: Any = None):
         self.service = service
         self.serverapp = serverapp
+        self.gate = gate  # a promoted candidate's promotion snapshot committed: only then does a cell run
+        self.warm = warm  # a promoted standby's warm kernels (warm_kernels.py)
         self.tasks: set[asyncio.Task] = set()
+        # notebook -> (its plan, the cell interrupted outside a resumable loop): what POST resume/run runs
+        self.interrupted: dict[str, tuple[Plan, dict[str, Any]]] = {}
+        service.resumer = self
 
     def say(self, notebook: str, state: str, line: str, **facts: Any) -> dict[str, Any]:
         """Record one notebook's state (replacing its previous one) and log its line."""
@@ -125,22 +130,30 @@ class Resumer:
             if plan.skip:
                 self.say(plan.notebook, "skipped", plan.skip)
             else:
-                task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest"))
+                warm = self.warm.take(plan, self.serverapp.kernel_manager) if self.warm is not None else None
+                task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest", warm))
                 self.tasks.add(task)
                 task.add_done_callback(self.tasks.discard)
+        if self.warm is not None:
+            await self.warm.shut_down_unused(self.serverapp)
         if self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
-    async def _one(self, plan: Plan, ref: str) -> None:
+    async def _one(self, plan: Plan, ref: str, warm: Any = None) -> None:
         started = time.monotonic()
         sessions = self.serverapp.session_manager
         if await ensure_async(sessions.session_exists(path=plan.api_path)):
             self.say(plan.notebook, "skipped", "a session for it was opened before the resume got to it: "
                      "its kernel is left to its user (%spotwarp restore)")
+            if warm is not None:
+                await ensure_async(self.serverapp.kernel_manager.shutdown_kernel(warm.kernel_id, now=True))
             return
-        try:
+        try:  # `warm`: a kernel a standby started for it (warm_kernels.py), else a new one
+            if warm is not None:
+                await warm.ready()
             session = await sessions.create_session(
-                path=plan.api_path, name=os.path.basename(plan.api_path), type="notebook", kernel_name=plan.kernel_name)
+                path=plan.api_path, name=os.path.basename(plan.api_path), type="notebook", kernel_name=plan.kernel_name,
+                kernel_id=warm.kernel_id if warm is not None else None)
             kernel_id = session["kernel"]["id"]
         except Exception as exc:  # noqa: BLE001 - one line in status and log
             self.say(plan.notebook, "failed", f"its kernel did not start: {type(exc).__name__}: {exc}")
@@ -193,13 +206,17 @@ class Resumer:
         cell = running.get("id") or "(a cell without id)"
         if outcome.get("at") != "step" or not outcome.get("resume", True):
             why = "resume is off in its policy" if outcome.get("at") == "step" else "outside a resumable loop"
-            self.say(plan.notebook, "restored", f"{where}; cell {cell} was running ({why}): not run again, "
-                     "run it yourself", interrupted_cell=running.get("id"), **facts)
+            self.interrupted[plan.notebook] = (plan, running)
+            self.say(plan.notebook, "restored", f"{where}; cell {cell} was running ({why}): not run again "
+                     f"(run it yourself, or with 'Run cell {cell}' in the SpotWarp panel)",
+                     interrupted_cell=running.get("id"), **facts)
             return
         note = ""
         if running.get("id") in plan.cells and plan.cells[running["id"]] != running["source"]:
             note = "; the notebook's cell differs from what ran: the recorded source is run"
         steps = ", ".join(f"step {n} of loop {name!r}" for name, n in sorted(facts["positions"].items()))
+        if self.gate is not None:
+            await self.gate.wait()  # what the cell writes ranks after the promotion snapshot
         facts.update(cell=running.get("id"), seconds_to_running=_since_start(started))
         self.say(plan.notebook, "running", f"{where}; re-running cell {cell} from {steps or 'its start'}{note}",
                  **facts)
@@ -208,6 +225,63 @@ class Resumer:
         self.say(plan.notebook, "finished" if status == "ok" else "failed",
                  f"{where}; cell {cell} re-ran and {'finished' if status == 'ok' else 'ended: ' + status}{note}",
                  **facts)
+
+
+class RunRefused(Exception):
+    """POST resume/run refused: `status` is the HTTP status, the message one line."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
+async def run_interrupted(resumer: Resumer | None, notebook: str) -> dict[str, Any]:
+    """Run again, as asked (the panel's one click), the recorded source of the cell that was interrupted outside a
+    resumable loop in `notebook`, in its resumed kernel; its outputs go into the notebook as a re-run's do.
+
+    Answers the notebook's status entry once the cell is sent; RunRefused for an unknown notebook, nothing
+    interrupted (or already run), or a kernel that is gone."""
+    entry = next((e for e in resumer.service.resumed if e["notebook"] == notebook), None) if resumer else None
+    if entry is None or resumer is None:
+        raise RunRefused(404, f"{notebook}: not resumed on this host (see resume in GET status)")
+    held = resumer.interrupted.pop(notebook, None)  # taken before any await: a second ask at once finds nothing
+    if held is None or entry.get("state") != "restored":
+        raise RunRefused(409, f"{notebook}: no interrupted cell waits to run (state {entry.get('state')})")
+    kernel_id = entry.get("kernel_id")
+    kernels = resumer.serverapp.kernel_manager
+    km = kernels.get_kernel(kernel_id) if kernel_id in kernels else None
+    if km is None or not await ensure_async(km.is_alive()):
+        resumer.interrupted[notebook] = held  # asked again, it says the same
+        raise RunRefused(409, f"{notebook}: its resumed kernel {kernel_id} is gone (shut down): nothing run")
+    plan, running = held
+    facts = {k: v for k, v in entry.items() if k not in ("notebook", "state", "line", "interrupted_cell", "cell")}
+    cell = running.get("id") or "(a cell without id)"
+    where = f"restored from snapshot {entry.get('snapshot')}"
+    answer = resumer.say(notebook, "running", f"{where}; running interrupted cell {cell} again, as asked",
+                         **facts, cell=running.get("id"))
+    task = asyncio.ensure_future(_run_asked(resumer, km, kernel_id, plan, running, where, facts))
+    resumer.tasks.add(task)
+    task.add_done_callback(resumer.tasks.discard)
+    return answer
+
+
+async def _run_asked(resumer: Resumer, km: Any, kernel_id: str, plan: Plan, running: dict[str, Any], where: str,
+                     facts: dict[str, Any]) -> None:
+    cell = running.get("id") or "(a cell without id)"
+    client = km.client()
+    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+    try:
+        await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+        status = await CellRun(resumer, client, kernel_id, plan, running).run()
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one line in status and log
+        status = f"{type(exc).__name__}: {exc}"
+    finally:
+        client.stop_channels()
+    resumer.say(plan.notebook, "finished" if status == "ok" else "failed",
+                f"{where}; cell {cell} ran again, as asked, and {'finished' if status == 'ok' else 'ended: ' + status}",
+                **facts, cell=running.get("id"))
 
 
 async def _journal_resumed(service: Any, notebook: str, facts: dict[str, Any]) -> None:

@@ -7,6 +7,7 @@ back (`wire.py`). Live kernels are outside: the server passes what they answered
 from __future__ import annotations
 
 import contextlib
+import os
 import time
 from typing import Any, Callable, Iterator, Sequence
 
@@ -90,6 +91,29 @@ class Project:
         return self.engine.snapshot_project(self._need_workspace(), records, message, extra, only_if_changed,
                                 progress=progress)
 
+    def catch_up(self, restored: str | None) -> str | None:
+        """Just promoted: bring the workspace from the snapshot it was restored from at start (`restored`) to the
+        newest holding files, which the previous holder may have committed since (a warm standby restored long
+        before the loss). Files the newer snapshot no longer names are removed, so the workspace is that
+        snapshot's. The id the workspace now holds; a workspace that was not restored at start (None: it held
+        files already, or the project had none) is left as it is."""
+        if restored is None:
+            return None
+        manifest = self.choose("latest", files_only=True)
+        if manifest is None or manifest.id == restored:
+            return restored if manifest is None else manifest.id
+        workspace = self._need_workspace()
+        before = self.engine.get(restored) if restored else None
+        self.engine.restore_files(manifest, workspace)
+        bring_back_run_cells(workspace, manifest.kernels)
+        root = os.path.realpath(workspace)
+        for relpath in sorted(set(_entries(before)) - set(_entries(manifest))):
+            named = os.path.join(root, *relpath.split("/"))
+            path = os.path.realpath(named)
+            if path.startswith(root + os.sep) and not os.path.islink(named) and os.path.isfile(path):
+                os.remove(path)
+        return manifest.id
+
     def promotion_snapshot(self) -> Manifest | None:
         """The first snapshot of a newly promoted host: the files and every notebook's newest kernel state."""
         return self.engine.snapshot_project(self._need_workspace(), newest_kernel_records(self.engine.manifests()),
@@ -157,3 +181,9 @@ class Project:
         if self.workspace is None:
             raise ValueError("this project was opened without a workspace folder")
         return self.workspace
+
+
+def _entries(manifest: Manifest | None) -> dict[str, Any]:
+    """The files a snapshot names (relative path -> entry); none for None or a snapshot without files."""
+    entries = ((manifest.files or {}) if manifest is not None else {}).get("entries")
+    return entries if isinstance(entries, dict) else {}

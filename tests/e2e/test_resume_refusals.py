@@ -97,6 +97,9 @@ def test_only_what_may_be_resumed_is_and_nothing_runs_again(lost_host, hosts):
     assert [s["path"] for s in sessions] == ["slow.ipynb"]
     assert not (b.workspace / "side_effect").exists()  # the interrupted cell did not run again
     assert b.open_notebook("slow.ipynb").value("x") == 42  # the state as the snapshot inside the cell had it
+    assert b.request("DELETE", f"api/kernels/{slow['kernel_id']}")[0] == 204
+    code, answer = b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"})
+    assert code == 409 and "its resumed kernel" in answer["message"] and "is gone" in answer["message"], answer
 
 
 def test_no_resume_starts_no_kernel(lost_host, hosts):
@@ -124,3 +127,33 @@ def test_a_damaged_newest_snapshot_restores_nothing_and_runs_nothing(lost_host, 
     assert slow["state"] == "failed" and "state not restored, nothing run" in slow["line"], slow
     assert slow["line"] in b.log() and "\n" not in slow["line"]
     assert not (b.workspace / "side_effect").exists()
+
+
+def test_the_interrupted_cell_runs_in_its_resumed_kernel_once_asked(lost_host, hosts):
+    folder, store = _copy(lost_host, "e")
+    folder.mkdir()
+    b = start_host(folder, "e", store)
+    hosts.append(b)
+    entries = wait_for(lambda: _settled(b, set(NOTEBOOKS)), 120, "every notebook's resume line", b)
+    for body, want, words in (({"notebook": "nope.ipynb"}, 404, "nope.ipynb: not resumed on this host"),
+                              ({"notebook": "gone.ipynb"}, 409, "gone.ipynb: no interrupted cell waits to run"),
+                              ({}, 400, "notebook must be the notebook's path"),
+                              ({"notebook": "slow.ipynb", "cell": "x"}, 400, "unknown field(s) cell")):
+        code, answer = b.request("POST", "spotwarp/api/resume/run", body)
+        assert (code, "\n" in answer["message"]) == (want, False) and words in answer["message"], (body, answer)
+    assert b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"}, token=None)[0] == 403
+    assert not (b.workspace / "side_effect").exists()
+    code, answer = b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"})
+    assert code == 202 and answer["state"] == "running" and answer["cell"] == "slow", answer
+    assert "interrupted_cell" not in answer and answer["kernel_id"] == entries["slow.ipynb"]["kernel_id"]
+    wait_for(lambda: (b.workspace / "side_effect").exists(), 60, "the interrupted cell running again", b)
+    code, answer = b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"})
+    assert code == 409 and "no interrupted cell waits to run (state running)" in answer["message"], answer
+    assert b.request("POST", f"api/kernels/{entries['slow.ipynb']['kernel_id']}/interrupt")[0] == 204
+    slow = wait_for(lambda: (_settled(b, set(NOTEBOOKS)) or {}).get("slow.ipynb"), 60, "the cell's end", b)
+    assert slow["state"] == "failed" and "ran again, as asked, and ended: KeyboardInterrupt" in slow["line"], slow
+    assert slow["line"] in b.log()
+    document = json.loads((b.workspace / "slow.ipynb").read_text())
+    cell = next(c for c in document["cells"] if c["id"] == "slow")
+    assert [o["ename"] for o in cell["outputs"] if o["output_type"] == "error"] == ["KeyboardInterrupt"], cell
+    assert b.open_notebook("slow.ipynb").value("x") == 43  # in the resumed kernel: 42 restored, + 1

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import pytest
@@ -17,7 +19,17 @@ from test_failover import Launch, attach, cleanup, engine_for, env_for
 
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 
-from new_hosts import LOOP, SETUP, TOTAL, completed, finished_on, kernel_manifests, notebook, reference_run, wait_for
+from new_hosts import (
+    LOOP,
+    SETUP,
+    TOTAL,
+    completed,
+    finished_on,
+    kernel_manifests,
+    notebook,
+    reference_run,
+    wait_for,
+)
 
 pytestmark = pytest.mark.slow  # a launch, two holders, a kill and a resumed training run
 
@@ -50,9 +62,35 @@ def test_a_promoted_holder_resumes_the_training_loop_by_itself(tmp_path):
         assert second["generation"] == 2
         new = attach(second["url"], tmp_path / "second.log")
         new.workspace = tmp_path / "candidates" / second["candidate"] / "ws"
+        last_on_a = _last_step_seen(nb)  # the steps the first holder printed before it vanished
         entry = finished_on(new, reference)  # nobody connected to it until the cell finished
         assert 0 < completed(entry["positions"]) < TOTAL
         assert entry["seconds_to_running"] > 0 and time.time() - killed < 300
+        _check_steps_redone(store, entry, last_on_a - completed(entry["positions"]))
     finally:
         launch.stop()
         cleanup(store, tmp_path)
+
+
+def _last_step_seen(nb) -> int:
+    """The last `step N` the vanished holder's kernel sent to its client before the connection closed."""
+    last = 0
+    try:
+        while True:
+            nb.ws.settimeout(30)
+            msg = json.loads(nb.ws.recv())
+            if msg.get("msg_type") == "stream":
+                last = max([last] + [int(line.split()[1]) for line in msg["content"]["text"].splitlines()
+                                     if line.startswith("step ")])
+    except Exception:  # noqa: BLE001 - the socket closed with its server: every step it sent was read
+        return last
+
+
+def _check_steps_redone(store: str, entry: dict, seen_redone: int) -> None:
+    """`spotwarp report` estimates the steps redone from the holder's step rate and its last heartbeat."""
+    report = json.loads(subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "report", "--project-id", "fo",
+                                        "--storage", store, "--json"], capture_output=True, text=True,
+                                       check=True).stdout)
+    (row,) = report["resumes"]
+    assert row["snapshot"] == entry["snapshot"] and "to its last heartbeat" in row["steps_redone_how"], row
+    assert seen_redone >= 0 and abs(row["steps_redone"] - seen_redone) <= 8, (row, seen_redone)

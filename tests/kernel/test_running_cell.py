@@ -91,3 +91,17 @@ def test_the_widget_says_the_session_was_resumed_until_its_next_snapshot():
     assert protection(status) == (True, "protected: resumed on this host from snapshot k7m2qx9a (host-a, "
                                         "2026-12-04T18:36:41Z): no cell was running")
     assert protection({**status, "last_snapshot": {"id": "newer"}}) == (True, "protected")
+
+
+def test_the_widget_names_a_cell_interrupted_outside_a_loop_and_the_panel_button_that_runs_it():
+    from spotwarp_jupyter.kernel.resume import resumed_facts
+    from spotwarp_jupyter.widget.status import protection
+
+    facts = resumed_facts({"snapshot": "k7m2qx9a", "host": "host-a", "created": "2026-12-04T18:36:41Z",
+                           "positions": {}, "at": "call", "running": {"id": "load", "source": "x = 1"}, "resume": True})
+    assert (facts["rerun"], facts["cell"]) == (False, "load")
+    status = {"last_error": None, "policy": {"enabled": True}, "last_snapshot": None, "restore": {"id": "k7m2qx9a"},
+              "resumed": facts}
+    assert protection(status) == (True, "protected: resumed on this host from snapshot k7m2qx9a (host-a, "
+                                        "2026-12-04T18:36:41Z): cell load was interrupted outside a resumable loop and "
+                                        "is not run again (run it, or click 'Run cell load' in the SpotWarp panel)")

@@ -24,6 +24,7 @@ ENDPOINTS = [
     ("GET", ("spotwarp", "api", "snapshots")),
     ("POST", ("spotwarp", "api", "snapshots")),
     ("POST", ("spotwarp", "api", "snapshots", "latest", "restore")),
+    ("POST", ("spotwarp", "api", "resume", "run")),
 ]
 
 
@@ -105,6 +106,17 @@ async def test_bad_ids_are_404_and_a_restore_body_is_400(jp_fetch, workspace):
     code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore",
                                 body='{"files": false}')
     assert code == 400
+
+
+@pytest.mark.parametrize("body, code, words", [
+    ('{"notebook": "train.ipynb"}', 404, "train.ipynb: not resumed on this host"),
+    ("", 400, "notebook must be the notebook's path"), ('{"notebook": 3}', 400, "notebook must be"),
+    ('{"notebook": "a.ipynb", "cell": "c1"}', 400, "unknown field(s) cell"), ("[1]", 400, "must be a JSON object")])
+async def test_running_an_interrupted_cell_on_a_host_that_resumed_nothing_is_refused(jp_fetch, workspace, body, code,
+                                                                                    words):
+    """The answers are checked against api/openapi.yaml (`fails`); a host that resumed something: e2e tests."""
+    got, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "resume", "run", body=body)
+    assert got == code and words in payload["message"] and "\n" not in payload["message"], payload
 
 
 async def test_a_snapshot_naming_paths_outside_the_workspace_is_refused(jp_fetch, workspace, store_dir, tmp_path):

@@ -4,7 +4,7 @@
  */
 
 import { ApiError, RequestFn } from '../request';
-import { IReport, IReportRow, ISnapshotSummary, IStatus } from '../types';
+import { IReport, IReportRow, IResumeEntry, ISnapshotSummary, IStatus } from '../types';
 
 export function snapshot(over: Partial<ISnapshotSummary> = {}): ISnapshotSummary {
   return {
@@ -66,6 +66,8 @@ export class FakeServer {
   report: IReport = emptyReport();
   lastError: string | null = null;
   kernelError: string | null = null;
+  /** GET status's `resume`: what resuming each notebook did on this host. */
+  resume: IResumeEntry[] = [];
   private _n = 0;
 
   status(): IStatus {
@@ -93,7 +95,8 @@ export class FakeServer {
       ],
       last_error: this.lastError,
       start_restore: null,
-      report: this.report
+      report: this.report,
+      resume: this.resume.map(e => ({ ...e }))
     };
   }
 
@@ -137,6 +140,53 @@ export class FakeServer {
         : { kernel_id: 'k1', notebook: 'train.ipynb', restored: ['model', 'opt'] };
       return { id, files_restored: 3, duration_s: 1.25, kernels: [kernel] } as T;
     }
+    if (method === 'POST' && endPoint === 'resume/run') {
+      const notebook = JSON.parse(String(init.body ?? '{}')).notebook;
+      const entry = this.resume.find(e => e.notebook === notebook);
+      if (!entry) {
+        throw new ApiError(404, `${notebook}: not resumed on this host (see resume in GET status)`);
+      }
+      if (!entry.interrupted_cell || entry.state !== 'restored') {
+        throw new ApiError(409, `${notebook}: no interrupted cell waits to run (state ${entry.state})`);
+      }
+      entry.cell = entry.interrupted_cell;
+      entry.state = 'running';
+      delete entry.interrupted_cell;
+      return { ...entry } as T;
+    }
     throw new ApiError(404, `no route ${method} ${endPoint}`);
+  };
+}
+
+/** A notebook whose training cell the server ran again after restoring it (state `running`). */
+export function rerun(over: Partial<IResumeEntry> = {}): IResumeEntry {
+  return {
+    notebook: 'train.ipynb',
+    state: 'running',
+    line: "train.ipynb: restored from snapshot k7m2qx9a (spot-a, 2026-12-02T10:29:58Z); re-running cell c3 from step 5 of loop 'train'",
+    kernel_id: 'k1',
+    snapshot: 'k7m2qx9a',
+    positions: { train: 5 },
+    cell: 'c3',
+    kernel_started_s: 3.1,
+    state_restored_s: 4.0,
+    seconds_to_running: 4.2,
+    ...over
+  };
+}
+
+/** A notebook restored with a cell that was interrupted outside a resumable loop (not run again). */
+export function interrupted(over: Partial<IResumeEntry> = {}): IResumeEntry {
+  return {
+    notebook: 'etl.ipynb',
+    state: 'restored',
+    line: 'etl.ipynb: restored from snapshot e1e1e1e1 (spot-a, ...); cell load was running (outside a resumable loop): not run again, run it yourself',
+    kernel_id: 'k2',
+    snapshot: 'e1e1e1e1',
+    positions: {},
+    interrupted_cell: 'load',
+    kernel_started_s: 3.0,
+    state_restored_s: 3.6,
+    ...over
   };
 }

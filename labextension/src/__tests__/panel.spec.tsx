@@ -2,11 +2,12 @@ import * as React from 'react';
 import { act, render, screen, fireEvent } from '@testing-library/react';
 import { Widget } from '@lumino/widgets';
 
-import { EventsView, ServerNotice, StatusView, Timeline } from '../components';
+import { describeResume, EventsView, ResumeView, ServerNotice, StatusView, Timeline } from '../components';
 import { SpotWarpModel } from '../model';
 import { SpotWarpActions } from '../actions';
 import { SpotWarpPanel } from '../panel';
-import { emptyReport, FakeServer, preemption, snapshot } from './fakeServer';
+import { ApiError } from '../request';
+import { emptyReport, FakeServer, interrupted, preemption, rerun, snapshot } from './fakeServer';
 
 async function until(cond: () => boolean, what: string, ms = 5000): Promise<void> {
   const deadline = Date.now() + ms;
@@ -128,7 +129,96 @@ describe('StatusView, EventsView, ServerNotice', () => {
   });
 });
 
+describe('ResumeView', () => {
+  const row = {
+    time: '2026-12-02T10:31:00.000Z',
+    host: 'spot-b',
+    notebook: 'train.ipynb',
+    snapshot: 'k7m2qx9a',
+    cell: 'c3',
+    positions: { train: 5 },
+    start_to_running_s: 4.2,
+    steps_redone: 12,
+    steps_redone_how: 'estimated'
+  };
+
+  it('says where a re-run notebook resumed from, steps redone and seconds to running again', () => {
+    const report = { ...emptyReport(), resumes: [row] };
+    expect(describeResume(rerun(), report.resumes)).toBe(
+      "train.ipynb: resumed on this host from snapshot k7m2qx9a at step 5 of loop 'train' · about 12 steps redone · running again 4.2 s after start"
+    );
+    expect(describeResume(rerun(), [{ ...row, steps_redone: null, steps_redone_how: 'unknown: no rate' }])).toContain(
+      "loop 'train' · steps redone unknown · running again 4.2 s after start"
+    );
+    expect(describeResume(rerun({ state: 'finished' }), [])).toBe(
+      "train.ipynb: resumed on this host from snapshot k7m2qx9a at step 5 of loop 'train' · running again 4.2 s after start · the cell has finished"
+    );
+    expect(describeResume(rerun({ state: 'failed', line: 'train.ipynb: restored ...; cell c3 re-ran and ended: the kernel died' }))).toMatch(
+      /after start · cell c3 re-ran and ended: the kernel died$/
+    );
+  });
+
+  it("shows a skipped or failed notebook's one-line refusal as the server wrote it", () => {
+    const line = "gpu.ipynb: its kernelspec 'py-gpu' is not installed on this host: no kernel started";
+    render(<ResumeView resume={[{ notebook: 'gpu.ipynb', state: 'skipped', line }]} onRun={() => undefined} />);
+    expect(document.querySelector('[data-notebook="gpu.ipynb"]')?.textContent).toBe(line);
+    expect(document.querySelector('.jp-SpotWarp-runCell')).toBeNull();
+  });
+
+  it('names the interrupted cell and runs it with one click', () => {
+    const asked: string[] = [];
+    const { rerender } = render(<ResumeView resume={[rerun(), interrupted()]} onRun={n => asked.push(n)} />);
+    const item = document.querySelector('[data-notebook="etl.ipynb"]') as HTMLElement;
+    expect(item.querySelector('.jp-SpotWarp-resumeLine')?.textContent).toBe(
+      'etl.ipynb: restored on this host from snapshot e1e1e1e1 · cell load was interrupted outside a resumable loop and is not run again by itself'
+    );
+    expect(document.querySelectorAll('.jp-SpotWarp-runCell')).toHaveLength(1);
+    fireEvent.click(screen.getByText('Run cell load'));
+    expect(asked).toEqual(['etl.ipynb']);
+    rerender(<ResumeView resume={[interrupted()]} busy="run" onRun={n => asked.push(n)} />);
+    expect((screen.getByText('Running…') as HTMLButtonElement).disabled).toBe(true);
+  });
+
+  it('shows nothing when this host resumed nothing', () => {
+    const { container } = render(<ResumeView resume={[]} onRun={() => undefined} />);
+    expect(container.textContent).toBe('');
+  });
+});
+
 describe('SpotWarpPanel', () => {
+  it('runs the interrupted cell from the panel, and says why not when the server refuses', async () => {
+    const server = new FakeServer();
+    server.resume = [rerun(), interrupted(), interrupted({ notebook: 'old.ipynb', kernel_id: 'k3' })];
+    const model = new SpotWarpModel({ version: '0.1.0', request: server.request, refreshInterval: 3600 });
+    const told: string[] = [];
+    const actions = new SpotWarpActions(model, async () => true, (kind, text) => told.push(`${kind}: ${text}`));
+    const panel = new SpotWarpPanel({ model, actions });
+    Widget.attach(panel, document.body);
+    await act(async () => {
+      await model.start();
+    });
+    await until(() => panel.node.querySelectorAll('.jp-SpotWarp-runCell').length === 2, 'two run buttons');
+    expect(panel.node.querySelector('[data-notebook="train.ipynb"]')?.textContent).toContain("at step 5 of loop 'train'");
+    const button = panel.node.querySelector('[data-notebook="etl.ipynb"] button') as HTMLButtonElement;
+    await act(async () => {
+      button.click();
+      await until(() => told.length === 1, 'the notification');
+    });
+    expect(server.calls).toContain('POST resume/run');
+    expect(told).toEqual(['success: SpotWarp: cell load of etl.ipynb is running again in its resumed kernel.']);
+    await until(() => !panel.node.querySelector('[data-notebook="etl.ipynb"] button'), 'the button gone after the run');
+    server.failNext = new ApiError(409, 'old.ipynb: its resumed kernel k3 is gone (shut down): nothing run');
+    await act(async () => {
+      await actions.runInterrupted('old.ipynb');
+    });
+    expect(told[1]).toBe(
+      'error: SpotWarp: the interrupted cell of old.ipynb was not run: old.ipynb: its resumed kernel k3 is gone (shut down): nothing run'
+    );
+    panel.dispose();
+    model.dispose();
+  });
+
+
   it('renders its sections from the model and restores after confirmation', async () => {
     const server = new FakeServer();
     server.snapshots = [snapshot({ id: 'abc123', host: 'spot-a' })];

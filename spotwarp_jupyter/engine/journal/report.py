@@ -12,6 +12,7 @@ from ..manifests import Manifest
 from .events import (
     FAILOVER_FINISHED,
     FINAL_SNAPSHOT_COMMITTED,
+    HOST_LOST,
     KERNEL_RESUMED,
     NOTICE_SEEN,
     RESTORE_FINISHED,
@@ -121,7 +122,7 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
             "compute_saved_s": saved,
             "resumed_at_step": resumed.details.get("position") if resumed else None,
         })
-    return {**_totals(rows, events), "events": rows, "failovers": failover_rows(events), "resumes": resume_rows(events)}
+    return {**_totals(rows, events), "events": rows, "failovers": failover_rows(events), "resumes": resume_rows(events, manifests)}
 
 
 def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
@@ -141,10 +142,61 @@ def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
     return rows
 
 
-def resume_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
+def resume_rows(events: Sequence[Event], manifests: Sequence[Manifest] = ()) -> list[dict[str, Any]]:
     """One row per cell a new host's server ran again by itself (docs/resume.md): where, from which snapshot, at
-    which step, and seconds from `spotwarp start` to the training running again."""
-    return [{"time": e.as_dict()["time"], "host": e.host, "notebook": e.notebook, "snapshot": e.snapshot,
-             "cell": e.details.get("cell"), "positions": dict(e.details.get("positions") or {}),
-             "start_to_running_s": e.details.get("start_to_running_s")}
-            for e in sorted(events, key=lambda e: e.time) if e.event == KERNEL_RESUMED]
+    which step, seconds from `spotwarp start` to the training running again, and the steps redone."""
+    events = sorted(events, key=lambda e: e.time)
+    rows = []
+    for e in events:
+        if e.event != KERNEL_RESUMED:
+            continue
+        redone, how = steps_redone(e, events, manifests)
+        rows.append({"time": e.as_dict()["time"], "host": e.host, "notebook": e.notebook, "snapshot": e.snapshot,
+                     "cell": e.details.get("cell"), "positions": dict(e.details.get("positions") or {}),
+                     "start_to_running_s": e.details.get("start_to_running_s"), "steps_redone": redone,
+                     "steps_redone_how": how})
+    return rows
+
+
+def steps_redone(resumed: Event, events: Sequence[Event], manifests: Sequence[Manifest]) -> tuple[int | None, str]:
+    """The steps the lost host completed after the snapshot a resume continued from, and how that is known.
+
+    Nothing records the lost host's last step, so it is estimated: its step rate over its newest snapshots taken at
+    a loop's step (since an inner loop last started over; the loop that moved most), times the seconds from the
+    snapshot's capture to its last sign of life (the `host_lost` event's last heartbeat change), or, without one, to the start of the host that
+    resumed (so at most that). None when the rate or the snapshot is not known."""
+    captured = capture_time(manifests, resumed.snapshot, resumed.notebook)
+    if captured is None:
+        return None, "unknown: the snapshot it continued from is not in the listing"
+    target = next((m for m in manifests if m.id == resumed.snapshot), None)
+    rate = _step_rate(manifests, resumed.notebook, target.created if target else captured)
+    if rate is None:
+        return None, "unknown: fewer than two snapshots at a loop's step before it (no step rate)"
+    loop, per_s = rate
+    started = resumed.time - float(resumed.details.get("start_to_running_s") or 0.0)
+    # the loss recorded after the capture (its last heartbeat change may come before it: then nothing was redone)
+    lost = [max(captured, float(e.details["lost_at"])) for e in events if e.event == HOST_LOST
+            and isinstance(e.details.get("lost_at"), (int, float)) and captured <= e.time <= resumed.time]
+    end, until = (lost[-1], "its last heartbeat") if lost else (started, "the resuming host's start (an upper bound)")
+    steps = max(0, round(per_s * (end - captured)))
+    return steps, (f"estimated: {per_s:.2f} steps/s of loop {loop!r} x {max(0.0, end - captured):.1f} s from the "
+                   f"snapshot to {until}")
+
+
+def _step_rate(manifests: Sequence[Manifest], notebook: str | None, until: float) -> tuple[str, float] | None:
+    """(loop, steps per second) over the newest run of snapshots of `notebook` at a loop's step up to `until` in
+    which no loop started over (a new epoch ends it), measured on the loop that moved most."""
+    records = sorted(((m.created, m.kernels[notebook].get("positions") or {}) for m in manifests
+                      if notebook in m.kernels and m.kernels[notebook].get("at") == "step"
+                      and m.created <= until), key=lambda r: r[0])
+    unique = [r for i, r in enumerate(records) if i == 0 or r[1] != records[i - 1][1]]  # project copies repeat
+    first = len(unique) - 1
+    while first > 0 and all(n >= unique[first - 1][1].get(name, 0) for name, n in unique[first][1].items()
+                            if isinstance(n, int)) and unique[first - 1][0] < unique[first][0]:
+        first -= 1
+    if first == len(unique) - 1:
+        return None
+    (t0, before), (t1, after) = unique[first], unique[-1]
+    moved = {name: n - before.get(name, 0) for name, n in after.items() if isinstance(n, int)}
+    loop = max(moved, key=lambda name: moved[name], default=None)
+    return None if loop is None or moved[loop] <= 0 else (loop, moved[loop] / (t1 - t0))
