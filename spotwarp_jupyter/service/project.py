@@ -7,10 +7,12 @@ back (`wire.py`). Live kernels are outside: the server passes what they answered
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import time
 from typing import Any, Callable, Iterator, Sequence
 
+from ..engine.errors import SnapshotNotFound
 from ..engine.files import Progress
 from ..engine.journal import Journal, restoring
 from ..engine.journal import report as preemption_report
@@ -18,6 +20,8 @@ from ..engine.manifests import Manifest, committed_kernel_record, newest_kernel_
 from ..engine.snapshots import SnapshotEngine
 from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
 from .run_cells import bring_back_run_cells
+
+log = logging.getLogger("spotwarp")
 
 # asks the live kernels of these notebooks to restore from this snapshot ref; what each answered
 KernelRestorer = Callable[[frozenset[str], str], Sequence[KernelRestore]]
@@ -96,14 +100,20 @@ class Project:
         newest holding files, which the previous holder may have committed since (a warm standby restored long
         before the loss). Files the newer snapshot no longer names are removed, so the workspace is that
         snapshot's. The id the workspace now holds; a workspace that was not restored at start (None: it held
-        files already, or the project had none) is left as it is."""
+        files already, or the project had none) is left as it is. If `restored` was pruned since (`gc --keep`),
+        the newest files still come back, but files it held that the newer snapshot dropped stay."""
         if restored is None:
             return None
         manifest = self.choose("latest", files_only=True)
         if manifest is None or manifest.id == restored:
             return restored if manifest is None else manifest.id
         workspace = self._need_workspace()
-        before = self.engine.get(restored) if restored else None
+        try:
+            before = self.engine.get(restored) if restored else None
+        except SnapshotNotFound:
+            before = None
+            log.warning("SpotWarp catch-up: snapshot %s restored at start was pruned; newest files %s restored, "
+                        "files it dropped are left in the workspace", restored, manifest.id)
         self.engine.restore_files(manifest, workspace)
         bring_back_run_cells(workspace, manifest.kernels)
         root = os.path.realpath(workspace)
