@@ -42,6 +42,10 @@ class ServerStopping(SpotWarpError):
     """The server is shutting down: it takes no more snapshot or restore work."""
 
 
+class PromotionInProgress(SpotWarpError):
+    """Just promoted: the workspace is not yet caught up and the promotion snapshot not committed."""
+
+
 class AsyncProject:
     """One project's snapshots as seen by one Jupyter server."""
 
@@ -64,6 +68,11 @@ class AsyncProject:
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
         self._executor = ThreadPoolExecutor(max_workers=3, thread_name_prefix="spotwarp-server")
         self._lock = asyncio.Lock()  # one project snapshot or restore at a time
+        # set once a promoted standby caught up and committed its promotion snapshot (at once on other hosts):
+        # until then its workspace may be older than the previous holder's newest files, so nothing is committed
+        self.promotion_committed = asyncio.Event()
+        if not engine.fence.candidate:
+            self.promotion_committed.set()
         self._closed = False
 
     async def run(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
@@ -120,6 +129,7 @@ class AsyncProject:
         """
         async with self._lock:
             manifest = await self.run(self.project.promotion_snapshot)
+        self.promotion_committed.set()
         log.warning("SpotWarp: promotion snapshot %s committed", manifest.id if manifest else None)
         return manifest
 
@@ -170,6 +180,9 @@ class AsyncProject:
         """
         await self.check_fence()
         async with self._exclusive(lock_timeout):
+            if not self.promotion_committed.is_set():
+                raise PromotionInProgress("promotion in progress: this host's files are not caught up yet; "
+                                          "snapshot again once the promotion snapshot is committed")
             live = await self.live_kernels()
             if collected is not None:
                 answers = [collected.get(k["kernel_id"], "started after the notice") for k in live]
@@ -228,8 +241,8 @@ class AsyncProject:
         """Continuous backup: files (and the newest state of live kernels) every `interval` seconds, when changed."""
         while True:
             await asyncio.sleep(interval)
-            if self.role not in WRITERS:
-                continue  # standby or fenced: nothing to back up from here
+            if self.role not in WRITERS or not self.promotion_committed.is_set():
+                continue  # standby, fenced or promotion in progress: nothing to back up from here
             try:
                 manifest = await self.snapshot("automatic backup", ask_kernels=False, only_if_changed=True)
                 if manifest is not None:

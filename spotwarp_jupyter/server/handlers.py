@@ -16,7 +16,7 @@ from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
 from ..engine.coordination import Fenced
 from ..service import SnapshotSummary
 from ..service.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
-from .async_project import AsyncProject, ServerStopping
+from .async_project import AsyncProject, PromotionInProgress, ServerStopping
 from .resume import RunRefused, run_interrupted
 
 _ID = r"(?P<snapshot_id>[^/]+)"
@@ -56,7 +56,7 @@ class SpotWarpHandler(APIHandler):
             return await coro
         except SnapshotNotFound as exc:
             raise web.HTTPError(404, str(exc)) from None
-        except Fenced as exc:  # standby, or lost the failover lease: this host writes nothing
+        except (Fenced, PromotionInProgress) as exc:  # standby, lost the lease, or not caught up yet: no writes
             raise web.HTTPError(409, str(exc)) from None
         except ServerStopping as exc:
             raise web.HTTPError(503, str(exc)) from None

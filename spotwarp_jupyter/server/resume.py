@@ -239,11 +239,13 @@ async def run_interrupted(resumer: Resumer | None, notebook: str) -> dict[str, A
     """Run again, as asked (the panel's one click), the recorded source of the cell that was interrupted outside a
     resumable loop in `notebook`, in its resumed kernel; its outputs go into the notebook as a re-run's do.
 
-    Answers the notebook's status entry once the cell is sent; RunRefused for an unknown notebook, nothing
-    interrupted (or already run), or a kernel that is gone."""
+    Answers the notebook's status entry once the cell is sent; RunRefused for an unknown notebook, a promotion
+    not yet committed, nothing interrupted (or already run), or a kernel that is gone."""
     entry = next((e for e in resumer.service.resumed if e["notebook"] == notebook), None) if resumer else None
     if entry is None or resumer is None:
         raise RunRefused(404, f"{notebook}: not resumed on this host (see resume in GET status)")
+    if resumer.gate is not None and not resumer.gate.is_set():  # what it writes must rank after the promotion
+        raise RunRefused(409, f"{notebook}: promotion in progress: run it once the promotion snapshot is committed")
     held = resumer.interrupted.pop(notebook, None)  # taken before any await: a second ask at once finds nothing
     if held is None or entry.get("state") != "restored":
         raise RunRefused(409, f"{notebook}: no interrupted cell waits to run (state {entry.get('state')})")

@@ -349,3 +349,22 @@ def test_a_kernel_names_its_notebook_relative_to_the_workspace(tmp_path):
     outside = str(tmp_path / "elsewhere" / "b.ipynb")
     assert notebook_name({"JPY_SESSION_NAME": outside, "SPOTWARP_WORKSPACE": str(ws)}) == outside.lstrip("/")
     assert notebook_name({}) == "default"
+
+
+async def test_a_promoted_host_commits_nothing_until_its_promotion_snapshot(jp_fetch, jp_serverapp, workspace):
+    """Between promotion and the promotion snapshot the workspace may be stale: snapshots and resume/run say 409."""
+    from spotwarp_jupyter.server.resume import Resumer
+
+    service = jp_serverapp.web_app.settings["spotwarp"]
+    service.promotion_committed.clear()  # as a standby's is, until its promotion snapshot commits
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    assert code == 409 and payload["message"].startswith("promotion in progress"), payload
+    assert service.engine.manifests() == []
+    resumer = Resumer(service, jp_serverapp, gate=asyncio.Event())
+    resumer.say("nb.ipynb", "restored", "cell c1 was running (outside a resumable loop)", kernel_id="k")
+    code, payload = await fails(jp_fetch, "POST", "spotwarp", "api", "resume", "run", body='{"notebook": "nb.ipynb"}')
+    assert code == 409 and "promotion in progress" in payload["message"], payload
+    manifest = await service.promoted()
+    assert service.promotion_committed.is_set() and manifest is not None
+    await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
+    assert len(service.engine.manifests()) == 2
