@@ -132,7 +132,15 @@ def race(provider: Provider, spec: LaunchSpec, store: Store, count: int, *, time
     """
     the_race = _Race(provider, spec, store, on_event, floor, stop)
     ready = warm(the_race.result.generation) if warm is not None else []
-    offers = list(provider.offers(spec, count - len(ready)))[:count - len(ready)] if len(ready) < count else []
+    try:
+        offers = list(provider.offers(spec, count - len(ready)))[:count - len(ready)] if len(ready) < count else []
+    except BaseException:  # the standbys taken are this race's: none is left running
+        for c in ready:
+            try:
+                the_race._down(c)
+            except Exception as exc:  # noqa: BLE001 - the offers' error is the one to raise
+                log.warning("SpotWarp: standby %s not torn down: %s", c.id, exc)
+        raise
     if not offers and not ready:
         raise RaceFailed(f"provider {provider.name} has no offer for {spec.gpus or 'this task'}"
                          + (f" on {', '.join(spec.clouds)}" if spec.clouds else "")

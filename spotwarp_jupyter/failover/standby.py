@@ -57,6 +57,8 @@ class WarmStandby:
             self.emit("standby_failed", {"error": f"{type(exc).__name__}: {exc}"})
             return
         for i, offer in enumerate(offers):
+            if abandoned.is_set() or self.stop.is_set():  # taken or dropped meanwhile: launch no more
+                break
             c = Candidate(f"g{generation}s{i}-{secrets.token_hex(2)}", offer, launched_at=time.time())
             try:
                 c.handle = self.provider.launch(self.spec, offer, c.id, generation)
@@ -98,9 +100,15 @@ class WarmStandby:
                 self._down(c)
         return usable
 
-    def drop(self) -> None:
-        """Tear every standby down (the watch ends)."""
+    def drop(self, wait_s: float = 120.0) -> None:
+        """Tear every standby down (the watch ends); a launch in flight is waited for (at most `wait_s`), and
+        what it started goes down too."""
         self.take(-1)
+        thread = self.thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(wait_s)  # abandoned: it launches no more, and downs what its launch in flight produced
+            if thread.is_alive():
+                log.warning("SpotWarp: a standby launch still runs after %gs: what it starts may be left up", wait_s)
 
     def _down(self, c: Candidate) -> None:
         if c.handle is None:
