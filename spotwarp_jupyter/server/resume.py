@@ -125,17 +125,19 @@ class Resumer:
                                            self.serverapp.kernel_manager.default_kernel_name)
         except Exception as exc:  # noqa: BLE001 - the store or a kernelspec unreadable: one line, nothing run
             self.say("*", "failed", f"nothing resumed: {type(exc).__name__}: {exc}")
-            return
-        for plan in plans:
-            if plan.skip:
-                self.say(plan.notebook, "skipped", plan.skip)
-            else:
-                warm = self.warm.take(plan, self.serverapp.kernel_manager) if self.warm is not None else None
-                task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest", warm))
-                self.tasks.add(task)
-                task.add_done_callback(self.tasks.discard)
-        if self.warm is not None:
-            await self.warm.shut_down_unused(self.serverapp)
+            plans = []
+        try:
+            for plan in plans:
+                if plan.skip:
+                    self.say(plan.notebook, "skipped", plan.skip)
+                else:
+                    warm = self.warm.take(plan, self.serverapp.kernel_manager) if self.warm is not None else None
+                    task = asyncio.ensure_future(self._one(plan, ref if ref not in ("", None) else "latest", warm))
+                    self.tasks.add(task)
+                    task.add_done_callback(self.tasks.discard)
+        finally:  # the warm kernels no plan took go down, whatever happened above
+            if self.warm is not None:
+                await self.warm.shut_down_unused(self.serverapp)
         if self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
 
@@ -145,8 +147,7 @@ class Resumer:
         if await ensure_async(sessions.session_exists(path=plan.api_path)):
             self.say(plan.notebook, "skipped", "a session for it was opened before the resume got to it: "
                      "its kernel is left to its user (%spotwarp restore)")
-            if warm is not None:
-                await ensure_async(self.serverapp.kernel_manager.shutdown_kernel(warm.kernel_id, now=True))
+            await self._shut_down_warm(warm)
             return
         try:  # `warm`: a kernel a standby started for it (warm_kernels.py), else a new one
             if warm is not None:
@@ -157,6 +158,7 @@ class Resumer:
             kernel_id = session["kernel"]["id"]
         except Exception as exc:  # noqa: BLE001 - one line in status and log
             self.say(plan.notebook, "failed", f"its kernel did not start: {type(exc).__name__}: {exc}")
+            await self._shut_down_warm(warm)
             return
         client = self.serverapp.kernel_manager.get_kernel(kernel_id).client()
         client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
@@ -173,6 +175,17 @@ class Resumer:
             self.say(plan.notebook, "failed", f"{type(exc).__name__}: {exc}", kernel_id=kernel_id)
         finally:
             client.stop_channels()
+
+    async def _shut_down_warm(self, warm: Any) -> None:
+        """A warm kernel no session took: its imports cancelled, the kernel shut down (gone already: logged)."""
+        if warm is None:
+            return
+        if warm.imported is not None:
+            warm.imported.cancel()
+        try:
+            await ensure_async(self.serverapp.kernel_manager.shutdown_kernel(warm.kernel_id, now=True))
+        except Exception as exc:  # noqa: BLE001 - gone already
+            log.warning("SpotWarp: warm kernel %s not shut down: %s", warm.kernel_id, exc)
 
     async def _restore(self, client: Any, ref: str) -> dict[str, Any]:
         """Load SpotWarp in the kernel and restore, as `%spotwarp restore` does; what the kernel says it did."""

@@ -368,3 +368,20 @@ async def test_a_promoted_host_commits_nothing_until_its_promotion_snapshot(jp_f
     assert service.promotion_committed.is_set() and manifest is not None
     await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
     assert len(service.engine.manifests()) == 2
+
+
+async def test_a_resume_that_cannot_plan_still_shuts_the_warm_kernels_down(jp_fetch, jp_serverapp, workspace):
+    """The warm kernels a standby started are never left running, even when the resume plans nothing."""
+    from spotwarp_jupyter.server.resume import Resumer
+    from spotwarp_jupyter.server.warm_kernels import WarmKernel, WarmKernels
+
+    service = jp_serverapp.web_app.settings["spotwarp"]
+    snapshot = (await call(jp_fetch, "POST", "spotwarp", "api", "snapshots"))[1]["id"]
+    kernels = jp_serverapp.kernel_manager
+    kernel_id = await kernels.start_kernel()
+    warm = WarmKernels()
+    warm.kernels["train.ipynb"] = WarmKernel(kernel_id, "python3", "train.ipynb")
+    service.close()  # the plan's read of the store is refused: the server is stopping
+    await Resumer(service, jp_serverapp, None, warm).resume(snapshot)
+    assert service.resumed[-1]["state"] == "failed" and "nothing resumed" in service.resumed[-1]["line"]
+    assert kernel_id not in kernels and warm.kernels == {}
