@@ -162,6 +162,23 @@ class SharedCell:
         self.document: Any = None
         self.unsaved = False
         self.saved_at = 0.0  # the first output is saved at once, as the file path writes it
+        self.file: NotebookFile | None = None  # set when the shared document failed: the rest goes to the file
+
+    async def _or_file(self, step: str, outputs: Outputs, *args: Any) -> None:
+        """Run `step` on the shared document; if it fails, log one line, leave the room, and from then on write
+        to the notebook file (at once, with every output so far) as the path without collaboration does."""
+        if self.file is None:
+            try:
+                await getattr(self, f"_{step}")(outputs, *args)
+                return
+            except Exception as exc:  # noqa: BLE001 - the outputs still reach the file; the log says why not live
+                log.warning("SpotWarp resume: %s: the notebook's shared document failed (%s: %s): the rest of the "
+                            "cell's outputs go to the file only", self.api_path, type(exc).__name__, exc)
+                self.file = NotebookFile(self.app.serverapp.contents_manager, self.api_path, self.cell_id,
+                                         self.source)
+                self.file.dirty = True
+                self._leave()
+        await getattr(self.file, step)(outputs, *args)
 
     async def _open(self) -> None:
         """Open the notebook's room (created when no client has it open) and hold its document.
@@ -222,6 +239,20 @@ class SharedCell:
         self.unsaved = False
 
     async def apply(self, outputs: Outputs, changes: list[Change]) -> None:
+        await self._or_file("apply", outputs, changes)
+
+    async def tick(self, outputs: Outputs) -> None:
+        await self._or_file("tick", outputs)
+
+    async def end(self, outputs: Outputs) -> None:
+        """The end of the run: the room is always left, whatever failed."""
+        try:
+            await self._or_file("end", outputs)
+        finally:
+            if self.file is None:
+                self._leave()
+
+    async def _apply(self, outputs: Outputs, changes: list[Change]) -> None:
         """The changes into the shared cell, at once (streams appended to the shared text)."""
         if not changes or await self._held(outputs):
             return
@@ -251,13 +282,13 @@ class SharedCell:
                     shared.append(_shared_output(change[1]))
         self.unsaved = True
 
-    async def tick(self, outputs: Outputs) -> None:
+    async def _tick(self, outputs: Outputs) -> None:
         """Have the room save now if outputs came since its last save SAVE_EVERY_S ago: its own save waits for a
         second without changes, which a cell printing more often than that never leaves."""
         if self.unsaved and time.monotonic() - self.saved_at >= SAVE_EVERY_S:
             await self._save()
 
-    async def end(self, outputs: Outputs) -> None:
+    async def _end(self, outputs: Outputs) -> None:
         """The execution count, `idle`, and a save of the document, waited for."""
         await self._held(outputs)
         cell = self._cell()
@@ -267,16 +298,18 @@ class SharedCell:
                 cell["execution_count"] = float(count) if isinstance(count, int) else None
                 cell["execution_state"] = "idle"
         await self._save()
-        self._leave()
 
     def _leave(self) -> None:
         """Leave the room as a tab leaving it does: when no tab is in it, it is cleaned after the extension's
         `document_cleanup_delay`, unless a tab joins meanwhile (joining cancels `room.cleaner`)."""
-        delay = getattr(self.app, "document_cleanup_delay", None)
-        cleaner = getattr(self.room, "cleaner", None)
-        if delay is None or self.room is None or self.room.clients or (cleaner is not None and not cleaner.done()):
-            return
-        self.room.cleaner = asyncio.ensure_future(self._clean(self.room, delay))
+        try:
+            delay = getattr(self.app, "document_cleanup_delay", None)
+            cleaner = getattr(self.room, "cleaner", None)
+            if delay is None or self.room is None or self.room.clients or (cleaner is not None and not cleaner.done()):
+                return
+            self.room.cleaner = asyncio.ensure_future(self._clean(self.room, delay))
+        except Exception as exc:  # noqa: BLE001 - a room left open costs memory and a poll a second, no more
+            log.warning("SpotWarp resume: the room of %s was not left: %s", self.api_path, exc)
 
     async def _clean(self, room: Any, delay: float) -> None:
         from jupyter_server_ydoc.utils import decode_file_path

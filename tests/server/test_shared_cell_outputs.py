@@ -2,13 +2,14 @@
 extension, the cell the server runs (a real kernel) writes into the notebook's shared document as outputs come:
 the running state, streams merged into one shared text, `clear_output(wait=True)` honoured, an error, the count at
 the end; the room saves it to the file; a room cleaned meanwhile (its last tab left) is opened again, and one no
-tab is in is cleaned after the cell."""
+tab is in is cleaned after the cell; a shared document that fails mid-run hands the outputs to the file."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from types import SimpleNamespace  # the service a Resumer records itself on: unused by CellRun
 
 import pytest
 
@@ -57,19 +58,23 @@ def _texts(cell: dict) -> list[tuple[str, str]]:
             for o in cell["outputs"]]
 
 
-async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+def _notebook(jp_root_dir) -> None:
     notebook = {"cells": [{"cell_type": "code", "id": "loop", "metadata": {}, "outputs": [], "execution_count": 3,
                            "source": "an older draft"}],
                 "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
                 "nbformat": 4, "nbformat_minor": 5}
     (jp_root_dir / "train.ipynb").write_text(json.dumps(notebook))
+
+
+async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+    _notebook(jp_root_dir)
     kernels = jp_serverapp.kernel_manager
     kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
     client = kernels.get_kernel(kernel_id).client()
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     try:
         await client.wait_for_ready(timeout=60)
-        run = CellRun(Resumer(None, jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
+        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
                       {"id": "loop", "source": SOURCE})
         running = asyncio.ensure_future(run.run())
         ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
@@ -105,3 +110,37 @@ async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_ser
     assert next(c for c in document.ycells if c.get("id") == "loop")["execution_state"] == "idle"
     on_disk = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"][0]  # the room saved it at the end
     assert _texts(on_disk) == expected and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
+
+
+async def test_a_shared_document_failing_mid_run_hands_the_outputs_to_the_file(jp_serverapp, jp_root_dir):
+    _notebook(jp_root_dir)
+    kernels = jp_serverapp.kernel_manager
+    kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
+    client = kernels.get_kernel(kernel_id).client()
+    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+    try:
+        await client.wait_for_ready(timeout=60)
+        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
+                      {"id": "loop", "source": SOURCE})
+        running = asyncio.ensure_future(run.run())
+        ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
+        room = await _until(lambda: ydoc_app.ywebsocket_server.rooms and next(
+            iter(ydoc_app.ywebsocket_server.rooms.values())), "the notebook's room")
+        await _until(lambda: room._document and "first" in str(room._document.get()["cells"]),
+                     "the output after the clear in the shared document")
+
+        def disk_full():
+            raise OSError("no space left on device")
+
+        room._save_to_disc = disk_full  # the room's saves fail from now on (third-party object, not ours)
+        (jp_root_dir / "go").touch()
+        assert await asyncio.wait_for(running, 60) == "ZeroDivisionError: division by zero"
+    finally:
+        client.stop_channels()
+        await kernels.shutdown_kernel(kernel_id, now=True)
+
+    on_disk = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"][0]  # written through the contents
+    expected = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
+                ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
+    assert _texts(on_disk) == expected and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
+    await _until(lambda: not ydoc_app.ywebsocket_server.rooms, "the room to be left and cleaned", timeout=30)
