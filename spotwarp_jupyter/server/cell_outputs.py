@@ -29,6 +29,22 @@ log = logging.getLogger("spotwarp")
 SAVE_EVERY_S = 3.0  # the .ipynb on disk is brought up to date at most this often while the cell runs
 
 Change = tuple  # ("clear",) | ("add", output) | ("append", stream name, text)
+_warned: set[str] = set()  # the private attributes already reported missing
+
+
+def private_missing(name: str, package: str, degrades: str) -> None:
+    """One warning per server for a private attribute of another package that is not there (docs/resume.md,
+    "Private APIs used"): what is missing, the installed version, and what works less well without it."""
+    if name in _warned:
+        return
+    _warned.add(name)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version(package)
+    except PackageNotFoundError:
+        installed = "?"
+    log.warning("SpotWarp resume: %s %s has no %s: %s", package, installed, name, degrades)
 
 
 class Outputs:
@@ -187,6 +203,7 @@ class SharedCell:
         if not self.room_id:
             from jupyter_server_ydoc.utils import encode_file_path, room_id_from_encoded_path
 
+            # on the loop: the file id manager's SQLite connection may only be used from the thread that opened it
             file_id = self.app.serverapp.web_app.settings["file_id_manager"].index(self.api_path)
             if file_id is None:
                 raise FileNotFoundError(self.api_path)
@@ -315,8 +332,13 @@ class SharedCell:
         from jupyter_server_ydoc.utils import decode_file_path
 
         await asyncio.sleep(delay)
+        locks = getattr(self.app, "_room_locks", None)
+        if locks is None:
+            private_missing("YDocExtension._room_locks", "jupyter-collaboration",
+                            "a room the resume opened and no tab joined stays open until the server stops")
+            return
         try:
-            async with self.app._room_locks[self.room_id]:  # the lock its handler and get_document take
+            async with locks[self.room_id]:  # the lock its handler and get_document take
                 server = self.app.ywebsocket_server
                 if room.clients or server.rooms.get(self.room_id) is not room:
                     return
@@ -331,7 +353,9 @@ class SharedCell:
         self.unsaved, self.saved_at = False, time.monotonic()
         save = getattr(self.room, "_save_to_disc", None)  # what a client's Ctrl+S asks the room for
         if not callable(save):
-            return  # another jupyter_server_ydoc: its own autosave only
+            private_missing("DocumentRoom._save_to_disc", "jupyter-collaboration", "no forced saves while "
+                            "outputs keep coming: the .ipynb follows the room's own autosave only")
+            return
         task = save()
         if task is None:
             self.unsaved = True  # the room is reloading the file: the next tick asks again
