@@ -31,6 +31,8 @@ from ..service.records import KernelStatus, RestoreProgress, SnapshotSummary
 from ..service.wire import kernel_status_json
 from ..training.resumable import positions as resumable_positions
 from .arrivals import Arrivals
+from .busy import cell_ended as busy_cell_ended
+from .busy import cell_started as busy_cell_started
 from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
@@ -136,9 +138,11 @@ class KernelSession:
         (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py)."""
         self.cell_ran(cell_id, source)
         self.running = (cell_id, source)
+        busy_cell_started()
 
     def cell_ended(self) -> None:
         self.running = None
+        busy_cell_ended()
 
     def capture_options(self) -> CaptureOptions:
         return CaptureOptions(include=self.policy.include, exclude=self.policy.exclude,

@@ -29,6 +29,22 @@ log = logging.getLogger("spotwarp")
 SAVE_EVERY_S = 3.0  # the .ipynb on disk is brought up to date at most this often while the cell runs
 
 Change = tuple  # ("clear",) | ("add", output) | ("append", stream name, text)
+_warned: set[str] = set()  # the private attributes already reported missing
+
+
+def private_missing(name: str, package: str, degrades: str) -> None:
+    """One warning per server for a private attribute of another package that is not there (docs/resume.md,
+    "Private APIs used"): what is missing, the installed version, and what works less well without it."""
+    if name in _warned:
+        return
+    _warned.add(name)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        installed = version(package)
+    except PackageNotFoundError:
+        installed = "?"
+    log.warning("SpotWarp resume: %s %s has no %s: %s", package, installed, name, degrades)
 
 
 class Outputs:
@@ -162,6 +178,23 @@ class SharedCell:
         self.document: Any = None
         self.unsaved = False
         self.saved_at = 0.0  # the first output is saved at once, as the file path writes it
+        self.file: NotebookFile | None = None  # set when the shared document failed: the rest goes to the file
+
+    async def _or_file(self, step: str, outputs: Outputs, *args: Any) -> None:
+        """Run `step` on the shared document; if it fails, log one line, leave the room, and from then on write
+        to the notebook file (at once, with every output so far) as the path without collaboration does."""
+        if self.file is None:
+            try:
+                await getattr(self, f"_{step}")(outputs, *args)
+                return
+            except Exception as exc:  # noqa: BLE001 - the outputs still reach the file; the log says why not live
+                log.warning("SpotWarp resume: %s: the notebook's shared document failed (%s: %s): the rest of the "
+                            "cell's outputs go to the file only", self.api_path, type(exc).__name__, exc)
+                self.file = NotebookFile(self.app.serverapp.contents_manager, self.api_path, self.cell_id,
+                                         self.source)
+                self.file.dirty = True
+                self._leave()
+        await getattr(self.file, step)(outputs, *args)
 
     async def _open(self) -> None:
         """Open the notebook's room (created when no client has it open) and hold its document.
@@ -170,6 +203,7 @@ class SharedCell:
         if not self.room_id:
             from jupyter_server_ydoc.utils import encode_file_path, room_id_from_encoded_path
 
+            # on the loop: the file id manager's SQLite connection may only be used from the thread that opened it
             file_id = self.app.serverapp.web_app.settings["file_id_manager"].index(self.api_path)
             if file_id is None:
                 raise FileNotFoundError(self.api_path)
@@ -222,6 +256,20 @@ class SharedCell:
         self.unsaved = False
 
     async def apply(self, outputs: Outputs, changes: list[Change]) -> None:
+        await self._or_file("apply", outputs, changes)
+
+    async def tick(self, outputs: Outputs) -> None:
+        await self._or_file("tick", outputs)
+
+    async def end(self, outputs: Outputs) -> None:
+        """The end of the run: the room is always left, whatever failed."""
+        try:
+            await self._or_file("end", outputs)
+        finally:
+            if self.file is None:
+                self._leave()
+
+    async def _apply(self, outputs: Outputs, changes: list[Change]) -> None:
         """The changes into the shared cell, at once (streams appended to the shared text)."""
         if not changes or await self._held(outputs):
             return
@@ -251,13 +299,13 @@ class SharedCell:
                     shared.append(_shared_output(change[1]))
         self.unsaved = True
 
-    async def tick(self, outputs: Outputs) -> None:
+    async def _tick(self, outputs: Outputs) -> None:
         """Have the room save now if outputs came since its last save SAVE_EVERY_S ago: its own save waits for a
         second without changes, which a cell printing more often than that never leaves."""
         if self.unsaved and time.monotonic() - self.saved_at >= SAVE_EVERY_S:
             await self._save()
 
-    async def end(self, outputs: Outputs) -> None:
+    async def _end(self, outputs: Outputs) -> None:
         """The execution count, `idle`, and a save of the document, waited for."""
         await self._held(outputs)
         cell = self._cell()
@@ -267,23 +315,30 @@ class SharedCell:
                 cell["execution_count"] = float(count) if isinstance(count, int) else None
                 cell["execution_state"] = "idle"
         await self._save()
-        self._leave()
 
     def _leave(self) -> None:
         """Leave the room as a tab leaving it does: when no tab is in it, it is cleaned after the extension's
         `document_cleanup_delay`, unless a tab joins meanwhile (joining cancels `room.cleaner`)."""
-        delay = getattr(self.app, "document_cleanup_delay", None)
-        cleaner = getattr(self.room, "cleaner", None)
-        if delay is None or self.room is None or self.room.clients or (cleaner is not None and not cleaner.done()):
-            return
-        self.room.cleaner = asyncio.ensure_future(self._clean(self.room, delay))
+        try:
+            delay = getattr(self.app, "document_cleanup_delay", None)
+            cleaner = getattr(self.room, "cleaner", None)
+            if delay is None or self.room is None or self.room.clients or (cleaner is not None and not cleaner.done()):
+                return
+            self.room.cleaner = asyncio.ensure_future(self._clean(self.room, delay))
+        except Exception as exc:  # noqa: BLE001 - a room left open costs memory and a poll a second, no more
+            log.warning("SpotWarp resume: the room of %s was not left: %s", self.api_path, exc)
 
     async def _clean(self, room: Any, delay: float) -> None:
         from jupyter_server_ydoc.utils import decode_file_path
 
         await asyncio.sleep(delay)
+        locks = getattr(self.app, "_room_locks", None)
+        if locks is None:
+            private_missing("YDocExtension._room_locks", "jupyter-collaboration",
+                            "a room the resume opened and no tab joined stays open until the server stops")
+            return
         try:
-            async with self.app._room_locks[self.room_id]:  # the lock its handler and get_document take
+            async with locks[self.room_id]:  # the lock its handler and get_document take
                 server = self.app.ywebsocket_server
                 if room.clients or server.rooms.get(self.room_id) is not room:
                     return
@@ -298,7 +353,9 @@ class SharedCell:
         self.unsaved, self.saved_at = False, time.monotonic()
         save = getattr(self.room, "_save_to_disc", None)  # what a client's Ctrl+S asks the room for
         if not callable(save):
-            return  # another jupyter_server_ydoc: its own autosave only
+            private_missing("DocumentRoom._save_to_disc", "jupyter-collaboration", "no forced saves while "
+                            "outputs keep coming: the .ipynb follows the room's own autosave only")
+            return
         task = save()
         if task is None:
             self.unsaved = True  # the room is reloading the file: the next tick asks again

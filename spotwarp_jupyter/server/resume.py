@@ -28,7 +28,7 @@ from jupyter_core.utils import ensure_async
 
 from ..engine import Manifest, SnapshotEngine, SpotWarpError
 from ..engine.journal import KERNEL_RESUMED
-from .cell_outputs import Outputs, open_outputs
+from .cell_outputs import Outputs, open_outputs, private_missing
 
 log = logging.getLogger("spotwarp")
 RESTORE_TIMEOUT_S = 600.0
@@ -117,9 +117,8 @@ class Resumer:
 
     async def resume(self, snapshot_id: str, ref: str = "latest") -> None:
         """Resume every notebook of the snapshot `snapshot_id` the files were restored from."""
-        specs = self.serverapp.kernel_spec_manager
         try:
-            names = set(await ensure_async(specs.find_kernel_specs()))
+            names = await kernel_names(self.service, self.serverapp)
             plans = await self.service.run(plan_resume, self.service.engine, self.service.workspace,
                                            self.service.root_dir, snapshot_id, ref, names,
                                            self.serverapp.kernel_manager.default_kernel_name)
@@ -308,6 +307,12 @@ async def _journal_resumed(service: Any, notebook: str, facts: dict[str, Any]) -
         log.warning("SpotWarp resume: kernel_resumed not journaled: %s", exc)
 
 
+async def kernel_names(service: Any, serverapp: Any) -> set[str]:
+    """The kernelspecs' names, found off the event loop (a scan of every kernel directory)."""
+    found = await service.run(serverapp.kernel_spec_manager.find_kernel_specs)
+    return set(await ensure_async(found))  # an async kernelspec manager's coroutine is awaited here
+
+
 def _since_start(started: float) -> float:
     """Seconds from `spotwarp start` (SPOTWARP_STARTED_AT; else from this notebook's resume) until now."""
     try:
@@ -324,6 +329,14 @@ async def _answer_kernel_info_for_tabs(client: Any, kernel: Any) -> None:
     (`kernel_info_timeout`, 60 s) before its websocket opens, its kernel shown `connecting`."""
     if hasattr(kernel, "_kernel_info_future") or not hasattr(kernel, "execution_state"):
         return  # a tab connected already, or not jupyter_server's kernel manager
+    try:
+        from jupyter_server.services.kernels.connection.channels import ZMQChannelsWebsocketConnection as Conn
+    except ImportError:
+        Conn = None
+    if not hasattr(Conn, "_kernel_info_future"):  # what reads it there; another jupyter_server: nothing would
+        private_missing("ZMQChannelsWebsocketConnection._kernel_info_future", "jupyter_server", "a tab opened while "
+                        "the resumed cell runs may wait for the cell (kernel_info_timeout) before it connects")
+        return
     reply = await _reply(client, client.kernel_info(), 30.0)
     answered: concurrent.futures.Future = concurrent.futures.Future()
     answered.set_result(reply["content"])

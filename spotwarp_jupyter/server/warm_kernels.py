@@ -25,7 +25,7 @@ from typing import Any
 from jupyter_core.utils import ensure_async
 
 from ..engine.manifests import newest_kernel_records
-from .resume import RESTORE_TIMEOUT_S, _reply, plan_resume
+from .resume import RESTORE_TIMEOUT_S, _reply, kernel_names, plan_resume
 
 log = logging.getLogger("spotwarp")
 
@@ -86,7 +86,7 @@ class WarmKernels:
             await asyncio.sleep(self.every_s)  # the poll of the store's snapshots while in standby
 
     async def _look(self, service: Any, serverapp: Any, snapshot_id: str, ref: str) -> None:
-        names = set(await ensure_async(serverapp.kernel_spec_manager.find_kernel_specs()))
+        names = await kernel_names(service, serverapp)  # off the loop, as the store's listings below
         plans = await service.run(plan_resume, service.engine, service.workspace, service.root_dir, snapshot_id,
                                   ref, names, serverapp.kernel_manager.default_kernel_name)
         plans = [p for p in plans if not p.skip]

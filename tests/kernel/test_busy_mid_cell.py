@@ -53,3 +53,38 @@ def test_a_client_connecting_mid_loop_hears_the_kernel_busy(tmp_path):
         if late is not None:
             late.stop_channels()
         kernel.close()
+
+
+THREADED = """import spotwarp, threading, time
+def train():
+    for step in spotwarp.resumable(range(400), name='threaded'):
+        time.sleep(0.05)
+threading.Thread(target=train, name='train', daemon=True).start()
+"""
+
+
+def test_a_loop_left_running_in_a_thread_says_nothing_after_its_cell_ended(tmp_path):
+    kernel = Kernel(tmp_path / "k", {"HOME": str(tmp_path / "home"), "SPOTWARP_STORAGE": str(tmp_path / "store"),
+                                     "SPOTWARP_PROJECT": "busy-thread"})
+    late = None
+    try:
+        kernel.run("%load_ext spotwarp\n%spotwarp policy --every 10m --no-after-cell")
+        msg_id = kernel.kc.execute(THREADED)
+        kernel.kc.get_shell_msg(timeout=60)  # the cell ended (its reply); the thread's loop runs on for 20 s
+        late = kernel.km.client()
+        late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
+        heard: list[tuple[str, str]] = []
+        deadline = time.monotonic() + 4  # the loop reaches a step every 0.05 s: a `busy` every second before
+        while time.monotonic() < deadline:
+            try:
+                msg = late.get_iopub_msg(timeout=0.5)
+            except Empty:
+                continue
+            if msg["msg_type"] == "status":
+                heard.append((msg["content"]["execution_state"], msg["parent_header"].get("msg_id")))
+        assert ("busy", msg_id) not in heard, heard
+        assert kernel.value("any(t.name == 'train' for t in threading.enumerate())")  # it was still looping
+    finally:
+        if late is not None:
+            late.stop_channels()
+        kernel.close()

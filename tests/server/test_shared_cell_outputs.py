@@ -2,13 +2,14 @@
 extension, the cell the server runs (a real kernel) writes into the notebook's shared document as outputs come:
 the running state, streams merged into one shared text, `clear_output(wait=True)` honoured, an error, the count at
 the end; the room saves it to the file; a room cleaned meanwhile (its last tab left) is opened again, and one no
-tab is in is cleaned after the cell."""
+tab is in is cleaned after the cell; a shared document that fails mid-run hands the outputs to the file."""
 
 from __future__ import annotations
 
 import asyncio
 import json
 import time
+from types import SimpleNamespace  # the service a Resumer records itself on: unused by CellRun
 
 import pytest
 
@@ -57,19 +58,23 @@ def _texts(cell: dict) -> list[tuple[str, str]]:
             for o in cell["outputs"]]
 
 
-async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+def _notebook(jp_root_dir) -> None:
     notebook = {"cells": [{"cell_type": "code", "id": "loop", "metadata": {}, "outputs": [], "execution_count": 3,
                            "source": "an older draft"}],
                 "metadata": {"kernelspec": {"name": "python3", "display_name": "Python 3"}},
                 "nbformat": 4, "nbformat_minor": 5}
     (jp_root_dir / "train.ipynb").write_text(json.dumps(notebook))
+
+
+async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+    _notebook(jp_root_dir)
     kernels = jp_serverapp.kernel_manager
     kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
     client = kernels.get_kernel(kernel_id).client()
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     try:
         await client.wait_for_ready(timeout=60)
-        run = CellRun(Resumer(None, jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
+        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
                       {"id": "loop", "source": SOURCE})
         running = asyncio.ensure_future(run.run())
         ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
@@ -105,3 +110,51 @@ async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_ser
     assert next(c for c in document.ycells if c.get("id") == "loop")["execution_state"] == "idle"
     on_disk = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"][0]  # the room saved it at the end
     assert _texts(on_disk) == expected and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
+
+
+async def _run_breaking_the_room(jp_serverapp, jp_root_dir, attribute: str, value) -> tuple[str, object]:
+    """Run SOURCE as a resumed cell; once its first output is in the shared document, set the room's `attribute`
+    to `value` (jupyter-collaboration's object, not ours); the run's status and the extension app."""
+    _notebook(jp_root_dir)
+    kernels = jp_serverapp.kernel_manager
+    kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
+    client = kernels.get_kernel(kernel_id).client()
+    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
+    try:
+        await client.wait_for_ready(timeout=60)
+        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id,
+                      Plan("train.ipynb", api_path="train.ipynb"), {"id": "loop", "source": SOURCE})
+        running = asyncio.ensure_future(run.run())
+        ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
+        room = await _until(lambda: ydoc_app.ywebsocket_server.rooms and next(
+            iter(ydoc_app.ywebsocket_server.rooms.values())), "the notebook's room")
+        await _until(lambda: room._document and "first" in str(room._document.get()["cells"]),
+                     "the output after the clear in the shared document")
+        setattr(room, attribute, value)
+        (jp_root_dir / "go").touch()
+        return await asyncio.wait_for(running, 60), ydoc_app
+    finally:
+        client.stop_channels()
+        await kernels.shutdown_kernel(kernel_id, now=True)
+
+
+EXPECTED = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
+            ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
+
+
+async def test_a_shared_document_failing_mid_run_hands_the_outputs_to_the_file(jp_serverapp, jp_root_dir):
+    def disk_full():
+        raise OSError("no space left on device")
+
+    status, ydoc_app = await _run_breaking_the_room(jp_serverapp, jp_root_dir, "_save_to_disc", disk_full)
+    assert status == "ZeroDivisionError: division by zero"
+    on_disk = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"][0]  # written through the contents
+    assert _texts(on_disk) == EXPECTED and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
+    await _until(lambda: not ydoc_app.ywebsocket_server.rooms, "the room to be left and cleaned", timeout=30)
+
+
+async def test_a_missing_private_save_is_said_once_and_the_run_goes_on(jp_serverapp, jp_root_dir, caplog):
+    status, _ = await _run_breaking_the_room(jp_serverapp, jp_root_dir, "_save_to_disc", None)
+    assert status == "ZeroDivisionError: division by zero"  # saves asked at the next output and at the end
+    said = [r.getMessage() for r in caplog.records if "_save_to_disc" in r.getMessage()]
+    assert len(said) == 1 and "jupyter-collaboration 5." in said[0] and "autosave" in said[0], said
