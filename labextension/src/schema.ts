@@ -89,7 +89,7 @@ export interface paths {
          *     outputs written into the notebook file. Answers 202 with the notebook's `resume` entry, now
          *     `running`, once the cell is sent; its end shows in GET status (`finished` or `failed`). Needs the
          *     `execute` action. 404 for a notebook not resumed on this host; 409 when no interrupted cell waits to
-         *     run (none was, or it was already run) or the resumed kernel is gone; 503 while the server is stopping.
+         *     run (none was, or it was already run), the resumed kernel is gone or the promotion is in progress; 503 while the server is stopping.
          */
         post: operations["runInterruptedCell"];
         delete?: never;
@@ -486,7 +486,8 @@ export interface operations {
             403: components["responses"]["Forbidden"];
             /**
              * @description This host may not write to the project (docs/failover.md): a failover candidate in standby,
-             *     or a host that lost the lease. Nothing committed.
+             *     a host that lost the lease, or a just-promoted host whose promotion snapshot is not committed
+             *     yet ("promotion in progress"). Nothing committed.
              */
             409: {
                 headers: {
@@ -556,7 +557,7 @@ export interface operations {
             400: components["responses"]["BadRequest"];
             403: components["responses"]["Forbidden"];
             404: components["responses"]["NotFound"];
-            /** @description Nothing interrupted waits to run in that notebook, or its resumed kernel is gone */
+            /** @description Nothing interrupted waits to run in that notebook, its resumed kernel is gone, or this host's promotion snapshot is not committed yet */
             409: {
                 headers: {
                     [name: string]: unknown;
