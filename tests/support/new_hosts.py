@@ -136,6 +136,13 @@ def completed(positions: dict) -> int:
     return positions.get("epochs", 0) * STEPS + positions.get("train", 0)
 
 
+def _resume_entry(server: LabServer, state: str) -> dict | None:
+    """The notebook's resume entry in the server's status once it is in `state`."""
+    code, status = server.request("GET", "spotwarp/api/status")
+    entry = next((e for e in status.get("resume") or () if e["notebook"] == "train.ipynb"), None)
+    return entry if entry is not None and entry["state"] == state else None
+
+
 def finished_on(server: LabServer, reference: dict, partial_seen: bool = False) -> dict:
     """Wait for the resumed cell to finish on `server` (no client connected until then), check what it did and that
     its session holds the uninterrupted run's state; its resume entry."""
@@ -147,9 +154,9 @@ def finished_on(server: LabServer, reference: dict, partial_seen: bool = False) 
     outputs = wait_for(lambda: "done:" in cell_outputs(on_disk, "loop") and cell_outputs(on_disk, "loop"), 300,
                        "the resumed cell's final output in the notebook file", server)
     assert f"done: {TOTAL} steps" in outputs
-    code, status = server.request("GET", "spotwarp/api/status")
-    entry = next(e for e in status["resume"] if e["notebook"] == "train.ipynb")
-    assert entry["state"] == "finished" and entry["cell"] == "loop", entry
+    # the final output can reach the file (the shared document's save) before the cell's run has ended
+    entry = wait_for(lambda: _resume_entry(server, "finished"), 60, "the resume entry to say finished", server)
+    assert entry["cell"] == "loop", entry
     steps = [int(line.split()[1]) for line in outputs.splitlines() if line.startswith("step ")]
     # the loop continued at the next batch: the batches done before the snapshot were not run again
     assert steps == list(range(completed(entry["positions"]) + 1, TOTAL + 1)), (steps[:3], entry)
