@@ -18,6 +18,7 @@ import time
 from typing import Any
 
 from ..engine.coordination.fence import read_small, write_small
+from ..engine.coordination.heartbeats import record_ids
 from ..engine.errors import SpotWarpError
 from ..engine.signing import check_record, sign_record, signing_key
 from ..engine.storage import Store
@@ -58,18 +59,7 @@ def _read(store: Store, ident: str) -> dict[str, Any] | None:
 
 
 def watcher_ids(store: Store) -> list[str]:
-    folder = posixpath.join(store.root, WATCHERS_DIR)
-    store.fs.invalidate_cache(folder)
-    try:
-        names = store._call("listing watchers", store.fs.ls, folder, detail=False)
-    except FileNotFoundError:
-        return []
-    out = []
-    for path in names:
-        name = posixpath.basename(path.rstrip("/"))
-        if name.endswith(".json") and ".tmp-" not in name and _ID.match(name[:-5]):
-            out.append(name[:-5])
-    return sorted(out)[:100]
+    return record_ids(store, WATCHERS_DIR, "listing watchers", lambda ident: bool(_ID.match(ident)))[:100]
 
 
 def live_watchers(store: Store, exclude: str | None = None, within: float = 2 * WATCHER_BEAT_S + 1.0,

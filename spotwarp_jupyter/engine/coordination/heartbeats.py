@@ -14,7 +14,7 @@ import posixpath
 import re
 import socket
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..signing import RecordRefused, check_record, sign_record, signing_key
@@ -114,21 +114,28 @@ def read_heartbeat(store: Store, ident: str, key: bytes | None = None) -> dict[s
 
 def heartbeat_ids(store: Store) -> list[str]:
     """The ids of every heartbeat file in `hosts/` (stray files, bad names and temporaries left out)."""
-    folder = posixpath.join(store.root, HOSTS_DIR)
+    return record_ids(store, HOSTS_DIR, "listing hosts", _is_candidate_id)
+
+
+def record_ids(store: Store, folder_name: str, what: str, accept: Callable[[str], bool]) -> list[str]:
+    """The sorted ids of the `<id>.json` records in a folder of the project that `accept` takes; temporaries
+    and stray files are left out (never a reason to refuse the list), a missing folder holds none."""
+    folder = posixpath.join(store.root, folder_name)
     store.fs.invalidate_cache(folder)
     try:
-        names = store._call("listing hosts", store.fs.ls, folder, detail=False)
+        names = store._call(what, store.fs.ls, folder, detail=False)
     except FileNotFoundError:
         return []
-    out = []
-    for path in names:
-        name = posixpath.basename(path.rstrip("/"))
-        if name.endswith(".json") and ".tmp-" not in name:
-            try:
-                out.append(validate_candidate_id(name[:-5]))
-            except ConfigError:
-                continue  # not a heartbeat's name: a stray file is never a reason to refuse the list
-    return sorted(out)
+    ids = (posixpath.basename(path.rstrip("/"))[:-5] for path in names if path.endswith(".json"))
+    return sorted(ident for ident in ids if ".tmp-" not in ident and accept(ident))
+
+
+def _is_candidate_id(ident: str) -> bool:
+    try:
+        validate_candidate_id(ident)
+    except ConfigError:
+        return False
+    return True
 
 
 REQUESTS_DIR = "requests"
