@@ -6,13 +6,11 @@ The real-time path a default install gets is tests/browser/test_resume_live_brow
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 from playwright.sync_api import expect
 
-from new_hosts import cell_outputs, notebook, wait_for
+from new_hosts import cell_outputs, lose_host_in_its_loop, resume_entry, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -21,32 +19,13 @@ LOOP = ("for i in spotwarp.resumable(range(100000), name='slow'):\n"
         "    seen.append(i)\n    print(f'step {i}', flush=True)\n    time.sleep(0.3)\n")
 
 
-def _status(server, name: str) -> dict:
-    return next((e for e in server.request("GET", "spotwarp/api/status")[1].get("resume") or []
-                 if e["notebook"] == name), {})
-
-
 def test_opening_the_notebook_while_its_resumed_cell_runs(start_lab, page, tmp_path):
-    ws_a = tmp_path / "host-a" / "workspace"
-    ws_a.mkdir(parents=True)
-    (ws_a / "train.ipynb").write_text(json.dumps(notebook([("setup", SETUP), ("loop", LOOP)])))
-    a = start_lab("host-a", ws_a)
-    nb = a.open_notebook("train.ipynb")
-    pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
-    assert a.request("POST", "spotwarp/api/snapshots", {"message": "the notebook"})[0] == 201
-    nb.run(SETUP, cell_id="setup")
-    nb.send(LOOP, cell_id="loop")
-    store = tmp_path / "store" / "browser" / "snapshots"
-    wait_for(lambda: sum(1 for p in store.glob("*.json") if json.loads(p.read_text()).get("kind") == "kernel"
-                         and json.loads(p.read_text())["kernels"]["train.ipynb"].get("at") == "step") >= 3,
-             60, "snapshots inside the loop", a)
-    os.kill(pid, signal.SIGKILL)
-    a.kill()
+    lose_host_in_its_loop(start_lab, tmp_path, SETUP, LOOP)
 
     b = start_lab("host-b", tmp_path / "host-b" / "workspace", jupyter_args=("--YDocExtension.disable_rtc=True",))
     on_disk = b.workspace / "train.ipynb"
     wait_for(lambda: "step " in cell_outputs(on_disk, "loop"), 120, "the resumed cell's outputs in the file", b)
-    assert _status(b, "train.ipynb")["state"] == "running"
+    assert resume_entry(b)["state"] == "running"
 
     page.goto(f"{b.url}lab?token=spotwarp-test-token")
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open')")
@@ -66,7 +45,7 @@ def test_opening_the_notebook_while_its_resumed_cell_runs(start_lab, page, tmp_p
       window.jupyterapp.shell.activateById(panel.id);
       await window.jupyterapp.commands.execute('notebook:interrupt-kernel');
     }""")
-    entry = wait_for(lambda: _status(b, "train.ipynb").get("state") == "failed" and _status(b, "train.ipynb"), 60,
+    entry = wait_for(lambda: resume_entry(b).get("state") == "failed" and resume_entry(b), 60,
                      "the resumed cell to end", b)
     assert "KeyboardInterrupt" in entry["line"], entry
     expect(page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(1)

@@ -5,13 +5,11 @@ page, the cell and the kernel busy, and interrupting it from the page ends the c
 from __future__ import annotations
 
 import json
-import os
-import signal
 
 import pytest
 from playwright.sync_api import expect
 
-from new_hosts import notebook, wait_for
+from new_hosts import lose_host_in_its_loop, resume_entry, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -26,35 +24,11 @@ SHOWN = """() => {
 }"""
 
 
-def _status(server, name: str) -> dict:
-    return next((e for e in server.request("GET", "spotwarp/api/status")[1].get("resume") or []
-                 if e["notebook"] == name), {})
-
-
-def _lose_host_a(start_lab, tmp_path) -> None:
-    """Host A runs the slow loop, snapshots inside it, and is SIGKILLed with its kernel."""
-    ws_a = tmp_path / "host-a" / "workspace"
-    ws_a.mkdir(parents=True)
-    (ws_a / "train.ipynb").write_text(json.dumps(notebook([("setup", SETUP), ("loop", LOOP)])))
-    a = start_lab("host-a", ws_a)
-    nb = a.open_notebook("train.ipynb")
-    pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
-    assert a.request("POST", "spotwarp/api/snapshots", {"message": "the notebook"})[0] == 201
-    nb.run(SETUP, cell_id="setup")
-    nb.send(LOOP, cell_id="loop")
-    store = tmp_path / "store" / "browser" / "snapshots"
-    wait_for(lambda: sum(1 for p in store.glob("*.json") if json.loads(p.read_text()).get("kind") == "kernel"
-                         and json.loads(p.read_text())["kernels"]["train.ipynb"].get("at") == "step") >= 3,
-             60, "snapshots inside the loop", a)
-    os.kill(pid, signal.SIGKILL)
-    a.kill()
-
-
 def test_the_resumed_cell_shows_live_in_a_notebook_opened_while_it_runs(start_lab, page, tmp_path):
-    _lose_host_a(start_lab, tmp_path)
+    lose_host_in_its_loop(start_lab, tmp_path, SETUP, LOOP)
     b = start_lab("host-b", tmp_path / "host-b" / "workspace")
     assert "jupyter_server_ydoc | extension was successfully loaded" in b.log()  # the real-time path is on
-    wait_for(lambda: _status(b, "train.ipynb").get("state") == "running", 120, "the resumed cell to run", b)
+    wait_for(lambda: resume_entry(b).get("state") == "running", 120, "the resumed cell to run", b)
 
     page.goto(f"{b.url}lab?token=spotwarp-test-token")
     page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open')")
@@ -86,7 +60,7 @@ def test_the_resumed_cell_shows_live_in_a_notebook_opened_while_it_runs(start_la
     expect(cell.locator(".jp-OutputArea")).to_contain_text("KeyboardInterrupt")
     expect(indicator).to_have_attribute("data-status", "idle")
     expect(cell.locator(".jp-InputPrompt")).not_to_contain_text("[*]")
-    entry = wait_for(lambda: _status(b, "train.ipynb").get("state") == "failed" and _status(b, "train.ipynb"), 60,
+    entry = wait_for(lambda: resume_entry(b).get("state") == "failed" and resume_entry(b), 60,
                      "the resumed cell to end", b)
     assert "KeyboardInterrupt" in entry["line"], entry
     on_disk = b.workspace / "train.ipynb"  # the room saved the document, outputs and all, to the file

@@ -136,11 +136,30 @@ def completed(positions: dict) -> int:
     return positions.get("epochs", 0) * STEPS + positions.get("train", 0)
 
 
-def _resume_entry(server: LabServer, state: str) -> dict | None:
-    """The notebook's resume entry in the server's status once it is in `state`."""
-    code, status = server.request("GET", "spotwarp/api/status")
-    entry = next((e for e in status.get("resume") or () if e["notebook"] == "train.ipynb"), None)
-    return entry if entry is not None and entry["state"] == state else None
+def resume_entry(server: LabServer, name: str = "train.ipynb") -> dict:
+    """The notebook's resume entry in the server's status ({} while there is none)."""
+    return next((e for e in server.request("GET", "spotwarp/api/status")[1].get("resume") or []
+                 if e["notebook"] == name), {})
+
+
+def lose_host_in_its_loop(start_lab, tmp_path: Path, setup: str, loop: str) -> None:
+    """In a browser, host A runs the notebook's setup and `loop` cells, snapshots inside the loop, and is
+    SIGKILLed with its kernel (the browser tests' host A)."""
+    ws_a = tmp_path / "host-a" / "workspace"
+    ws_a.mkdir(parents=True)
+    (ws_a / "train.ipynb").write_text(json.dumps(notebook([("setup", setup), ("loop", loop)])))
+    a = start_lab("host-a", ws_a)
+    nb = a.open_notebook("train.ipynb")
+    pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
+    assert a.request("POST", "spotwarp/api/snapshots", {"message": "the notebook"})[0] == 201
+    nb.run(setup, cell_id="setup")
+    nb.send(loop, cell_id="loop")
+    store = tmp_path / "store" / "browser" / "snapshots"
+    wait_for(lambda: sum(1 for p in store.glob("*.json") if json.loads(p.read_text()).get("kind") == "kernel"
+                         and json.loads(p.read_text())["kernels"]["train.ipynb"].get("at") == "step") >= 3,
+             60, "snapshots inside the loop", a)
+    os.kill(pid, signal.SIGKILL)
+    a.kill()
 
 
 def finished_on(server: LabServer, reference: dict, partial_seen: bool = False) -> dict:
@@ -155,7 +174,8 @@ def finished_on(server: LabServer, reference: dict, partial_seen: bool = False) 
                        "the resumed cell's final output in the notebook file", server)
     assert f"done: {TOTAL} steps" in outputs
     # the final output can reach the file (the shared document's save) before the cell's run has ended
-    entry = wait_for(lambda: _resume_entry(server, "finished"), 60, "the resume entry to say finished", server)
+    entry = wait_for(lambda: resume_entry(server).get("state") == "finished" and resume_entry(server), 60,
+                     "the resume entry to say finished", server)
     assert entry["cell"] == "loop", entry
     steps = [int(line.split()[1]) for line in outputs.splitlines() if line.startswith("step ")]
     # the loop continued at the next batch: the batches done before the snapshot were not run again
