@@ -28,6 +28,20 @@ def _until_printed(kernel: Kernel, msg_id: str, text: str) -> None:
     raise AssertionError(f"{text!r} not printed")
 
 
+def _statuses_heard(client, seconds: float, until: tuple[str, str] | None = None) -> list[tuple[str, str]]:
+    """The (execution_state, parent msg_id) of each status `client` hears within `seconds` (or until `until`)."""
+    heard: list[tuple[str, str]] = []
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and (until is None or until not in heard):
+        try:
+            msg = client.get_iopub_msg(timeout=0.5)
+        except Empty:
+            continue
+        if msg["msg_type"] == "status":
+            heard.append((msg["content"]["execution_state"], msg["parent_header"].get("msg_id")))
+    return heard
+
+
 def test_a_client_connecting_mid_loop_hears_the_kernel_busy(tmp_path):
     kernel = Kernel(tmp_path / "k", {"HOME": str(tmp_path / "home"), "SPOTWARP_STORAGE": str(tmp_path / "store"),
                                      "SPOTWARP_PROJECT": "busy"})
@@ -38,15 +52,8 @@ def test_a_client_connecting_mid_loop_hears_the_kernel_busy(tmp_path):
         _until_printed(kernel, msg_id, "looping")  # the loop runs: its `busy` went out before the next client
         late = kernel.km.client()  # a second client, connected after the loop started
         late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
-        heard: list[tuple[str, str]] = []
-        deadline = time.monotonic() + 5  # the loop runs for 20 s: its start is long gone
-        while time.monotonic() < deadline and ("busy", msg_id) not in heard:
-            try:
-                msg = late.get_iopub_msg(timeout=0.5)
-            except Empty:
-                continue
-            if msg["msg_type"] == "status":
-                heard.append((msg["content"]["execution_state"], msg["parent_header"].get("msg_id")))
+        # the loop runs for 20 s: its start is long gone
+        heard = _statuses_heard(late, 5, until=("busy", msg_id))
         assert ("busy", msg_id) in heard, heard
         assert not any(state == "idle" for state, parent in heard if parent == msg_id), heard
     finally:
@@ -73,15 +80,7 @@ def test_a_loop_left_running_in_a_thread_says_nothing_after_its_cell_ended(tmp_p
         kernel.kc.get_shell_msg(timeout=60)  # the cell ended (its reply); the thread's loop runs on for 20 s
         late = kernel.km.client()
         late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
-        heard: list[tuple[str, str]] = []
-        deadline = time.monotonic() + 4  # the loop reaches a step every 0.05 s: a `busy` every second before
-        while time.monotonic() < deadline:
-            try:
-                msg = late.get_iopub_msg(timeout=0.5)
-            except Empty:
-                continue
-            if msg["msg_type"] == "status":
-                heard.append((msg["content"]["execution_state"], msg["parent_header"].get("msg_id")))
+        heard = _statuses_heard(late, 4)  # the loop reaches a step every 0.05 s: a `busy` every second before
         assert ("busy", msg_id) not in heard, heard
         assert kernel.value("any(t.name == 'train' for t in threading.enumerate())")  # it was still looping
     finally:
