@@ -98,7 +98,7 @@ def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, l
     origin = project_with_files(tmp_path, store)
     engine = engine_for(store, Fence())
     before = (engine.store.manifest_names(), [e.name for e in Journal(engine.store).events()])
-    # a long heartbeat interval: the candidate does not learn of the lease move before the SIGTERM comes
+    # a long heartbeat interval: no routine beat between the lease move and the SIGTERM
     env = host_env(tmp_path / "home", SPOTWARP_WATCHERS="signals", SPOTWARP_HEARTBEAT_INTERVAL="60",
                    SPOTWARP_BACKUP_INTERVAL="1")
     server = LabServer(tmp_path / "cand" / "ws", store, "fp", env, tmp_path / "cand.log",
@@ -131,7 +131,10 @@ def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, l
     assert after == before, log[-3000:]  # no manifest, no final snapshot, no journal notice
     assert engine_for(store, Fence()).get("latest").id == origin
     heartbeat = json.loads((tmp_path / "store" / "fp" / "hosts" / "the-loser.json").read_text())
-    assert heartbeat["state"] == "standby" and heartbeat["restore"]["snapshot"] == origin
+    # a standby reads the lease every 0.25 s, so the loser may learn of the move before the SIGTERM comes
+    # and say "fenced"; either way it never held the lease, and the restore it reports is the origin
+    assert heartbeat["state"] in (("standby",) if lease == "unmoved" else ("standby", "fenced")), heartbeat
+    assert heartbeat["restore"]["snapshot"] == origin
 
 
 def test_a_host_that_finds_it_lost_the_lease_says_so_and_stops(tmp_path):

@@ -57,7 +57,7 @@ def test_two_concurrent_promotions_never_both_succeed(kind, request, tmp_path):
     if kind == "local":
         url, options = str(tmp_path / "store"), {}
     else:
-        target = request.getfixturevalue("s3_server").target()
+        target = request.getfixturevalue("serial_s3_server").target()
         url, options = target.url, target.options
     store = Store(url, "p", options)
     both = 0

@@ -115,8 +115,17 @@ class StorageServer:
                 self.proc.wait()
 
 
-def start_server(kind: str, workdir: Path) -> StorageServer:
-    """Start a gcs or s3 emulator on a free 127.0.0.1 port, wait until it serves, create the bucket."""
+# moto's server with one request at a time: its conditional PUT (If-None-Match) is a check then a write, which
+# two of its threads can interleave; real S3 decides it atomically, and one thread does too
+_SERIAL_MOTO = ("import sys; from werkzeug.serving import run_simple; "
+                "from moto.moto_server.werkzeug_app import DomainDispatcherApplication, create_backend_app; "
+                "run_simple(sys.argv[1], int(sys.argv[2]), DomainDispatcherApplication(create_backend_app), "
+                "threaded=False)")
+
+
+def start_server(kind: str, workdir: Path, serial: bool = False) -> StorageServer:
+    """Start a gcs or s3 emulator on a free 127.0.0.1 port, wait until it serves, create the bucket.
+    `serial`: an s3 server that answers one request at a time (atomic conditional writes)."""
     workdir.mkdir(parents=True, exist_ok=True)
     port = free_port()
     log = workdir / f"{kind}-emulator.log"
@@ -125,6 +134,8 @@ def start_server(kind: str, workdir: Path) -> StorageServer:
     elif kind == "s3":
         # no region: moto answers any, and a region makes bucket creation need a location constraint
         cmd = [sys.executable, "-c", "from moto.server import main; main()", "-H", HOST, "-p", str(port)]
+        if serial:
+            cmd = [sys.executable, "-c", _SERIAL_MOTO, HOST, str(port)]
     else:
         raise ValueError(f"unknown storage server kind {kind!r}")
     env = {k: v for k, v in os.environ.items() if not k.startswith("AWS_")}
@@ -153,6 +164,14 @@ def gcs_server(tmp_path_factory) -> Iterator[StorageServer]:
 def s3_server(tmp_path_factory) -> Iterator[StorageServer]:
     """moto server on a free port, with bucket `spotwarp-test`."""
     server = start_server("s3", tmp_path_factory.mktemp("moto"))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def serial_s3_server(tmp_path_factory) -> Iterator[StorageServer]:
+    """moto server answering one request at a time, for tests of conditional writes (see _SERIAL_MOTO)."""
+    server = start_server("s3", tmp_path_factory.mktemp("moto-serial"), serial=True)
     yield server
     server.stop()
 
