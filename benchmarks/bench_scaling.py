@@ -15,7 +15,8 @@ O_DIRECT). The last column repeats full and restore against the old references (
 fsync, buffered cold read), so the change of reference stays visible for one release. `usable` is the same restore's time until the small
 variables are bound (a progressive restore); the large ones arrive by `restore`.
 A ratio that grows with size means something does not scale: the last column flags it.
-`--breakdown` adds, per size, where the restore's seconds go (read, hash, page population, unpickle,
+`--breakdown` adds, per size, where a full snapshot's seconds go (serialize, fingerprint, hash, write,
+fsync: wall and CPU seconds, CPU per GB, against the best write's) and where the restore's seconds go (read, hash, page population, unpickle,
 copies, the unpickling thread's wait for reads: wall and CPU seconds, CPU per GB, gathered by
 spotwarp_jupyter.engine.timings only when asked) beside the CPU of a cold buffered and an O_DIRECT read.
 """
@@ -38,7 +39,7 @@ sys.path.insert(0, str(HERE.parent))
 import workload  # noqa: E402
 from common import direct_read, disk_limits, drop_cache, median, raw_read  # noqa: E402
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
+from spotwarp_jupyter.engine import Settings, SnapshotEngine, timings  # noqa: E402
 
 REFERENCE_GB = 1.89  # state of the reference workload at scale 1
 RESTORE_CHILD = r"""
@@ -127,17 +128,41 @@ def breakdown_row(children: list[dict], reads: list[dict], nbytes: int) -> dict:
     return row
 
 
+def snapshot_timed(engine: SnapshotEngine, ns: dict, breakdown: bool) -> tuple[float, object, dict | None]:
+    """A full snapshot of `ns`: its seconds, manifest, and (when asked) its phases and CPU seconds."""
+    collect = timings.collecting() if breakdown else None
+    phases = collect.__enter__() if collect else None
+    cpu, started = time.process_time(), time.perf_counter()
+    try:
+        manifest = engine.snapshot_kernel(ns)
+    finally:
+        took, cpu = time.perf_counter() - started, time.process_time() - cpu
+        if collect:
+            collect.__exit__(None, None, None)
+    return took, manifest, ({"phases": phases.as_dict(), "cpu_s": cpu, "wall_s": took} if phases else None)
+
+
+def snapshot_breakdown_row(snapshots: list[dict], limits: list, nbytes: int) -> dict:
+    """Medians over the repetitions of each snapshot phase's wall and CPU seconds, and the whole snapshot's."""
+    names = sorted({name for s in snapshots for name in s["phases"]})
+    phases = {name: {k: median([s["phases"].get(name, {}).get(k, 0.0) for s in snapshots])
+                     for k in ("wall_s", "cpu_s")} for name in names}
+    return {"bytes": nbytes, "phases": phases, "snapshot_s": median([s["wall_s"] for s in snapshots]),
+            "snapshot_cpu_s": median([s["cpu_s"] for s in snapshots]),
+            "best_write_s": median([x.best_write_s for x in limits])}
+
+
 def measure(ns: dict, scratch: Path, reps: int, breakdown: bool = False) -> dict[str, float]:
     """Full, unchanged and restore times for `ns`, each as a ratio to a raw reference of its bytes."""
     full, unchanged, restore, usable, limits = [], [], [], [], []
-    children, reads = [], []
+    children, reads, snapshots = [], [], []
     nbytes = 0
     for rep in range(reps):
         store = scratch / f"store-{rep}"
         engine = SnapshotEngine(Settings(project="bench", storage=str(store)))
-        started = time.perf_counter()
-        manifest = engine.snapshot_kernel(ns)
-        full.append(time.perf_counter() - started)
+        full_s, manifest, snap_phases = snapshot_timed(engine, ns, breakdown)
+        full.append(full_s)
+        snapshots.append(snap_phases)
         nbytes = manifest.size
         started = time.perf_counter()
         engine.snapshot_kernel(ns)
@@ -154,6 +179,7 @@ def measure(ns: dict, scratch: Path, reps: int, breakdown: bool = False) -> dict
     w, r = median([x.best_write_s for x in limits]), median([x.best_read_s for x in limits])
     old_w, old_r = median([x.buffered_write_s for x in limits]), median([x.buffered_read_s for x in limits])
     return {"breakdown": breakdown_row(children, reads, nbytes) if breakdown else None,
+            "snapshot_breakdown": snapshot_breakdown_row(snapshots, limits, nbytes) if breakdown else None,
             "bytes": nbytes, "raw_write_s": w, "raw_read_s": r, "old_write_s": old_w, "old_read_s": old_r,
             "full_s": median(full), "unchanged_s": median(unchanged), "restore_s": median(restore),
             "usable_s": median(usable), "full_x": median(full) / w, "unchanged_x": median(unchanged) / w,
@@ -211,6 +237,23 @@ def print_breakdown(rows: list[dict]) -> None:
               "stored bytes (imports and Python objects larger than their pickles count here)")
 
 
+def print_snapshot_breakdown(rows: list[dict]) -> None:
+    """Per size: each snapshot phase's wall and CPU seconds (summed over the threads that ran it), CPU s/GB."""
+    print("\nwhere a full snapshot's seconds go (medians; writer threads run phases at once, so their wall "
+          "seconds may add up to more than the snapshot's; 'snapshot (all)' CPU counts every thread)")
+    header = f"{'state':>8} {'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}"
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        b = row["snapshot_breakdown"]
+        gb = b["bytes"] / 1e9
+        lines = [(name, p["wall_s"], p["cpu_s"]) for name, p in b["phases"].items()]
+        lines.append(("snapshot (all)", b["snapshot_s"], b["snapshot_cpu_s"]))
+        for name, wall, cpu in lines:
+            print(f"{row['point']:>8} {name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / gb:>9.2f}")
+        print(f"{row['point']:>8} {'best raw write':>16} {b['best_write_s']:>8.2f}")
+
+
 def _points(text: str, kind) -> list:
     if text.strip().lower() in ("", "none"):
         return []
@@ -251,6 +294,7 @@ def main() -> None:
         print_table("number of small objects (fixed costs dominate the small end)", "objects", results["counts"],
                     per_object=True)
     if args.breakdown and results["sizes"]:
+        print_snapshot_breakdown(results["sizes"])
         print_breakdown(results["sizes"])
     if args.json:
         print(json.dumps(results, indent=2))

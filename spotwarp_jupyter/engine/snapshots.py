@@ -25,6 +25,7 @@ from .manifests import (
     ManifestCatalog,
     collect_facts,
     new_snapshot_id,
+    package_versions,
     record_objects,
     signing_key,
     signing_scope,
@@ -175,6 +176,9 @@ class SnapshotEngine:
         `annotations`: facts about the kernel kept in its record: the notebook's former names (`aliases`), its
         policy, its `resumable` positions (docs/design.md)."""
         started = time.perf_counter() if started is None else started
+        # the manifest's package versions (a metadata scan, ~0.5 s once per process) are learnt while the
+        # objects are written, not after them
+        threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         with self._lock, self.writing() as lock:
             previous = self._previous(notebook)
             records = [r for m in previous for r in m.kernels.values()]

@@ -1,4 +1,8 @@
-"""Where a restore's seconds go, per phase (read, hash, page population, unpickle, copies), when asked.
+"""Where a restore's or a snapshot's seconds go, per phase, when asked.
+
+A restore's phases: read, hash, populate, unpickle, copy, wait for reads. A snapshot's: serialize
+(pickling, in the capturing thread), fingerprint (xxh3 of each chunk), hash (blake3 naming each new
+object), write (to its temporary or its PUT: staging copies included), fsync (making the batch durable).
 
 Nothing is gathered unless a caller opens `collecting()`: each `phase(...)` is then one test of a
 module flag. While collecting, every phase adds its wall seconds and the CPU seconds of the thread

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..hashing import Buffer
+from ..timings import phase
 from .local_files import fsync_folder, temporary_name, unlink_quietly
 
 
@@ -177,7 +178,8 @@ class PendingWrites:
     def _sync_one(self, entry: tuple[int, str, str]) -> None:
         fd, tmp, path = entry
         try:
-            _fdatasync(fd)
+            with phase("fsync"):
+                _fdatasync(fd)
         except BaseException:
             with self._lock:
                 self._open.append(entry)  # discard() closes and removes it

@@ -88,7 +88,8 @@ class Store:
         self._s3 = protocol in ("s3", "s3a")
         self._gcs = protocol in ("gs", "gcs")
         self.retry = RetryPolicy(attempts=1) if self.local else RetryPolicy.from_env()
-        self.workers = env_int("SPOTWARP_STORAGE_WORKERS", 2 if self.local else 8, 1)
+        # writers in flight: a local disk wants several direct writes queued (each thread hashes, then writes)
+        self.workers = env_int("SPOTWARP_STORAGE_WORKERS", 4 if self.local else 8, 1)
         self.base = base.rstrip("/")
         self.root = posixpath.join(self.base, project) if base else project
         self.objects_dir = posixpath.join(self.root, "objects")
@@ -206,15 +207,18 @@ class Store:
 
         With `pending` (a local `batch()`), the object is durable under its name only after `sync_batch(pending)`.
         """
-        oid = oid or object_id(data)
         size = memoryview(data).nbytes
+        if not oid:
+            with phase("hash", size):
+                oid = object_id(data)
         path = self.object_path(oid)
         if self.local:
             if os.path.exists(path):
                 pass
             elif pending is not None:
                 try:
-                    pending.write(path, data)
+                    with phase("write", size):
+                        pending.write(path, data)
                 except OSError as exc:
                     raise StorageError(f"storage {self.url!r} failed while writing an object: "
                                        f"{exc.strerror or one_line(exc)}") from None
@@ -224,7 +228,8 @@ class Store:
             # A small object is simply written: one idempotent PUT of identical bytes costs no more than
             # asking whether it is there. A large one left whole by an interrupted snapshot is found and
             # not sent again; one a server kept truncated when the connection died is sent again.
-            self._call("writing an object", self._upload, path, data, cancel=cancel)
+            with phase("write", size):
+                self._call("writing an object", self._upload, path, data, cancel=cancel)
         return oid, size
 
     def _stored_size(self, path: str, cancel: threading.Event | None = None) -> int | None:

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterable
 
 from ..hashing import fingerprint
 from ..storage import CHUNK_SIZE, Store
+from ..timings import phase
 from .capture import EXTRAS_NAME, KernelImage
 
 
@@ -89,7 +90,8 @@ class _Writer:
         self._lock = threading.Lock()
 
     def add(self, view: memoryview) -> dict[str, Any]:
-        fp = fingerprint(view)
+        with phase("fingerprint", view.nbytes):
+            fp = fingerprint(view)
         ref: dict[str, Any] = {"size": view.nbytes, "fp": fp}
         self.stats.bytes_total += view.nbytes
         hit = self.known.get(fp)
@@ -188,7 +190,12 @@ def persist_image(
     groups: list[dict[str, Any]] = []
     started = time.perf_counter()
     try:
-        for g in image.iter_groups():
+        groups_in = image.iter_groups()
+        while True:
+            with phase("serialize"):
+                g = next(groups_in, None)
+            if g is None:
+                break
             buffers = []
             for view in g.pickled.buffers:
                 view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
