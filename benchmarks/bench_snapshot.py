@@ -7,6 +7,8 @@ Every time is a median of --reps runs, divided by a reference measured in the sa
 best sequential write and read of the state's bytes (the better of a buffered write + fsync or cold read
 and O_DIRECT with several 64 MiB blocks in flight). The rows marked "old reference" repeat the snapshot
 and restore figures against the buffered write + fsync and the buffered cold read used before issue 26.
+`--breakdown` adds where the synchronous full snapshot's seconds go (serialize, fingerprint, hash, write,
+fsync: wall and CPU seconds per phase, medians), gathered by spotwarp_jupyter.engine.timings.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ sys.path.insert(0, str(HERE.parent))
 import workload  # noqa: E402
 from common import MemorySampler, disk_limits, drop_cache, median, table, timed  # noqa: E402
 
-from spotwarp_jupyter.engine import Settings  # noqa: E402
+from spotwarp_jupyter.engine import Settings, timings  # noqa: E402
 from spotwarp_jupyter.kernel.policy import Policy  # noqa: E402
 from spotwarp_jupyter.kernel.session import KernelSession  # noqa: E402
 
@@ -88,6 +90,17 @@ def background(session: KernelSession) -> tuple[float, dict]:
     return took, {**session.last.stats, "pause_s": job.pause_s if job is not None else None}
 
 
+def print_breakdown(breakdowns: list[dict], state: int) -> None:
+    """Medians of each phase of the synchronous full snapshots: wall and CPU seconds (all its threads), CPU s/GB."""
+    print("\nwhere a full snapshot's seconds go (medians; writer threads run at once, so phases' wall seconds may "
+          "add up to more than the snapshot's)")
+    print(f"{'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}")
+    for name in sorted({n for b in breakdowns for n in b}, key=lambda n: (n == "snapshot (all)", n)):
+        wall = median([b.get(name, {}).get("wall_s", 0.0) for b in breakdowns])
+        cpu = median([b.get(name, {}).get("cpu_s", 0.0) for b in breakdowns])
+        print(f"{name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / (state / 1e9):>9.2f}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--scale", type=float, default=1.0, help="1.0 = ~2 GB reference workload, 0.1 = ~200 MB")
@@ -101,6 +114,7 @@ def main() -> None:
     parser.add_argument("--every", type=float, default=60.0, help="snapshot interval during the training run")
     parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--breakdown", action="store_true", help="also show where a full snapshot's seconds go")
     args = parser.parse_args()
 
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="spotwarp-bench-"))
@@ -119,13 +133,16 @@ def main() -> None:
         figures.update(raw_write_s=raw_w, raw_read_s=limits.best_read_s)
     else:
         # -- full snapshot (synchronous, then background) vs raw write ---------------------------
-        full_sync, full_bg, pauses, mems, limits = [], [], [], [], []
+        full_sync, full_bg, pauses, mems, limits, breakdowns = [], [], [], [], [], []
         snap_bytes = 0
         for rep in range(args.reps):
             store = scratch / f"store-full-{rep}"
             limits.append(disk_limits(scratch / "raw.bin", state))  # this disk's best write and read of `state` bytes
-            took, manifest = timed(lambda: session_for(ns, store).snapshot())
+            with timings.collecting() as phases:
+                cpu = time.process_time()
+                took, manifest = timed(lambda: session_for(ns, store).snapshot())
             full_sync.append(took)
+            breakdowns.append({**phases.as_dict(), "snapshot (all)": {"wall_s": took, "cpu_s": time.process_time() - cpu}})
             snap_bytes = manifest.stats["bytes_written"]
             shutil.rmtree(store)
             session = session_for(ns, store)
@@ -365,6 +382,8 @@ def main() -> None:
     print(f"SpotWarp snapshot benchmark: state {state / 1e9:.2f} GB, best raw write {raw_w:.2f} s, best raw cold read "
           f"{figures['raw_read_s']:.2f} s, medians of {args.reps}")
     print(table(rows))
+    if args.breakdown and not args.train_only:
+        print_breakdown(breakdowns, state)
     if args.json:
         print(json.dumps(figures, indent=2))
     shutil.rmtree(scratch, ignore_errors=True)

@@ -8,6 +8,9 @@ Starts gcp-storage-emulator and moto on 127.0.0.1 (as the tests do), builds the 
   - restore:  a fresh engine (a new host) restoring that snapshot into an empty namespace (read, verify, load);
   - get:      plain fsspec reading the blob back, the best of one `fs.cat_file` call, `fs.cat_ranges` over
               64 MiB ranges, and ranged reads from that many threads.
+  - put/get of the same objects: plain fsspec moving the snapshot's own object sizes (one `pipe_file` each from
+              that many threads; one `cat_ranges` of them all, whole): what the object count costs on this
+              server, apart from the bytes (an emulator's cost per request dominates many small objects).
 Two workloads: BENCH.md's reference notebook (many tensors: request latency counts) and one large
 array (few 64 MiB objects: bandwidth counts). The ratios are SpotWarp throughput over plain fsspec's best
 throughput on the same bytes (1.0 = as fast as the best plain transfer; the goal for a restore is at
@@ -96,9 +99,21 @@ def plain_get(fs, root: str, nbytes: int, workers: int) -> tuple[float, float]:
     return one, min(ranges, threads)
 
 
+def plain_same_objects(fs, root: str, blob: bytes, sizes: list[int], workers: int) -> tuple[float, float]:
+    """Seconds for plain fsspec to put objects of `sizes` (threads), then to read them all back (cat_ranges)."""
+    view = memoryview(blob)
+    names = [f"{root}/objects/{i:06d}" for i in range(len(sizes))]
+    bodies = [bytes(view[:size]) for size in sizes]  # copies made before the clock starts
+    with ThreadPoolExecutor(max_workers=workers) as pool:
+        put = _timed(lambda: list(pool.map(lambda kv: fs.pipe_file(*kv), zip(names, bodies))))
+    get = _timed(lambda: fs.cat_ranges(names, [0] * len(sizes), sizes))
+    return put, get
+
+
 def run_backend(kind: str, new_target, ns: dict, reps: int) -> dict[str, float]:
     """Median seconds of snapshot / put / restore / get on one backend, and the byte count."""
-    times: dict[str, list[float]] = {"snapshot": [], "put": [], "restore": [], "get": [], "put_one": [], "get_one": []}
+    times: dict[str, list[float]] = {"snapshot": [], "put": [], "restore": [], "get": [], "put_one": [], "get_one": [],
+                                     "put_same": [], "get_same": []}
     nbytes = 0
     blob = b""
     for rep in range(reps):
@@ -130,6 +145,11 @@ def run_backend(kind: str, new_target, ns: dict, reps: int) -> dict[str, float]:
         one, parallel = plain_get(fs, root, nbytes, workers)
         times["get_one"].append(one)
         times["get"].append(min(one, parallel))
+        if kind == "local":
+            os.makedirs(f"{root}/objects", exist_ok=True)
+        put, get = plain_same_objects(fs, root, blob, list(manifest.objects.values()), workers)
+        times["put_same"].append(put)
+        times["get_same"].append(get)
         _rm(target)
         print(f"  {kind} rep {rep + 1}: " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
     return {"bytes": nbytes, **{k: median(v) for k, v in times.items()}}
@@ -167,7 +187,7 @@ def main(argv: list[str] | None = None) -> int:
 
     mb = 1024 * 1024
     header = ("backend, workload", "bytes", "best plain put", "snapshot", "upload ratio", "best plain get", "restore",
-              "restore ratio", "one-call ratios up/down")
+              "restore ratio", "one-call ratios up/down", "same-objects ratios up/down")
     lines = [header]
     for kind, r in rows:
         size = r["bytes"] / mb
@@ -176,11 +196,13 @@ def main(argv: list[str] | None = None) -> int:
             f"{size / r['put']:.0f} MB/s", f"{size / r['snapshot']:.0f} MB/s", f"{r['put'] / r['snapshot']:.2f}x",
             f"{size / r['get']:.0f} MB/s", f"{size / r['restore']:.0f} MB/s", f"{r['get'] / r['restore']:.2f}x",
             f"{r['put_one'] / r['snapshot']:.2f}x / {r['get_one'] / r['restore']:.2f}x",
+            f"{r['put_same'] / r['snapshot']:.2f}x / {r['get_same'] / r['restore']:.2f}x",
         ))
     widths = [max(len(row[i]) for row in lines) for i in range(len(header))]
     print()
     print(f"median of {args.reps}; ratio = SpotWarp throughput / plain fsspec's best throughput on the same bytes "
-          "(one call, or 64 MiB pieces in parallel); one-call ratios: against a single pipe_file / cat_file")
+          "(one call, or 64 MiB pieces in parallel); one-call ratios: against a single pipe_file / cat_file; "
+          "same-objects ratios: against plain fsspec moving the snapshot's own objects")
     for i, row in enumerate(lines):
         print("  ".join(c.ljust(w) for c, w in zip(row, widths)))
         if i == 0:

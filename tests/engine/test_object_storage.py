@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine.storage import store as store_module
 from spotwarp_jupyter.engine.storage.store import Store
 
 from kernels import SESSION
@@ -284,11 +285,13 @@ def test_store_round_trip_and_listing(storage: StorageTarget):
     assert not store.has_object(results[0][0]) and store.has_object(results[1][0])
 
 
-LARGE = 40 * 1024 * 1024 + 123  # read from S3 as concurrent ranged GETs; whole elsewhere
+LARGE = 40 * 1024 * 1024 + 123  # read from object stores as concurrent ranged GETs; whole from a local disk
+RANGE = 16 * 1024 * 1024  # ranges this size here (a chunk is one range by default): three, the last one short
 
 
 @pytest.fixture
-def large_object(storage: StorageTarget) -> tuple[Store, str, bytes]:
+def large_object(storage: StorageTarget, monkeypatch: pytest.MonkeyPatch) -> tuple[Store, str, bytes]:
+    monkeypatch.setattr(store_module, "RANGE_SIZE", RANGE)
     store = Store(storage.url, "proj", storage.options)
     data = os.urandom(LARGE)
     oid, _size = store.put_object(data)
@@ -311,7 +314,7 @@ def test_damage_anywhere_in_a_large_object_is_refused(large_object, damage):
     elif damage == "middle":
         body[LARGE // 2] ^= 0xFF
     elif damage == "range-boundary":
-        body[16 * 1024 * 1024] ^= 0xFF
+        body[RANGE] ^= 0xFF
     elif damage == "last-byte":
         body[-1] ^= 0xFF
     elif damage == "shortened":
