@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import pickling
@@ -20,6 +21,7 @@ from ..storage import Store
 from ..timings import phase
 from .capture import EXTRAS_NAME
 from .load import (
+    GroupRead,
     LoadResult,
     _select_groups,
     change_notes,
@@ -28,7 +30,7 @@ from .load import (
     moved_notes,
     read_pool,
     restore_groups,
-    start_read,
+    start_reads,
 )
 
 # Groups holding more than this (pickle stream and buffers) load in the background.
@@ -58,8 +60,10 @@ def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EA
 class BackgroundLoad:
     """Large groups being read, checked and rebuilt by a thread; bound by the caller with `bind_ready`."""
 
-    def __init__(self, store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
-                 device_map: dict[str, str] | None, result: LoadResult, started: float):
+    def __init__(self, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
+                 device_map: dict[str, str] | None, result: LoadResult, started: float,
+                 pool: ThreadPoolExecutor, reads: list[GroupRead]):
+        """Rebuild the groups `order` names from `reads`, already queued on `pool` (shut down once done)."""
         self.record = record
         self.result = result
         self.started = started
@@ -74,15 +78,15 @@ class BackgroundLoad:
         self._lock = threading.Lock()
         self.done = threading.Event()
         result.loading = sorted(self._pending)
-        self._thread = threading.Thread(target=self._run, args=(store, dict(namespace), device_map),
+        self._thread = threading.Thread(target=self._run, args=(pool, reads, dict(namespace), device_map),
                                         name="spotwarp-restore", daemon=True)
         self._thread.start()
 
     # -- the loading thread -------------------------------------------------------------------
-    def _run(self, store: Store, namespace: dict[str, Any], device_map: dict[str, str] | None) -> None:
+    def _run(self, pool: ThreadPoolExecutor, reads: list[GroupRead], namespace: dict[str, Any],
+             device_map: dict[str, str] | None) -> None:
         try:
-            with read_pool(store) as pool:
-                reads = [start_read(store, g, pool) for g in self._groups]
+            with pool:
                 with pickling.main_namespace(namespace) as main, pickling.device_notes(device_map) as notes:
                     for read in reads:
                         self._rebuild(read, main)
@@ -177,10 +181,22 @@ def restore_progressive(
     started = time.perf_counter()
     result = LoadResult(skipped_at_snapshot=dict(record.get("skipped", {})))
     eager, deferred = split_groups(record, _select_groups(record, variables), eager_bytes)
-    restore_groups(store, record, eager, namespace, variables, device_map, result)
+    groups = record.get("groups", [])
+    pool = read_pool(store)
+    reads: list[GroupRead] = []
+    try:
+        # every read queued now, the small groups' first: the large ones start as soon as those are in, while
+        # the record's modules are imported and the small groups unpickled
+        reads = start_reads(store, [groups[i] for i in eager + deferred], pool)
+        restore_groups(store, record, eager, namespace, variables, device_map, result, reads=reads[:len(eager)])
+    except BaseException:
+        for read in reads:
+            read.cancel()
+        pool.shutdown(wait=True)  # no read left writing into a buffer once this returns
+        raise
     result.usable_s = time.perf_counter() - started
     if not deferred:
+        pool.shutdown(wait=True)
         result.complete_s = result.usable_s
         return result, None
-    return result, BackgroundLoad(store, record, deferred, namespace, device_map, result, started)
-
+    return result, BackgroundLoad(record, deferred, namespace, device_map, result, started, pool, reads[len(eager):])
