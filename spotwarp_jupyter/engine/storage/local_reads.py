@@ -3,9 +3,8 @@
 An object not in the page cache (a new host, a restore after the snapshot's O_DIRECT writes) is read
 with O_DIRECT into the destination itself when that is page-aligned: the disk's DMA fills the final
 memory, with no copy out of the page cache and no page cache to fill and evict. Two helper threads per
-object keep its next pieces in flight (each populated just before its read) while the reading thread
-hashes the pieces already in, in order; the last partial block comes with the last piece, into a
-scratch page. An object the page cache mostly holds (asked of the kernel with mincore, which reads
+object keep its next pieces in flight while the reading thread hashes the pieces already in, in order;
+the last partial block comes with the last piece, into a scratch page. An object the page cache mostly holds (asked of the kernel with mincore, which reads
 nothing) is copied from there, which is faster than the disk; so is anything O_DIRECT refuses.
 Either way a size or hash that differs is refused before the caller uses any byte.
 SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
@@ -20,7 +19,6 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
-from .. import pages
 from ..errors import DamagedObjectError
 from ..hashing import object_hasher
 from ..settings import env_int
@@ -33,8 +31,6 @@ IN_FLIGHT = 2
 # Objects from this size up are read with O_DIRECT when cold and their destination is aligned.
 DIRECT_MIN = 4 * 1024 * 1024
 _ALIGN = 4096
-# Destinations from this size up have their pages populated in one call before being filled.
-POPULATE_MIN = 1024 * 1024
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -105,9 +101,10 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
     """Read the object into `target` with O_DIRECT, IN_FLIGHT pieces at a time, hashing each in order as it
     lands; how many bytes it read (0 if refused: the rest, if any, goes through the page cache).
 
-    Helper threads populate each piece's pages and read it, so the disk always has this object's next
-    pieces to read while this thread hashes the last one. The last partial block rides along with the
-    last piece into a scratch page (one request, no separate small read) and is copied into place.
+    Helper threads read the pieces, so the disk always has this object's next pieces to read while this
+    thread hashes the last one (the caller populated the destination's pages in one call before). The
+    last partial block rides along with the last piece into a scratch page (one request, no separate
+    small read queued behind the large ones) and is copied into place.
     """
     whole = target.nbytes // _ALIGN * _ALIGN
     try:
@@ -116,7 +113,6 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
         return 0  # a filesystem without O_DIRECT (tmpfs before 6.6, some overlays): read through the cache
     scratch = mmap.mmap(-1, _ALIGN) if target.nbytes > whole else None
     starts = iter(range(0, whole, READ_PIECE))
-    base = _address(target)
     got = 0
     try:
         with ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="spotwarp-direct") as pool:
@@ -127,7 +123,7 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
                 if start is not None:
                     end = min(start + READ_PIECE, whole)
                     tail = scratch if end == whole else None
-                    queued.append((start, end, pool.submit(_read_piece, fd, target, base, start, end, tail)))
+                    queued.append((start, end, pool.submit(_read_piece, fd, target, start, end, tail)))
 
             for _ in range(IN_FLIGHT):
                 queue_next()
@@ -156,10 +152,8 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
     return got
 
 
-def _read_piece(fd: int, target: memoryview, base: int, start: int, end: int, tail: mmap.mmap | None) -> int:
-    """Populate and read target[start:end] (and the tail into `tail`) with O_DIRECT; bytes read, 0 if refused."""
-    with phase("populate", end - start):
-        pages.populate_range(base + start, end - start)
+def _read_piece(fd: int, target: memoryview, start: int, end: int, tail: mmap.mmap | None) -> int:
+    """Read target[start:end] (and the tail into `tail`) with O_DIRECT; bytes read, 0 if refused."""
     buffers = [target[start:end]] + ([memoryview(tail)] if tail is not None else [])
     try:
         with phase("read", end - start):
@@ -175,7 +169,6 @@ def _read_buffered(fd: int, target: memoryview, start: int, hasher) -> int:
     got = start
     while got < target.nbytes:
         piece = target[got:got + READ_PIECE]
-        populate(piece)  # one call, not a page fault per page of the copy below
         with phase("read", piece.nbytes):
             n = os.preadv(fd, [piece], got)
         if n <= 0:
@@ -185,9 +178,3 @@ def _read_buffered(fd: int, target: memoryview, start: int, hasher) -> int:
         got += n
     return got - start
 
-
-def populate(view: memoryview) -> None:
-    """Fault a large writable destination's pages in, in one call (GIL released), before bytes are copied in."""
-    if view.nbytes >= POPULATE_MIN and not view.readonly:
-        with phase("populate", view.nbytes):
-            pages.populate_view(view)

@@ -37,7 +37,7 @@ from ..settings import env_float, env_int  # noqa: E402
 from ..timings import phase  # noqa: E402
 from .backends import check_backend  # noqa: E402
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
-from .local_reads import populate, read_local_checked  # noqa: E402
+from .local_reads import read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
 from .retries import RetryPolicy, call_with_retries, log  # noqa: E402
 
@@ -319,7 +319,6 @@ class Store:
             if self.local:
                 read_local_checked(oid, path, target)
                 return
-            populate(target)
             if self._s3 and target.nbytes >= RANGED_READ_MIN:
                 self._read_ranges_checked(oid, path, target)
                 return

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import pickling
+from .. import pages, pickling
 from ..errors import SpotWarpError
 from ..storage import Store
 from ..timings import phase
@@ -99,13 +99,15 @@ def _allocate(size: int) -> Any:
 
 
 def _read_chunk(store: Store, oid: str, view: memoryview) -> None:
-    """Read one chunk into its place in a restored buffer.
+    """Read one chunk into its place in a restored buffer, its pages populated first in one call.
 
-    The store populates the chunk's pages (one call each, GIL released, pages.py) just before reading
-    into them, piece by piece where it reads locally: faulting fresh pages in one by one while copying
-    into them costs about three times as much CPU as the read itself, and memory is taken only as the
-    reads reach it.
+    Faulting fresh pages in one by one while reading into them costs about three times as much CPU as
+    the read itself; one call (GIL released, pages.py) in the reading thread, just before the read,
+    overlaps that work with the other threads' reads, and memory is taken only as the reads reach it.
     """
+    if view.nbytes >= (1 << 20):
+        with phase("populate", view.nbytes):
+            pages.populate_view(view)
     store.read_object_into(oid, view)
 
 
