@@ -4,6 +4,7 @@
     python benchmarks/bench_scaling.py --sizes 0.25,0.5 --counts 1000,10000 --reps 3
     python benchmarks/bench_scaling.py --sizes 4 --counts none --reps 1   # the large end once
     python benchmarks/bench_scaling.py --sizes 1,4 --counts none --reps 3 --breakdown   # where restores' seconds go
+    PYTHONPATH=/other/tree python benchmarks/bench_scaling.py ...   # restores by another tree's package (before/after)
 
 Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
 scaled to about that many GB of state; counts are a dict of that many small notebook objects.
@@ -24,6 +25,7 @@ spotwarp_jupyter.engine.timings only when asked) beside the CPU of a cold buffer
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import shutil
 import subprocess
@@ -31,6 +33,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
@@ -72,7 +75,9 @@ if load is not None:
     load.wait()
     load.bind_ready(ns)
     assert not load.failure_report(), load.failure_report()
-out = {"usable_s": usable, "restore_s": time.perf_counter() - started, "names": len(ns),
+import spotwarp_jupyter  # which tree restored (PYTHONPATH picks it: a before/after runs one bench against two trees)
+out = {"engine": spotwarp_jupyter.__file__.rsplit("/", 2)[0], "usable_s": usable,
+       "restore_s": time.perf_counter() - started, "names": len(ns),
        "cpu_s": time.process_time() - cpu, "peak_growth": rss("VmHWM") - rss_before,
        "final_growth": rss("VmRSS") - rss_before}
 if phases is not None:
@@ -152,22 +157,30 @@ def snapshot_breakdown_row(snapshots: list[dict], limits: list, nbytes: int) -> 
             "best_write_s": median([x.best_write_s for x in limits])}
 
 
-def measure(ns: dict, scratch: Path, reps: int, breakdown: bool = False) -> dict[str, float]:
-    """Full, unchanged and restore times for `ns`, each as a ratio to a raw reference of its bytes."""
+def measure(build: Callable[[], dict], scratch: Path, reps: int, breakdown: bool = False) -> dict[str, float]:
+    """Full, unchanged and restore times for the state `build` makes, each as a ratio to a raw reference of its bytes.
+
+    Every repetition's snapshots are taken first; the state is then freed, so each restore (into a fresh
+    process) runs beside no second copy of it: the 8 GB point fits in 24 GB.
+    """
     full, unchanged, restore, usable, limits = [], [], [], [], []
-    children, reads, snapshots = [], [], []
-    nbytes = 0
+    children, reads, stores, snapshots = [], [], [], []
+    ns = build()
     for rep in range(reps):
         store = scratch / f"store-{rep}"
         engine = SnapshotEngine(Settings(project="bench", storage=str(store)))
         full_s, manifest, snap_phases = snapshot_timed(engine, ns, breakdown)
         full.append(full_s)
         snapshots.append(snap_phases)
-        nbytes = manifest.size
         started = time.perf_counter()
         engine.snapshot_kernel(ns)
         unchanged.append(time.perf_counter() - started)
-        limits.append(disk_limits(scratch / "raw.bin", max(nbytes, 1)))
+        stores.append((store, manifest.size))
+    nbytes = stores[-1][1]
+    del ns, engine
+    gc.collect()
+    for store, size in stores:
+        limits.append(disk_limits(scratch / "raw.bin", max(size, 1)))
         if breakdown:
             reads.append(read_cpu(scratch / "raw.bin"))
         child = restore_in_child(store, breakdown)
@@ -180,6 +193,7 @@ def measure(ns: dict, scratch: Path, reps: int, breakdown: bool = False) -> dict
     old_w, old_r = median([x.buffered_write_s for x in limits]), median([x.buffered_read_s for x in limits])
     return {"breakdown": breakdown_row(children, reads, nbytes) if breakdown else None,
             "snapshot_breakdown": snapshot_breakdown_row(snapshots, limits, nbytes) if breakdown else None,
+            "engine": children[-1].get("engine", "?"),
             "bytes": nbytes, "raw_write_s": w, "raw_read_s": r, "old_write_s": old_w, "old_read_s": old_r,
             "full_s": median(full), "unchanged_s": median(unchanged), "restore_s": median(restore),
             "usable_s": median(usable), "full_x": median(full) / w, "unchanged_x": median(unchanged) / w,
@@ -196,7 +210,7 @@ def growth(rows: list[dict], key: str) -> str:
 
 
 def print_table(title: str, label: str, rows: list[dict], per_object: bool = False) -> None:
-    print(f"\n{title}")
+    print(f"\n{title} (restores by the package in {rows[0]['engine']})")
     header = (f"{label:>10} {'bytes':>10} {'best w/r s':>12} {'full':>14} {'unchanged':>14} {'restore':>14} "
               f"{'usable':>14} {'old ref full/restore':>21}")
     if per_object:
@@ -277,12 +291,11 @@ def main() -> None:
     try:
         for gb in _points(args.sizes, float):
             print(f"state of {gb} GB ...", flush=True)
-            ns = workload.build(gb / REFERENCE_GB)
-            results["sizes"].append({"point": f"{gb} GB", **measure(ns, scratch, args.reps, args.breakdown)})
-            del ns
+            results["sizes"].append({"point": f"{gb} GB", **measure(lambda: workload.build(gb / REFERENCE_GB),
+                                                                    scratch, args.reps, args.breakdown)})
         for count in _points(args.counts, int):
             print(f"{count} small objects ...", flush=True)
-            results["counts"].append({"point": f"{count}", **measure(small_objects(count), scratch, args.reps)})
+            results["counts"].append({"point": f"{count}", **measure(lambda: small_objects(count), scratch, args.reps)})
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"\nSpotWarp scaling: medians of {args.reps}; each figure as a ratio to this disk's best of the same bytes "

@@ -129,12 +129,41 @@ def _reduce_str_array(arr: Any):
 
 
 def _rebuild_str_array(buf: Any, shape: tuple, order: str) -> Any:
+    """The array `_reduce_str_array` joined, decoded in slices of about STR_SLICE bytes (no copy of the buffer).
+
+    One slice at a time, so the GIL changes hands between slices: decoding and splitting a column of
+    millions of strings in one call would stop a restore's reading threads for its whole length.
+    """
     import numpy
 
-    items = str(memoryview(buf), "utf-8", "surrogatepass").split(_STR_SEPARATOR)  # decoded in place: no copy
-    out = numpy.empty(len(items), dtype=object)
-    out[:] = items
+    view = memoryview(buf).cast("B")
+    items: list[list[str]] = []
+    start = 0
+    while start <= len(view):
+        end = _separator_after(view, start + STR_SLICE)
+        items.append(str(view[start:end], "utf-8", "surrogatepass").split(_STR_SEPARATOR))
+        start = end + 1
+    out = numpy.empty(sum(map(len, items)), dtype=object)
+    at = 0
+    for part in items:
+        out[at:at + len(part)] = part
+        at += len(part)
     return out.reshape(shape, order=order)
+
+
+STR_SLICE = 256 * 1024  # ~10k strings of a typical column: the GIL is held well under a millisecond per slice
+_NUL = _STR_SEPARATOR.encode()
+
+
+def _separator_after(view: memoryview, at: int) -> int:
+    """The index of the first separator byte at or after `at` (UTF-8 has a zero byte only for U+0000,
+    the separator), or the end of `view`."""
+    while at < len(view):
+        found = bytes(view[at:at + 4096]).find(_NUL)
+        if found >= 0:
+            return at + found
+        at += 4096
+    return len(view)
 
 
 # -- objects saved through state_dict() / load_state_dict() --------------------------------------

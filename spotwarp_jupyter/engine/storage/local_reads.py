@@ -2,10 +2,11 @@
 
 An object not in the page cache (a new host, a restore after the snapshot's O_DIRECT writes) is read
 with O_DIRECT into the destination itself when that is page-aligned: the disk's DMA fills the final
-memory, with no copy out of the page cache and no page cache to fill and evict. An object the page
-cache mostly holds (asked of the kernel with mincore, which reads nothing) is copied from there,
-which is faster than the disk. The last partial block, and anything O_DIRECT refuses, is read the ordinary way.
-Either way each piece is hashed right after it lands, and a size or hash that differs is refused.
+memory, with no copy out of the page cache and no page cache to fill and evict. Two helper threads per
+object keep its next pieces in flight while the reading thread hashes the pieces already in, in order;
+the last partial block comes with the last piece, into a scratch page. An object the page cache mostly holds (asked of the kernel with mincore, which reads
+nothing) is copied from there, which is faster than the disk; so is anything O_DIRECT refuses.
+Either way a size or hash that differs is refused before the caller uses any byte.
 SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
 """
 
@@ -15,6 +16,8 @@ import ctypes
 import errno
 import mmap
 import os
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
 
 from ..errors import DamagedObjectError
 from ..hashing import object_hasher
@@ -23,6 +26,8 @@ from ..timings import phase
 
 # Pieces read (and then hashed) one at a time; several objects are read by as many threads at once.
 READ_PIECE = 8 * 1024 * 1024
+# Pieces of one object being read at once, while the reading thread hashes the pieces already in.
+IN_FLIGHT = 2
 # Objects from this size up are read with O_DIRECT when cold and their destination is aligned.
 DIRECT_MIN = 4 * 1024 * 1024
 _ALIGN = 4096
@@ -93,33 +98,70 @@ def _address(view: memoryview) -> int:
 
 
 def _read_direct(path: str, target: memoryview, hasher) -> int:
-    """Read the whole blocks of the object into `target` with O_DIRECT; how many bytes it read (0 if refused)."""
+    """Read the object into `target` with O_DIRECT, IN_FLIGHT pieces at a time, hashing each in order as it
+    lands; how many bytes it read (0 if refused: the rest, if any, goes through the page cache).
+
+    Helper threads read the pieces, so the disk always has this object's next pieces to read while this
+    thread hashes the last one (the caller populated the destination's pages in one call before). The
+    last partial block rides along with the last piece into a scratch page (one request, no separate
+    small read queued behind the large ones) and is copied into place.
+    """
     whole = target.nbytes // _ALIGN * _ALIGN
     try:
         fd = os.open(path, os.O_RDONLY | _O_DIRECT)
     except OSError:
         return 0  # a filesystem without O_DIRECT (tmpfs before 6.6, some overlays): read through the cache
+    scratch = mmap.mmap(-1, _ALIGN) if target.nbytes > whole else None
+    starts = iter(range(0, whole, READ_PIECE))
     got = 0
     try:
-        while got < whole:
-            piece = target[got:min(got + READ_PIECE, whole)]
+        with ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="spotwarp-direct") as pool:
+            queued: deque[tuple[int, int, Future]] = deque()
+
+            def queue_next() -> None:
+                start = next(starts, None)
+                if start is not None:
+                    end = min(start + READ_PIECE, whole)
+                    tail = scratch if end == whole else None
+                    queued.append((start, end, pool.submit(_read_piece, fd, target, start, end, tail)))
+
+            for _ in range(IN_FLIGHT):
+                queue_next()
             try:
-                with phase("read", piece.nbytes):
-                    n = os.preadv(fd, [piece], got)
-            except OSError as exc:
-                if exc.errno != errno.EINVAL:
-                    raise
-                break  # refused after all: the rest goes through the cache
-            if n <= 0:
-                break
-            with phase("hash", n):
-                hasher.update(piece[:n])
-            got += n
-            if n % _ALIGN:
-                break
+                while queued:
+                    start, end, future = queued.popleft()
+                    n = future.result()
+                    if start != got or n <= 0:
+                        break
+                    queue_next()
+                    landed = min(n, target.nbytes - start)
+                    if landed > end - start:  # the tail, read into the scratch page
+                        target[end:start + landed] = scratch[:landed - (end - start)]
+                    with phase("hash", landed):
+                        hasher.update(target[start:start + landed])
+                    got = start + landed
+                    if landed < end - start:
+                        break  # short (the file is shorter than its size said): the rest through the cache
+            finally:
+                for _start, _end, future in queued:
+                    future.cancel()
     finally:
-        os.close(fd)
+        os.close(fd)  # after the pool has finished: no read is left on this descriptor
+        if scratch is not None:
+            scratch.close()
     return got
+
+
+def _read_piece(fd: int, target: memoryview, start: int, end: int, tail: mmap.mmap | None) -> int:
+    """Read target[start:end] (and the tail into `tail`) with O_DIRECT; bytes read, 0 if refused."""
+    buffers = [target[start:end]] + ([memoryview(tail)] if tail is not None else [])
+    try:
+        with phase("read", end - start):
+            return os.preadv(fd, buffers, start)
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+        return 0  # refused after all
 
 
 def _read_buffered(fd: int, target: memoryview, start: int, hasher) -> int:
@@ -135,3 +177,4 @@ def _read_buffered(fd: int, target: memoryview, start: int, hasher) -> int:
             hasher.update(piece[:n])
         got += n
     return got - start
+

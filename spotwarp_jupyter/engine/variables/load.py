@@ -224,42 +224,59 @@ def _import(path: str) -> Any:
         return found
 
 
-def _read_and_rebuild(store: Store, groups: list[dict[str, Any]], namespace: dict[str, Any],
-                      device_map: dict[str, str] | None, modules: list[tuple[str, Any]],
-                      moved: set[str], said: list[str]) -> tuple[list[tuple[str, Any]], int]:
-    """Read, check and unpickle `groups` (in order) against a copy of `namespace`; binds nothing."""
-    with read_pool(store) as pool:
-        reads = [start_read(store, g, pool) for g in groups]
-        try:
-            with pickling.main_namespace(dict(namespace)) as main, pickling.device_notes(device_map) as notes:
-                for name, value in modules:
-                    main.bind(name, value)
-                values, total = rebuild(reads, main)
-                moved.update(notes.moved)
-                said.extend(notes.said)
-        except BaseException:
-            for read in reads:
-                read.cancel()
-            raise
+def start_reads(store: Store, groups: list[dict[str, Any]], pool: ThreadPoolExecutor) -> list[GroupRead]:
+    """Queue the reads of `groups`, in order (the pool takes them first come, first served); returns at once."""
+    reads: list[GroupRead] = []
+    try:
+        for group in groups:
+            reads.append(start_read(store, group, pool))
+    except BaseException:
+        for read in reads:
+            read.cancel()
+        raise
+    return reads
+
+
+def _rebuild_all(reads: list[GroupRead], namespace: dict[str, Any], device_map: dict[str, str] | None,
+                 modules: list[tuple[str, Any]], moved: set[str], said: list[str]) -> tuple[list[tuple[str, Any]], int]:
+    """Check and unpickle the groups of `reads` (in order) against a copy of `namespace`; binds nothing."""
+    with pickling.main_namespace(dict(namespace)) as main, pickling.device_notes(device_map) as notes:
+        for name, value in modules:
+            main.bind(name, value)
+        values, total = rebuild(reads, main)
+        moved.update(notes.moved)
+        said.extend(notes.said)
     return values, total
 
 
 def restore_groups(
     store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
     variables: list[str] | None, device_map: dict[str, str] | None, result: LoadResult,
+    reads: list[GroupRead] | None = None,
 ) -> None:
-    """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go."""
+    """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go.
+
+    `reads`: those groups' reads, already queued by the caller on a pool it owns. Either way the reads
+    are queued before the record's modules are imported, so the disk works while they import.
+    """
     groups = record.get("groups", [])
     moved: set[str] = set()
     said: list[str] = []
-    try:
-        modules = _import_modules(record, variables, result)
-        values, result.bytes_read = _read_and_rebuild(store, [groups[i] for i in order], namespace,
-                                                      device_map, modules, moved, said)
-    except SpotWarpError:
-        raise
-    except Exception as exc:  # noqa: BLE001
-        raise SpotWarpError(f"restore failed and changed nothing: {type(exc).__name__}: {exc}") from exc
+    with contextlib.ExitStack() as stack:
+        try:
+            if reads is None:
+                reads = start_reads(store, [groups[i] for i in order], stack.enter_context(read_pool(store)))
+            try:
+                modules = _import_modules(record, variables, result)
+                values, result.bytes_read = _rebuild_all(reads, namespace, device_map, modules, moved, said)
+            except BaseException:
+                for read in reads:
+                    read.cancel()
+                raise
+        except SpotWarpError:
+            raise
+        except Exception as exc:  # noqa: BLE001
+            raise SpotWarpError(f"restore failed and changed nothing: {type(exc).__name__}: {exc}") from exc
     for name, value in modules:
         namespace[name] = value
     for name, value in values:
