@@ -906,7 +906,9 @@ def test_a_watch_never_adopts_a_phantom_host(tmp_path):
                              capture_output=True, text=True, env=env, timeout=60)
         assert out.returncode == 1 and "no live host serves" in out.stderr, out
         assert "phantom" not in out.stdout
-        assert forger.written - before >= 2, forger.written  # it kept changing while the watch looked
+        # it changed while the watch looked: the watch decides at its first look (about 0.5 s with its imports),
+        # and a loaded disk's fsyncs can make the 0.1 s stream of forgeries as slow as one write in that time
+        assert forger.written - before >= 1, forger.written
     finally:
         forger.end(at_least=2)
 
