@@ -357,8 +357,6 @@ class Store:
                                 on_error="raise")
         hasher = object_hasher()
         for start, end, piece in zip(starts, ends, pieces):
-            if isinstance(piece, BaseException):
-                raise piece
             if len(piece) != end - start:
                 raise DamagedObjectError(oid, f"size differs from the manifest ({size} bytes expected)")
             with phase("copy", end - start):
