@@ -25,6 +25,7 @@ spotwarp_jupyter.engine.timings only when asked) beside the CPU of a cold buffer
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
 import json
 import shutil
@@ -40,7 +41,15 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
-from common import direct_read, disk_limits, drop_cache, median, raw_read  # noqa: E402
+from common import (  # noqa: E402
+    direct_read,
+    disk_limits,
+    drop_cache,
+    median,
+    print_phase_header,
+    print_phase_lines,
+    raw_read,
+)
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine, timings  # noqa: E402
 
@@ -135,15 +144,10 @@ def breakdown_row(children: list[dict], reads: list[dict], nbytes: int) -> dict:
 
 def snapshot_timed(engine: SnapshotEngine, ns: dict, breakdown: bool) -> tuple[float, object, dict | None]:
     """A full snapshot of `ns`: its seconds, manifest, and (when asked) its phases and CPU seconds."""
-    collect = timings.collecting() if breakdown else None
-    phases = collect.__enter__() if collect else None
-    cpu, started = time.process_time(), time.perf_counter()
-    try:
+    with timings.collecting() if breakdown else contextlib.nullcontext() as phases:
+        cpu, started = time.process_time(), time.perf_counter()
         manifest = engine.snapshot_kernel(ns)
-    finally:
         took, cpu = time.perf_counter() - started, time.process_time() - cpu
-        if collect:
-            collect.__exit__(None, None, None)
     return took, manifest, ({"phases": phases.as_dict(), "cpu_s": cpu, "wall_s": took} if phases else None)
 
 
@@ -232,20 +236,15 @@ def print_table(title: str, label: str, rows: list[dict], per_object: bool = Fal
 def print_breakdown(rows: list[dict]) -> None:
     """Per size: each phase's wall and CPU seconds (summed over the threads that ran it) and CPU s/GB,
     against the restore's whole CPU and a raw cold read's (buffered and O_DIRECT) of the same bytes."""
-    print("\nwhere a restore's seconds go (medians; phases run in several threads at once, so their wall "
-          "seconds may add up to more than the restore's)")
-    header = f"{'state':>8} {'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}"
-    print(header)
-    print("-" * len(header))
+    print_phase_header("where a restore's seconds go (medians; phases run in several threads at once, so their wall "
+                       "seconds may add up to more than the restore's)")
     for row in rows:
         b = row["breakdown"]
-        gb = b["bytes"] / 1e9
         lines = [(name, p["wall_s"], p["cpu_s"]) for name, p in b["phases"].items()]
         lines += [("restore (all)", b["restore_s"], b["restore_cpu_s"]),
                   ("raw read buffered", b["buffered_wall_s"], b["buffered_cpu_s"]),
                   ("raw read O_DIRECT", b["direct_wall_s"], b["direct_cpu_s"])]
-        for name, wall, cpu in lines:
-            print(f"{row['point']:>8} {name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / gb:>9.2f}")
+        print_phase_lines(row["point"], b["bytes"], lines)
         print(f"{row['point']:>8} {'peak extra memory':>16}: {b['transient']:.1%} of the state above what the restore "
               f"ends holding (a second copy would show here); {b['peak_extra']:.1%} peak growth beyond the state's "
               "stored bytes (imports and Python objects larger than their pickles count here)")
@@ -253,18 +252,13 @@ def print_breakdown(rows: list[dict]) -> None:
 
 def print_snapshot_breakdown(rows: list[dict]) -> None:
     """Per size: each snapshot phase's wall and CPU seconds (summed over the threads that ran it), CPU s/GB."""
-    print("\nwhere a full snapshot's seconds go (medians; writer threads run phases at once, so their wall "
-          "seconds may add up to more than the snapshot's; 'snapshot (all)' CPU counts every thread)")
-    header = f"{'state':>8} {'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}"
-    print(header)
-    print("-" * len(header))
+    print_phase_header("where a full snapshot's seconds go (medians; writer threads run phases at once, so their wall "
+                       "seconds may add up to more than the snapshot's; 'snapshot (all)' CPU counts every thread)")
     for row in rows:
         b = row["snapshot_breakdown"]
-        gb = b["bytes"] / 1e9
         lines = [(name, p["wall_s"], p["cpu_s"]) for name, p in b["phases"].items()]
         lines.append(("snapshot (all)", b["snapshot_s"], b["snapshot_cpu_s"]))
-        for name, wall, cpu in lines:
-            print(f"{row['point']:>8} {name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / gb:>9.2f}")
+        print_phase_lines(row["point"], b["bytes"], lines)
         print(f"{row['point']:>8} {'best raw write':>16} {b['best_write_s']:>8.2f}")
 
 

@@ -28,7 +28,16 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
-from common import MemorySampler, disk_limits, drop_cache, median, table, timed  # noqa: E402
+from common import (  # noqa: E402
+    MemorySampler,
+    disk_limits,
+    drop_cache,
+    median,
+    print_phase_header,
+    print_phase_lines,
+    table,
+    timed,
+)
 
 from spotwarp_jupyter.engine import Settings, timings  # noqa: E402
 from spotwarp_jupyter.kernel.policy import Policy  # noqa: E402
@@ -92,13 +101,12 @@ def background(session: KernelSession) -> tuple[float, dict]:
 
 def print_breakdown(breakdowns: list[dict], state: int) -> None:
     """Medians of each phase of the synchronous full snapshots: wall and CPU seconds (all its threads), CPU s/GB."""
-    print("\nwhere a full snapshot's seconds go (medians; writer threads run at once, so phases' wall seconds may "
-          "add up to more than the snapshot's)")
-    print(f"{'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}")
-    for name in sorted({n for b in breakdowns for n in b}, key=lambda n: (n == "snapshot (all)", n)):
-        wall = median([b.get(name, {}).get("wall_s", 0.0) for b in breakdowns])
-        cpu = median([b.get(name, {}).get("cpu_s", 0.0) for b in breakdowns])
-        print(f"{name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / (state / 1e9):>9.2f}")
+    print_phase_header("where a full snapshot's seconds go (medians; writer threads run at once, so phases' wall "
+                       "seconds may add up to more than the snapshot's)")
+    names = sorted({n for b in breakdowns for n in b}, key=lambda n: (n == "snapshot (all)", n))
+    print_phase_lines(f"{state / 1e9:.2f} GB", state,
+                      [(name, median([b.get(name, {}).get("wall_s", 0.0) for b in breakdowns]),
+                        median([b.get(name, {}).get("cpu_s", 0.0) for b in breakdowns])) for name in names])
 
 
 def main() -> None:

@@ -213,6 +213,20 @@ def timed(fn: Callable[[], object]) -> tuple[float, object]:
     return time.perf_counter() - started, result
 
 
+def print_phase_header(title: str) -> None:
+    """The head of a per-phase table (`print_phase_lines` prints its rows)."""
+    print(f"\n{title}")
+    header = f"{'state':>8} {'phase':>16} {'wall s':>8} {'CPU s':>8} {'CPU s/GB':>9}"
+    print(header)
+    print("-" * len(header))
+
+
+def print_phase_lines(point: str, nbytes: int, lines: list[tuple[str, float, float]]) -> None:
+    """One state's rows of a per-phase table: each (phase, wall s, CPU s), with CPU s per GB of `nbytes`."""
+    for name, wall, cpu in lines:
+        print(f"{point:>8} {name:>16} {wall:>8.2f} {cpu:>8.2f} {cpu / (nbytes / 1e9):>9.2f}")
+
+
 def table(rows: list[tuple[str, str, str, str]]) -> str:
     """A plain text table: figure, measured, goal, verdict."""
     header = ("figure", "measured", "goal", "")
