@@ -7,9 +7,11 @@ tab is in is cleaned after the cell; a shared document that fails mid-run hands 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from types import SimpleNamespace  # the service a Resumer records itself on: unused by CellRun
+from typing import Any, AsyncIterator
 
 import pytest
 
@@ -66,7 +68,10 @@ def _notebook(jp_root_dir) -> None:
     (jp_root_dir / "train.ipynb").write_text(json.dumps(notebook))
 
 
-async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+@contextlib.asynccontextmanager
+async def _resumed_cell(jp_serverapp, jp_root_dir) -> AsyncIterator[tuple[asyncio.Future, Any]]:
+    """SOURCE run by a real kernel as the resumed cell `loop` of train.ipynb: the run (a task) and
+    jupyter-collaboration's extension app; the kernel is shut down on leaving."""
     _notebook(jp_root_dir)
     kernels = jp_serverapp.kernel_manager
     kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
@@ -74,10 +79,21 @@ async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_ser
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     try:
         await client.wait_for_ready(timeout=60)
-        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id, Plan("train.ipynb", api_path="train.ipynb"),
-                      {"id": "loop", "source": SOURCE})
+        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id,
+                      Plan("train.ipynb", api_path="train.ipynb"), {"id": "loop", "source": SOURCE})
         running = asyncio.ensure_future(run.run())
-        ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
+        yield running, next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
+    finally:
+        client.stop_channels()
+        await kernels.shutdown_kernel(kernel_id, now=True)
+
+
+EXPECTED = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
+            ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
+
+
+async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_serverapp, jp_root_dir):
+    async with _resumed_cell(jp_serverapp, jp_root_dir) as (running, ydoc_app):
         document = await _until(lambda: ydoc_app.ywebsocket_server.rooms and next(
             iter(ydoc_app.ywebsocket_server.rooms.values()))._document, "the notebook's room")
 
@@ -95,37 +111,22 @@ async def test_the_resumed_cells_outputs_go_live_into_the_shared_document(jp_ser
         await ydoc_app.ywebsocket_server.delete_room(name=next(iter(ydoc_app.ywebsocket_server.rooms)))
         (jp_root_dir / "go").touch()
         assert await asyncio.wait_for(running, 60) == "ZeroDivisionError: division by zero"
-    finally:
-        client.stop_channels()
-        await kernels.shutdown_kernel(kernel_id, now=True)
 
     # no tab is in the room: it is cleaned once the cell ended, as when its last tab leaves
     await _until(lambda: not ydoc_app.ywebsocket_server.rooms, "the room to be cleaned", timeout=30)
     document = await ydoc_app.get_document(path="train.ipynb", content_type="notebook", file_format="json",
                                            copy=False, create=True)  # opened again, from the file
     cell = document.get()["cells"][0]
-    expected = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
-                ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
-    assert _texts(cell) == expected and cell["execution_count"] == 1
+    assert _texts(cell) == EXPECTED and cell["execution_count"] == 1
     assert next(c for c in document.ycells if c.get("id") == "loop")["execution_state"] == "idle"
     on_disk = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"][0]  # the room saved it at the end
-    assert _texts(on_disk) == expected and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
+    assert _texts(on_disk) == EXPECTED and "".join(on_disk["source"]) == SOURCE and on_disk["execution_count"] == 1
 
 
 async def _run_breaking_the_room(jp_serverapp, jp_root_dir, attribute: str, value) -> tuple[str, object]:
     """Run SOURCE as a resumed cell; once its first output is in the shared document, set the room's `attribute`
     to `value` (jupyter-collaboration's object, not ours); the run's status and the extension app."""
-    _notebook(jp_root_dir)
-    kernels = jp_serverapp.kernel_manager
-    kernel_id = await kernels.start_kernel(kernel_name="python3", path="")
-    client = kernels.get_kernel(kernel_id).client()
-    client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
-    try:
-        await client.wait_for_ready(timeout=60)
-        run = CellRun(Resumer(SimpleNamespace(), jp_serverapp), client, kernel_id,
-                      Plan("train.ipynb", api_path="train.ipynb"), {"id": "loop", "source": SOURCE})
-        running = asyncio.ensure_future(run.run())
-        ydoc_app = next(iter(jp_serverapp.extension_manager.extension_apps["jupyter_server_ydoc"]))
+    async with _resumed_cell(jp_serverapp, jp_root_dir) as (running, ydoc_app):
         room = await _until(lambda: ydoc_app.ywebsocket_server.rooms and next(
             iter(ydoc_app.ywebsocket_server.rooms.values())), "the notebook's room")
         await _until(lambda: room._document and "first" in str(room._document.get()["cells"]),
@@ -133,13 +134,6 @@ async def _run_breaking_the_room(jp_serverapp, jp_root_dir, attribute: str, valu
         setattr(room, attribute, value)
         (jp_root_dir / "go").touch()
         return await asyncio.wait_for(running, 60), ydoc_app
-    finally:
-        client.stop_channels()
-        await kernels.shutdown_kernel(kernel_id, now=True)
-
-
-EXPECTED = [("stream", "stdout", "first\nsecond\n"), ("stream", "stderr", "to stderr\n"),
-            ("display_data", "", ""), ("error", "ZeroDivisionError", "")]
 
 
 async def test_a_shared_document_failing_mid_run_hands_the_outputs_to_the_file(jp_serverapp, jp_root_dir):
