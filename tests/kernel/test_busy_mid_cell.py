@@ -42,16 +42,32 @@ def _statuses_heard(client, seconds: float, until: tuple[str, str] | None = None
     return heard
 
 
-def test_a_client_connecting_mid_loop_hears_the_kernel_busy(tmp_path):
+def _quiet_kernel(tmp_path, project: str) -> Kernel:
+    """A kernel with SpotWarp loaded whose policy takes no snapshot during these tests."""
     kernel = Kernel(tmp_path / "k", {"HOME": str(tmp_path / "home"), "SPOTWARP_STORAGE": str(tmp_path / "store"),
-                                     "SPOTWARP_PROJECT": "busy"})
-    late = None
+                                     "SPOTWARP_PROJECT": project})
     try:
         kernel.run("%load_ext spotwarp\n%spotwarp policy --every 10m --no-after-cell")
+    except BaseException:
+        kernel.close()
+        raise
+    return kernel
+
+
+def _late_client(kernel: Kernel):
+    """A second client of `kernel` listening on IOPub only, as a tab opened later would."""
+    late = kernel.km.client()
+    late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
+    return late
+
+
+def test_a_client_connecting_mid_loop_hears_the_kernel_busy(tmp_path):
+    kernel = _quiet_kernel(tmp_path, "busy")
+    late = None
+    try:
         msg_id = kernel.kc.execute(LOOP)
         _until_printed(kernel, msg_id, "looping")  # the loop runs: its `busy` went out before the next client
-        late = kernel.km.client()  # a second client, connected after the loop started
-        late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
+        late = _late_client(kernel)  # a second client, connected after the loop started
         # the loop runs for 20 s: its start is long gone
         heard = _statuses_heard(late, 5, until=("busy", msg_id))
         assert ("busy", msg_id) in heard, heard
@@ -71,15 +87,12 @@ threading.Thread(target=train, name='train', daemon=True).start()
 
 
 def test_a_loop_left_running_in_a_thread_says_nothing_after_its_cell_ended(tmp_path):
-    kernel = Kernel(tmp_path / "k", {"HOME": str(tmp_path / "home"), "SPOTWARP_STORAGE": str(tmp_path / "store"),
-                                     "SPOTWARP_PROJECT": "busy-thread"})
+    kernel = _quiet_kernel(tmp_path, "busy-thread")
     late = None
     try:
-        kernel.run("%load_ext spotwarp\n%spotwarp policy --every 10m --no-after-cell")
         msg_id = kernel.kc.execute(THREADED)
         kernel.kc.get_shell_msg(timeout=60)  # the cell ended (its reply); the thread's loop runs on for 20 s
-        late = kernel.km.client()
-        late.start_channels(shell=False, iopub=True, stdin=False, hb=False, control=False)
+        late = _late_client(kernel)
         heard = _statuses_heard(late, 4)  # the loop reaches a step every 0.05 s: a `busy` every second before
         assert ("busy", msg_id) not in heard, heard
         assert kernel.value("any(t.name == 'train' for t in threading.enumerate())")  # it was still looping
