@@ -27,6 +27,7 @@ from jupyter_core.utils import ensure_async
 
 log = logging.getLogger("spotwarp")
 SAVE_EVERY_S = 3.0  # the .ipynb on disk is brought up to date at most this often while the cell runs
+SAVE_WAIT_S = 30.0  # the longest the cell's outputs wait for one forced save of the room
 
 Change = tuple  # ("clear",) | ("add", output) | ("append", stream name, text)
 _warned: set[str] = set()  # the private attributes already reported missing
@@ -360,7 +361,10 @@ class SharedCell:
         if task is None:
             self.unsaved = True  # the room is reloading the file: the next tick asks again
             return
-        await asyncio.wait([task])  # the room logs its own save errors
+        done, _ = await asyncio.wait([task], timeout=SAVE_WAIT_S)  # the room logs its own save errors
+        if not done:  # the outputs go on into the document; the next tick asks for a save again
+            log.warning("SpotWarp resume: %s: the room's save did not end within %g s", self.api_path, SAVE_WAIT_S)
+            self.unsaved = True
 
 
 def _shared_output(output: dict[str, Any]) -> Any:

@@ -49,8 +49,10 @@ NOTEBOOK_CELLS = [
 
 
 @pytest.fixture
-def start_lab(tmp_path: Path) -> Iterator:
-    """Start `spotwarp start` as a host named `host` (its own HOME); every host shares one store."""
+def start_lab(tmp_path: Path, request) -> Iterator:
+    """Start `spotwarp start` as a host named `host` (its own HOME); every host shares one store.
+
+    When the test failed, the end of each host's log is printed (CI shows only the end of the output)."""
     started: list[LabServer] = []
 
     def start(host: str, workspace: Path, without_spotwarp: bool = False, start_args: tuple[str, ...] = (),
@@ -64,6 +66,12 @@ def start_lab(tmp_path: Path) -> Iterator:
     yield start
     for server in started:
         server.stop()
+    failed = getattr(request.node, "report_call", None)
+    if failed is not None and failed.failed:
+        for server in started:
+            print(f"--- the last lines of {server.log_path.name} ---")
+            lines = [line for line in server.log().splitlines() if "Saving " not in line]  # a room saves every 3 s
+            print("\n".join(lines[-40:]))
 
 
 @pytest.fixture
