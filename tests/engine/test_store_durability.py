@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine.hashing import object_id
 from spotwarp_jupyter.engine.storage.local_files import TMP_MARK
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
@@ -174,6 +175,7 @@ def test_large_objects_bypass_the_page_cache_and_keep_every_byte(store_url, monk
     for (oid, size), data in zip(results, buffers):
         path = store.object_path(oid)
         assert Path(path).read_bytes() == bytes(data) and size == data.nbytes
+        assert oid == object_id(bytes(data))  # named by its content, however it was written
         rename = next(e for e in calls.events if e[0] == "rename" and e[2] == path)
         assert calls.synced_between(rename[1], -1, calls.index(*rename))  # still synced before its rename
     leftovers = [p for p in Path(store.objects_dir).rglob("*") if TMP_MARK in p.name]
