@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from .. import pickling
@@ -21,7 +20,6 @@ from ..storage import Store
 from ..timings import phase
 from .capture import EXTRAS_NAME
 from .load import (
-    GroupRead,
     LoadResult,
     _select_groups,
     change_notes,
@@ -61,9 +59,8 @@ class BackgroundLoad:
     """Large groups being read, checked and rebuilt by a thread; bound by the caller with `bind_ready`."""
 
     def __init__(self, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
-                 device_map: dict[str, str] | None, result: LoadResult, started: float,
-                 pool: ThreadPoolExecutor, reads: list[GroupRead]):
-        """Rebuild the groups `order` names from `reads`, already queued on `pool` (shut down once done)."""
+                 device_map: dict[str, str] | None, result: LoadResult, started: float, store: Store):
+        """Read and rebuild the groups `order` names, from a thread of its own."""
         self.record = record
         self.result = result
         self.started = started
@@ -78,15 +75,18 @@ class BackgroundLoad:
         self._lock = threading.Lock()
         self.done = threading.Event()
         result.loading = sorted(self._pending)
-        self._thread = threading.Thread(target=self._run, args=(pool, reads, dict(namespace), device_map),
+        self._thread = threading.Thread(target=self._run, args=(store, dict(namespace), device_map),
                                         name="spotwarp-restore", daemon=True)
         self._thread.start()
 
     # -- the loading thread -------------------------------------------------------------------
-    def _run(self, pool: ThreadPoolExecutor, reads: list[GroupRead], namespace: dict[str, Any],
-             device_map: dict[str, str] | None) -> None:
+    def _run(self, store: Store, namespace: dict[str, Any], device_map: dict[str, str] | None) -> None:
         try:
-            with pool:
+            # the reads are queued from here, not by the caller: queuing a few hundred chunk reads starts the
+            # pool's threads, each start waiting until its thread runs (about 3 ms on 2 busy cores), and the
+            # caller's kernel is usable as soon as the small groups are bound
+            with read_pool(store) as pool:
+                reads = start_reads(store, self._groups, pool)
                 with pickling.main_namespace(namespace) as main, pickling.device_notes(device_map) as notes:
                     for read in reads:
                         self._rebuild(read, main)
@@ -189,11 +189,4 @@ def restore_progressive(
     # the large reads start once the small groups are bound: started with them (before their unpickling),
     # they made the kernel usable 0.1-0.2 s later at 1-4 GB (0.4-0.6x a raw read at 1 GB, the goal is 0.3x)
     # on 2 shared cores for 0.05-0.3 s off the whole restore
-    groups = record.get("groups", [])
-    pool = read_pool(store)
-    try:
-        reads = start_reads(store, [groups[i] for i in deferred], pool)
-    except BaseException:
-        pool.shutdown(wait=True)
-        raise
-    return result, BackgroundLoad(record, deferred, namespace, device_map, result, started, pool, reads)
+    return result, BackgroundLoad(record, deferred, namespace, device_map, result, started, store)
