@@ -58,7 +58,7 @@ def test_the_resumed_cell_shows_live_in_a_notebook_opened_while_it_runs(start_la
       const panel = Array.from(window.jupyterapp.shell.widgets('main')).find(w => w.context && w.context.path === 'train.ipynb');
       await panel.sessionContext.session.kernel.interrupt();
     }""")
-    # waited for in the page, so that a failure says the highest step shown instead of every line of the output
+    # waited for in the page, so that a failure is one line instead of every line of the output
     page.wait_for_function("() => /KeyboardInterrupt/.test(document.querySelectorAll('.jp-NotebookPanel .jp-Cell')[1]"
                            "?.querySelector('.jp-OutputArea')?.innerText || '')")
     expect(indicator).to_have_attribute("data-status", "idle")
