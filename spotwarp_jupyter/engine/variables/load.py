@@ -252,20 +252,17 @@ def _rebuild_all(reads: list[GroupRead], namespace: dict[str, Any], device_map: 
 def restore_groups(
     store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
     variables: list[str] | None, device_map: dict[str, str] | None, result: LoadResult,
-    reads: list[GroupRead] | None = None,
 ) -> None:
     """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go.
 
-    `reads`: those groups' reads, already queued by the caller on a pool it owns. Either way the reads
-    are queued before the record's modules are imported, so the disk works while they import.
+    The reads are queued before the record's modules are imported, so the disk works while they import.
     """
     groups = record.get("groups", [])
     moved: set[str] = set()
     said: list[str] = []
-    with contextlib.ExitStack() as stack:
-        try:
-            if reads is None:
-                reads = start_reads(store, [groups[i] for i in order], stack.enter_context(read_pool(store)))
+    try:
+        with read_pool(store) as pool:
+            reads = start_reads(store, [groups[i] for i in order], pool)
             try:
                 modules = _import_modules(record, variables, result)
                 values, result.bytes_read = _rebuild_all(reads, namespace, device_map, modules, moved, said)
@@ -273,10 +270,10 @@ def restore_groups(
                 for read in reads:
                     read.cancel()
                 raise
-        except SpotWarpError:
-            raise
-        except Exception as exc:  # noqa: BLE001
-            raise SpotWarpError(f"restore failed and changed nothing: {type(exc).__name__}: {exc}") from exc
+    except SpotWarpError:
+        raise
+    except Exception as exc:  # noqa: BLE001
+        raise SpotWarpError(f"restore failed and changed nothing: {type(exc).__name__}: {exc}") from exc
     for name, value in modules:
         namespace[name] = value
     for name, value in values:
