@@ -177,4 +177,3 @@ def _read_buffered(fd: int, target: memoryview, start: int, hasher) -> int:
             hasher.update(piece[:n])
         got += n
     return got - start
-

@@ -58,8 +58,8 @@ def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EA
 class BackgroundLoad:
     """Large groups being read, checked and rebuilt by a thread; bound by the caller with `bind_ready`."""
 
-    def __init__(self, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
-                 device_map: dict[str, str] | None, result: LoadResult, started: float, store: Store):
+    def __init__(self, store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
+                 device_map: dict[str, str] | None, result: LoadResult, started: float):
         """Read and rebuild the groups `order` names, from a thread of its own."""
         self.record = record
         self.result = result
@@ -189,4 +189,4 @@ def restore_progressive(
     # the large reads start once the small groups are bound: started with them (before their unpickling),
     # they made the kernel usable 0.1-0.2 s later at 1-4 GB (0.4-0.6x a raw read at 1 GB, the goal is 0.3x)
     # on 2 shared cores for 0.05-0.3 s off the whole restore
-    return result, BackgroundLoad(record, deferred, namespace, device_map, result, started, store)
+    return result, BackgroundLoad(store, record, deferred, namespace, device_map, result, started)
