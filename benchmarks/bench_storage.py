@@ -103,7 +103,7 @@ def plain_same_objects(fs, root: str, blob: bytes, sizes: list[int], workers: in
     """Seconds for plain fsspec to put objects of `sizes`, then to read them back, `workers` at a time.
 
     The reads are one `cat_ranges` call limited to `workers` requests in flight, as SpotWarp's reading
-    threads are (unbounded, gcp-storage-emulator takes 10-100 s for ~70 concurrent GETs).
+    threads are: the same concurrency, so the object count's cost on the server is all that differs.
     """
     view = memoryview(blob)
     names = [f"{root}/objects/{i:06d}" for i in range(len(sizes))]
