@@ -147,7 +147,7 @@ class Journal:
             if name in self._refused or (self.dir, name) in _REFUSED:
                 continue
             try:
-                raw = self.store._call("reading an event", self.store.fs.cat_file, posixpath.join(self.dir, name))
+                raw = self.store.read_whole("reading an event", posixpath.join(self.dir, name))
                 doc = check_record(json.loads(raw), key, self.store.project, f"{EVENTS_DIR}/{name}")
                 self._read[name] = Event.from_dict(doc)
                 out.append(self._read[name])

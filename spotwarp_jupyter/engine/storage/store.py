@@ -162,6 +162,16 @@ class Store:
         return call_with_retries(self.url, self.retry, what, fn, *args, cancel=cancel, failed=_failed,
                                  attempts=_attempts, **kwargs)
 
+    def read_whole(self, what: str, path: str) -> bytes:
+        """A whole stored file's bytes in one request, retried like any storage call.
+
+        s3fs asks an object's size (a HEAD) before every GET without a range, to split big ones; our
+        objects are at most a chunk and are split by the caller, so on S3 the read is one GET.
+        """
+        if self._s3:
+            return self._call(what, self.fs.cat_file, path, max_concurrency=1)
+        return self._call(what, self.fs.cat_file, path)
+
     def _write_local(self, what: str, path: str, data: Buffer) -> None:
         """A local atomic write; a full disk or a refusal becomes one StorageError line."""
         try:
@@ -309,12 +319,16 @@ class Store:
                 raise failures[0]
             return [f.result() for f in futures]
 
-    def read_object(self, oid: str, size: int | None = None) -> bytes:
-        """The object's bytes, checked against its hash."""
+    def read_object(self, oid: str, size: int | None = None) -> bytes | bytearray:
+        """The object's bytes, checked against its hash (a large one from an object store as ranged GETs)."""
+        if size is not None and (self._s3 or self._gcs) and size >= RANGED_READ_MIN:
+            target = bytearray(size)
+            self.read_object_into(oid, memoryview(target))
+            return target
         path = self.object_path(oid)
         try:
             with phase("read", size or 0):
-                data = self._call("reading an object", self.fs.cat_file, path)
+                data = self.read_whole("reading an object", path)
         except FileNotFoundError:
             raise DamagedObjectError(oid, "missing from storage") from None
         with phase("hash", len(data)):
@@ -332,7 +346,7 @@ class Store:
                 self._read_ranges_checked(oid, path, target)
                 return
             with phase("read", target.nbytes):
-                data = self._call("reading an object", self.fs.cat_file, path)
+                data = self.read_whole("reading an object", path)
         except FileNotFoundError:
             raise DamagedObjectError(oid, "missing from storage") from None
         if len(data) != target.nbytes:
@@ -421,7 +435,7 @@ class Store:
 
     def read_manifest(self, name: str) -> bytes:
         """The stored bytes of manifest `name` (FileNotFoundError if a gc dropped it meanwhile)."""
-        return self._call("reading a manifest", self.fs.cat_file, posixpath.join(self.snapshots_dir, name))
+        return self.read_whole("reading a manifest", posixpath.join(self.snapshots_dir, name))
 
     def write_manifest(self, name: str, data: bytes) -> None:
         """Commit: a single atomic write (rename on local disks, one PUT on object stores).
