@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine.hashing import object_id
 from spotwarp_jupyter.engine.storage import store as store_module
 from spotwarp_jupyter.engine.storage.store import Store
 
@@ -285,6 +286,56 @@ def test_store_round_trip_and_listing(storage: StorageTarget):
     assert not store.has_object(results[0][0]) and store.has_object(results[1][0])
 
 
+def requests_logged(server: StorageServer, since: int, path_part: str, method: str, timeout: float = 30) -> list[str]:
+    """The emulator's request lines naming `path_part` logged after offset `since`, once one for `method`
+    is there (the server logs a request after answering it, so the reply can come first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        lines = [line for line in server.log.read_text()[since:].splitlines() if path_part in line]
+        if any(f'"{method} ' in line for line in lines) or time.monotonic() > deadline:
+            return lines
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_a_small_object_and_a_manifest_are_one_request_each(kind, request):
+    """A restore reads dozens of small objects (pickle streams, small tensors) and a few records; s3fs asks
+    a size (HEAD) before any GET without a range unless told not to, which doubled a restore's requests."""
+    server: StorageServer = request.getfixturevalue(f"{kind}_server")
+    target = server.target()
+    store = Store(target.url, "proj", target.options)
+    data = os.urandom(1000)
+    oid, _size = store.put_object(data)
+    store.write_manifest("20260101T000000000Z-abcdefgh.json", b"{}")
+    for read, name, expected in ((lambda: store.read_object(oid, len(data)), oid, data),
+                                 (lambda: store.read_manifest("20260101T000000000Z-abcdefgh.json"),
+                                  "20260101T000000000Z-abcdefgh.json", b"{}")):
+        since = len(server.log.read_text())
+        assert read() == expected
+        lines = requests_logged(server, since, name, "GET")
+        assert [line.split('"')[1].split()[0] for line in lines] == ["GET"], lines
+
+
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_equal_tensors_are_read_once_and_restored_apart(kind, request):
+    """An optimizer keeps one equal `step` tensor per parameter: one object, read once, restored as many."""
+    import torch
+
+    server: StorageServer = request.getfixturevalue(f"{kind}_server")
+    target = server.target()
+    ns = {"steps": [torch.tensor(7.0) for _ in range(20)], "weights": torch.arange(256.0)}
+    manifest = engine_for(target).snapshot_kernel(ns)
+    oid = object_id(torch.tensor(7.0).numpy().tobytes())
+    since = len(server.log.read_text())
+    back: dict = {}
+    engine_for(target).restore_kernel(manifest.id, back)
+    assert [float(t) for t in back["steps"]] == [7.0] * 20 and torch.equal(back["weights"], ns["weights"])
+    lines = requests_logged(server, since, oid, "GET")
+    assert len(lines) == 1, lines
+    back["steps"][0].add_(1)  # each its own memory, as they were saved
+    assert [float(t) for t in back["steps"]] == [8.0] + [7.0] * 19
+
+
 LARGE = 40 * 1024 * 1024 + 123  # read from object stores as concurrent ranged GETs; whole from a local disk
 RANGE = 16 * 1024 * 1024  # ranges this size here (a chunk is one range by default): three, the last one short
 
@@ -303,10 +354,12 @@ def test_a_large_object_reads_back_whole_into_its_buffer(large_object):
     target = bytearray(LARGE)
     store.read_object_into(oid, memoryview(target))
     assert target == data
+    assert store.read_object(oid, LARGE) == data
 
 
 @pytest.mark.parametrize("damage", ["first-byte", "middle", "range-boundary", "last-byte", "shortened", "lengthened"])
-def test_damage_anywhere_in_a_large_object_is_refused(large_object, damage):
+@pytest.mark.parametrize("into", [True, False], ids=["into-buffer", "as-bytes"])
+def test_damage_anywhere_in_a_large_object_is_refused(large_object, damage, into):
     store, oid, data = large_object
     body = bytearray(data)
     if damage == "first-byte":
@@ -325,9 +378,11 @@ def test_damage_anywhere_in_a_large_object_is_refused(large_object, damage):
     if store.local:
         os.chmod(path, 0o644)
     store.fs.pipe_file(path, bytes(body))
-    target = bytearray(LARGE)
     with pytest.raises(DamagedObjectError):
-        store.read_object_into(oid, memoryview(target))
+        if into:
+            store.read_object_into(oid, memoryview(bytearray(LARGE)))
+        else:
+            store.read_object(oid, LARGE)  # a group's pickle stream: any size, one object
 
 
 # -- workspace files and the command line, through object storage -------------------------------------

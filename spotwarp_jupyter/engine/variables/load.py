@@ -111,6 +111,10 @@ def _read_chunk(store: Store, oid: str, view: memoryview) -> None:
     store.read_object_into(oid, view)
 
 
+# a chunk already queued in this group: its read and where it lands (a later equal chunk is copied from there)
+Placed = tuple[Future, memoryview]
+
+
 @dataclass
 class GroupRead:
     """One group's objects being read: its pickle stream and its buffers, filled by pool threads."""
@@ -118,12 +122,17 @@ class GroupRead:
     group: dict[str, Any]
     data: Future
     buffers: list[tuple[Any, list[Future]]]  # each buffer and the futures of its chunks' reads
+    copies: list[tuple[Placed, memoryview]] = field(default_factory=list)  # chunks equal to one read already
 
     def result(self) -> tuple[bytes, list[Any], int]:
         """Wait for every object; raise the first failure (a DamagedObjectError or StorageError)."""
         for _target, chunks in self.buffers:
             for chunk in chunks:
                 chunk.result()
+        for (read, source), target in self.copies:
+            read.result()  # checked against its hash before anything is copied from it
+            with phase("copy", target.nbytes):
+                target[:] = source
         data = self.data.result()
         targets = [target for target, _chunks in self.buffers]
         return data, targets, len(data) + sum(len(b) for b in targets)
@@ -136,24 +145,43 @@ class GroupRead:
                 chunk.cancel()
 
 
-def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor) -> tuple[Any, list[Future]]:
-    """Map one buffer (its pages come with the reads) and queue its chunks' reads."""
+def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: dict[str, Placed],
+          copies: list[tuple[Placed, memoryview]]) -> tuple[Any, list[Future]]:
+    """Map one buffer (its pages come with the reads) and queue its chunks' reads.
+
+    A chunk equal to one already queued for this group (same hash, so same bytes) is not read again
+    but copied from there once that read is checked: an optimizer keeps one equal `step` tensor per
+    parameter, which from an object store would be as many requests.
+    """
     target = _allocate(buf["size"])
     view = memoryview(target)
     chunks = []
     offset = 0
     for chunk in buf["chunks"]:
-        chunks.append(pool.submit(_read_chunk, store, chunk["id"], view[offset:offset + chunk["size"]]))
+        oid, part = chunk["id"], view[offset:offset + chunk["size"]]
         offset += chunk["size"]
+        first = placed.get(oid)
+        if first is not None and first[1].nbytes == part.nbytes:
+            copies.append((first, part))
+            continue
+        read = pool.submit(_read_chunk, store, oid, part)
+        placed.setdefault(oid, (read, part))
+        chunks.append(read)
     return target, chunks
 
 
 def start_read(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> GroupRead:
-    """Queue the reads of a group's objects, in order; returns at once."""
+    """Queue the reads of a group's objects, in order; returns at once.
+
+    Equal chunks are read once per group, not per restore: a group bound early (between cells, in a
+    progressive restore) may be changed by a cell before a later group would copy from it.
+    """
+    placed: dict[str, Placed] = {}
     ref = group["pickle"]
     data = pool.submit(store.read_object, ref["id"], ref["size"])
-    buffers = [_fill(store, buf, pool) for buf in group.get("buffers", [])]
-    return GroupRead(group, data, buffers)
+    copies: list[tuple[Placed, memoryview]] = []
+    buffers = [_fill(store, buf, pool, placed, copies) for buf in group.get("buffers", [])]
+    return GroupRead(group, data, buffers, copies)
 
 
 def read_pool(store: Store) -> ThreadPoolExecutor:
