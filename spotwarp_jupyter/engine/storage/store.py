@@ -165,8 +165,9 @@ class Store:
     def read_whole(self, what: str, path: str) -> bytes:
         """A whole stored file's bytes in one request, retried like any storage call.
 
-        s3fs asks an object's size (a HEAD) before every GET without a range, to split big ones; our
-        objects are at most a chunk and are split by the caller, so on S3 the read is one GET.
+        For what is small: objects under RANGED_READ_MIN, manifests, events (larger objects are ranged
+        GETs). s3fs asks a size (a HEAD) before every GET without a range, to split big ones, unless the
+        call says `max_concurrency=1`: on S3 that made two requests of every small read.
         """
         if self._s3:
             return self._call(what, self.fs.cat_file, path, max_concurrency=1)
