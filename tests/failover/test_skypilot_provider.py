@@ -51,6 +51,34 @@ def _port_open(port: int) -> bool:
         return s.connect_ex(("127.0.0.1", port)) == 0
 
 
+def _queue_manager_port(api_port: int) -> int:
+    """The port SkyPilot's API server gives its request-queue manager. It moves with the API server's port
+    (`sky.server.requests.queues.mp_queue.get_queue_manager_port`) into 50000-59999, a range where the
+    kernel also picks the local ports of outgoing connections."""
+    return 50000 + (50011 - 50000 + api_port - 46580) % 10000
+
+
+def _bindable(port: int) -> bool:
+    """Whether a server could bind 127.0.0.1:`port` now, as SkyPilot checks it (address reuse on)."""
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _api_server_port() -> int:
+    """A free port for SkyPilot's API server whose queue manager's port is free too: a full test run once
+    lost three tests to an outgoing connection that held the queue manager's port."""
+    for _ in range(100):
+        port = free_port()
+        if _bindable(_queue_manager_port(port)):
+            return port
+    raise RuntimeError("no port pair free for SkyPilot's API server and its queue manager")
+
+
 class RecordingProxy:
     """An HTTP(S) proxy that forwards nothing: it records the first line of every request and hangs up."""
 
@@ -96,7 +124,7 @@ def sky_home(tmp_path_factory):
     (home / ".config" / "mithril").mkdir(parents=True)
     (home / ".config" / "mithril" / "config.yaml").write_text("api_key: dummy\n")
     proxy = RecordingProxy()
-    port = free_port()
+    port = _api_server_port()
     proxy_url = f"http://127.0.0.1:{proxy.port}"
     env = {
         "HOME": str(home),
@@ -121,8 +149,10 @@ def sky_home(tmp_path_factory):
     finally:
         if "sky" in sys.modules:
             import sky
+            from sky.server.requests.queues import mp_queue
 
             sky.api_stop()  # only the server on this port (SkyPilot matches it by port)
+            assert mp_queue.get_queue_manager_port() == _queue_manager_port(port), "SkyPilot moved its queue port"
         deadline = time.monotonic() + 30
         while _port_open(port) and time.monotonic() < deadline:
             time.sleep(0.2)
