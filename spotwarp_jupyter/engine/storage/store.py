@@ -322,7 +322,7 @@ class Store:
 
     def read_object(self, oid: str, size: int | None = None) -> bytes | bytearray:
         """The object's bytes, checked against its hash (a large one from an object store as ranged GETs)."""
-        if size is not None and (self._s3 or self._gcs) and size >= RANGED_READ_MIN:
+        if size is not None and self._reads_ranged(size):
             target = bytearray(size)
             self.read_object_into(oid, memoryview(target))
             return target
@@ -343,7 +343,7 @@ class Store:
             if self.local:
                 read_local_checked(oid, path, target)
                 return
-            if (self._s3 or self._gcs) and target.nbytes >= RANGED_READ_MIN:
+            if self._reads_ranged(target.nbytes):
                 self._read_ranges_checked(oid, path, target)
                 return
             with phase("read", target.nbytes):
@@ -356,6 +356,10 @@ class Store:
             target[:] = data
         with phase("hash", target.nbytes):
             check_content(oid, target, target.nbytes)
+
+    def _reads_ranged(self, size: int) -> bool:
+        """Whether an object of `size` bytes is read as ranged GETs (from an object store, from RANGED_READ_MIN up)."""
+        return (self._s3 or self._gcs) and size >= RANGED_READ_MIN
 
     def _read_ranges_checked(self, oid: str, path: str, target: memoryview) -> None:
         """Fill `target` from concurrent ranged GETs of the object, hashing the pieces in order.
