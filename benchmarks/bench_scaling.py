@@ -111,8 +111,11 @@ def small_objects(count: int) -> dict:
 def restore_in_child(store: Path, breakdown: bool) -> dict:
     """A restore of `store`'s latest snapshot into a fresh process: its figures (and phases, when asked)."""
     drop_cache(store)
+    # run from the store's folder: `-c` puts the working folder first on sys.path, and run from a checkout
+    # that would import its package whatever PYTHONPATH names
     out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)]
-                         + (["breakdown"] if breakdown else []), capture_output=True, text=True, check=True)
+                         + (["breakdown"] if breakdown else []), capture_output=True, text=True, check=True,
+                         cwd=store.parent)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

@@ -14,7 +14,7 @@ import pytest
 from spotwarp_jupyter.engine import DamagedObjectError
 from spotwarp_jupyter.engine.storage.local_reads import _cached_fraction
 from spotwarp_jupyter.engine.storage.store import Store
-from spotwarp_jupyter.engine.variables.load import _allocate, _read_chunk
+from spotwarp_jupyter.engine.variables.load import _allocate
 
 SIZE = 24 * 1024 * 1024 + 1234  # several read pieces and a partial one
 
@@ -134,6 +134,6 @@ def test_restore_buffers_are_populated_chunk_by_chunk_by_the_reads(stored):
     # memory is taken as the reads reach it (peak memory follows the restore), not all at allocation
     assert _resident_bytes(buf) < size // 2
     chunk = memoryview(buf)[64 * 1024 * 1024:64 * 1024 * 1024 + SIZE]
-    _read_chunk(store, oid, chunk)
+    store.read_object_into(oid, chunk)
     assert bytes(chunk) == data
     assert SIZE <= _resident_bytes(buf) < size // 2

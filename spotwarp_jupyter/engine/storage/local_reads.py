@@ -8,6 +8,13 @@ the last partial block comes with the last piece, into a scratch page. An object
 nothing) is copied from there, which is faster than the disk; so is anything O_DIRECT refuses.
 Either way a size or hash that differs is refused before the caller uses any byte.
 SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
+
+A fresh destination's pages: an O_DIRECT read faults them in itself as it pins them, a few hundred at a
+time, while the disk already fills the ones before. Populating a whole chunk first made its read wait for
+that (this VM populates one thread at a time): a 0.95 GB restore took 0.87 s against 0.72 s now (medians
+of 5 alternating restores, cold cache). A read through the page
+cache copies into the destination page by page, and a fault per page costs more than the copy, so
+those pages are populated first in one call (pages.py).
 """
 
 from __future__ import annotations
@@ -19,6 +26,7 @@ import os
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 
+from .. import pages
 from ..errors import DamagedObjectError
 from ..hashing import object_hasher
 from ..settings import env_int
@@ -30,6 +38,8 @@ READ_PIECE = 8 * 1024 * 1024
 IN_FLIGHT = 2
 # Objects from this size up are read with O_DIRECT when cold and their destination is aligned.
 DIRECT_MIN = 4 * 1024 * 1024
+# What is left for the page cache's copy from this size up gets its pages populated in one call first.
+POPULATE_MIN = 1024 * 1024
 _ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
@@ -42,6 +52,8 @@ def read_local_checked(oid: str, path: str, target: memoryview) -> None:
         if os.fstat(fd).st_size != target.nbytes:
             raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
         done = _read_direct(path, target, hasher) if _direct_worth_it(fd, target) else 0
+        if target.nbytes - done >= POPULATE_MIN:
+            pages.populate_view(target[done:])
         got = done + _read_buffered(fd, target, done, hasher)
         extra = os.pread(fd, 1, got) if got == target.nbytes else b""
     if got != target.nbytes or extra:
@@ -102,8 +114,7 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
     lands; how many bytes it read (0 if refused: the rest, if any, goes through the page cache).
 
     Helper threads read the pieces, so the disk always has this object's next pieces to read while this
-    thread hashes the last one (the caller populated the destination's pages in one call before). The
-    last partial block rides along with the last piece into a scratch page (one request, no separate
+    thread hashes the last one; each read faults in its own piece's pages. The last partial block rides along with the last piece into a scratch page (one request, no separate
     small read queued behind the large ones) and is copied into place.
     """
     whole = target.nbytes // _ALIGN * _ALIGN

@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import pages, pickling
+from .. import pickling
 from ..errors import SpotWarpError
 from ..storage import Store
 from ..timings import phase
@@ -87,8 +87,8 @@ def group_bytes(group: dict[str, Any]) -> int:
 
 
 def _allocate(size: int) -> Any:
-    """A writable buffer for a restored array: large ones are anonymous maps whose pages the reading
-    threads populate chunk by chunk (`_read_chunk`).
+    """A writable buffer for a restored array: large ones are anonymous maps whose pages the reads fault in
+    chunk by chunk, as they reach them (`Store.read_object_into`): memory is taken as the restore goes.
 
     Not huge pages: with this kernel's usual THP setting (defrag on madvise) a fault may wait for memory
     to be compacted, measured at 1.5 s per GB against 0.3 s for small pages when memory is fragmented.
@@ -96,19 +96,6 @@ def _allocate(size: int) -> Any:
     if size < (1 << 20):
         return bytearray(size)
     return mmap.mmap(-1, size, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
-
-
-def _read_chunk(store: Store, oid: str, view: memoryview) -> None:
-    """Read one chunk into its place in a restored buffer, its pages populated first in one call.
-
-    Faulting fresh pages in one by one while reading into them costs about three times as much CPU as
-    the read itself; one call (GIL released, pages.py) in the reading thread, just before the read,
-    overlaps that work with the other threads' reads, and memory is taken only as the reads reach it.
-    """
-    if view.nbytes >= (1 << 20):
-        with phase("populate", view.nbytes):
-            pages.populate_view(view)
-    store.read_object_into(oid, view)
 
 
 # a chunk already queued in this group: its read and where it lands (a later equal chunk is copied from there)
@@ -164,7 +151,7 @@ def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: d
         if first is not None and first[1].nbytes == part.nbytes:
             copies.append((first, part))
             continue
-        read = pool.submit(_read_chunk, store, oid, part)
+        read = pool.submit(store.read_object_into, oid, part)
         placed.setdefault(oid, (read, part))
         chunks.append(read)
     return target, chunks
