@@ -1,6 +1,7 @@
 """Where a restore's or a snapshot's seconds go, per phase, when asked.
 
-A restore's phases: read, hash, populate, unpickle, copy, wait for reads. A snapshot's: serialize
+A restore's phases: read (an O_DIRECT read's own page faults included), hash, populate (pages the CPU
+then copies into), unpickle, copy, wait for reads. A snapshot's: serialize
 (pickling, in the capturing thread), fingerprint (xxh3 of each chunk), hash (blake3 naming each new
 object), write (to its temporary or its PUT: staging copies included), fsync (making the batch durable).
 

@@ -12,9 +12,8 @@ SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
 A fresh destination's pages: an O_DIRECT read faults them in itself as it pins them, a few hundred at a
 time, while the disk already fills the ones before. Populating a whole chunk first made its read wait for
 that (this VM populates one thread at a time): a 0.95 GB restore took 0.87 s against 0.72 s now (medians
-of 5 alternating restores, cold cache). A read through the page
-cache copies into the destination page by page, and a fault per page costs more than the copy, so
-those pages are populated first in one call (pages.py).
+of 5 alternating restores, cold cache). A read through the page cache copies into the destination page
+by page, and a fault per page costs more than the copy, so those pages are populated first in one call.
 """
 
 from __future__ import annotations
@@ -53,7 +52,8 @@ def read_local_checked(oid: str, path: str, target: memoryview) -> None:
             raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
         done = _read_direct(path, target, hasher) if _direct_worth_it(fd, target) else 0
         if target.nbytes - done >= POPULATE_MIN:
-            pages.populate_view(target[done:])
+            with phase("populate", target.nbytes - done):
+                pages.populate_view(target[done:])
         got = done + _read_buffered(fd, target, done, hasher)
         extra = os.pread(fd, 1, got) if got == target.nbytes else b""
     if got != target.nbytes or extra:
@@ -114,8 +114,9 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
     lands; how many bytes it read (0 if refused: the rest, if any, goes through the page cache).
 
     Helper threads read the pieces, so the disk always has this object's next pieces to read while this
-    thread hashes the last one; each read faults in its own piece's pages. The last partial block rides along with the last piece into a scratch page (one request, no separate
-    small read queued behind the large ones) and is copied into place.
+    thread hashes the last one; each read faults in its own piece's pages. The last partial block rides
+    along with the last piece into a scratch page (one request, no separate small read queued behind the
+    large ones) and is copied into place.
     """
     whole = target.nbytes // _ALIGN * _ALIGN
     try:

@@ -342,10 +342,11 @@ class Store:
         path = self.object_path(oid)
         try:
             if self.local:
-                read_local_checked(oid, path, target)  # populates the pages it copies into, not those read by DMA
+                read_local_checked(oid, path, target)
                 return
-            if target.nbytes >= POPULATE_MIN:  # every byte is copied in: one call faults the pages in, not one fault each
-                pages.populate_view(target)
+            if target.nbytes >= POPULATE_MIN:  # every byte is copied in: fault the pages in at once, not one by one
+                with phase("populate", target.nbytes):
+                    pages.populate_view(target)
             if self._reads_ranged(target.nbytes):
                 self._read_ranges_checked(oid, path, target)
                 return
