@@ -493,7 +493,10 @@ def test_bad_torn_or_missing_heartbeats_are_no_news_for_an_adopting_watch(tmp_pa
     assert out.returncode == 0, out.stderr
     holder = read_lease(engine_for(store).store).holder
     beat = tmp_path / "store" / PROJECT / "hosts" / f"{holder}.json"
-    watch = Launch(tmp_path, store, "--dead-after", "4s", env=env_for(tmp_path), command="watch", name="watch")
+    # The host beats every 1 s and the watch looks every 0.5 s, and the garbage hides most beats while it
+    # lasts: the silence the watch sees is the garbage's 3 s plus up to 1.5 s on each side (more on a
+    # loaded machine). --dead-after 8s keeps all of that well under the limit (4s once failed a full run).
+    watch = Launch(tmp_path, store, "--dead-after", "8s", env=env_for(tmp_path), command="watch", name="watch")
     try:
         watch.next("adopted")
         good = json.loads(beat.read_text())
