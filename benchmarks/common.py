@@ -100,6 +100,16 @@ def direct_write(path: Path, nbytes: int, block: int = 64 << 20, inflight: int =
     return time.perf_counter() - started
 
 
+def _read_block(fd: int, view: memoryview, offset: int, size: int) -> None:
+    """Fill `view` from the file at `offset` (short where the file of `size` bytes ends first)."""
+    got = 0
+    while offset + got < size and got < view.nbytes:
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n <= 0:
+            break
+        got += n
+
+
 def direct_read(path: Path, block: int = 64 << 20, inflight: int = 4) -> float | None:
     """Seconds to read a file with O_DIRECT (no page cache), `inflight` blocks at a time; None where refused."""
     size = path.stat().st_size
@@ -111,13 +121,7 @@ def direct_read(path: Path, block: int = 64 << 20, inflight: int = 4) -> float |
     offsets = list(range(0, size, block))
 
     def read(i: int) -> None:
-        view = memoryview(buffers[i % inflight])
-        got = 0
-        while offsets[i] + got < size and got < block:
-            n = os.preadv(fd, [view[got:]], offsets[i] + got)
-            if n <= 0:
-                break
-            got += n
+        _read_block(fd, memoryview(buffers[i % inflight]), offsets[i], size)
 
     started = time.perf_counter()
     try:
@@ -145,12 +149,7 @@ def direct_read_fresh(path: Path, block: int = 64 << 20, inflight: int = 4) -> f
     view = memoryview(target)
 
     def read(offset: int) -> None:
-        got = 0
-        while offset + got < size and got < block:
-            n = os.preadv(fd, [view[offset + got:offset + block]], offset + got)
-            if n <= 0:
-                break
-            got += n
+        _read_block(fd, view[offset:offset + block], offset, size)
 
     try:
         with ThreadPoolExecutor(max_workers=inflight) as pool:

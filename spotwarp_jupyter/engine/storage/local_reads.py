@@ -37,7 +37,8 @@ READ_PIECE = 8 * 1024 * 1024
 IN_FLIGHT = 2
 # Objects from this size up are read with O_DIRECT when cold and their destination is aligned.
 DIRECT_MIN = 4 * 1024 * 1024
-# What is left for the page cache's copy from this size up gets its pages populated in one call first.
+# A destination the CPU copies into (from the page cache, or an object store's bytes) gets its pages
+# populated in one call first from this size up.
 POPULATE_MIN = 1024 * 1024
 _ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
@@ -51,15 +52,21 @@ def read_local_checked(oid: str, path: str, target: memoryview) -> None:
         if os.fstat(fd).st_size != target.nbytes:
             raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
         done = _read_direct(path, target, hasher) if _direct_worth_it(fd, target) else 0
-        if target.nbytes - done >= POPULATE_MIN:
-            with phase("populate", target.nbytes - done):
-                pages.populate_view(target[done:])
+        populate_for_copy(target[done:])
         got = done + _read_buffered(fd, target, done, hasher)
         extra = os.pread(fd, 1, got) if got == target.nbytes else b""
     if got != target.nbytes or extra:
         raise DamagedObjectError(oid, f"size differs from the manifest ({target.nbytes} bytes expected)")
     if hasher.hexdigest() != oid:
         raise DamagedObjectError(oid, "content does not match its hash")
+
+
+def populate_for_copy(target: memoryview) -> None:
+    """Fault in, in one call, the pages of a destination whose every byte the CPU is about to copy in (from
+    POPULATE_MIN up): a fault per page costs more than the copy. An O_DIRECT read needs none of this."""
+    if target.nbytes >= POPULATE_MIN:
+        with phase("populate", target.nbytes):
+            pages.populate_view(target)
 
 
 def _direct_worth_it(fd: int, target: memoryview) -> bool:

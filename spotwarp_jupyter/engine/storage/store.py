@@ -31,14 +31,13 @@ os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 import fsspec  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
-from .. import pages  # noqa: E402
 from ..errors import DamagedObjectError, StorageError, one_line  # noqa: E402
 from ..hashing import Buffer, is_object_id, object_hasher, object_id  # noqa: E402
 from ..settings import env_float, env_int  # noqa: E402
 from ..timings import phase  # noqa: E402
 from .backends import check_backend  # noqa: E402
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
-from .local_reads import POPULATE_MIN, read_local_checked  # noqa: E402
+from .local_reads import populate_for_copy, read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
 from .retries import RetryPolicy, call_with_retries, log  # noqa: E402
 
@@ -344,9 +343,7 @@ class Store:
             if self.local:
                 read_local_checked(oid, path, target)
                 return
-            if target.nbytes >= POPULATE_MIN:  # every byte is copied in: fault the pages in at once, not one by one
-                with phase("populate", target.nbytes):
-                    pages.populate_view(target)
+            populate_for_copy(target)  # every byte below is copied in by the CPU
             if self._reads_ranged(target.nbytes):
                 self._read_ranges_checked(oid, path, target)
                 return
