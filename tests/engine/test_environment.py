@@ -90,3 +90,16 @@ def test_kernel_prints_the_version_warning(start_kernel, store_url):
     kernel = start_kernel("host-b")
     out = kernel.run("%load_ext spotwarp\n%spotwarp restore latest")
     assert "warning: numpy 0.0.1 made this snapshot" in out
+
+
+def test_installed_versions_are_what_importlib_metadata_says():
+    """The restore's quick look-up (METADATA's headers only) agrees with importlib.metadata for every
+    installed distribution, and knows a missing one."""
+    from importlib import metadata
+
+    from spotwarp_jupyter.engine.manifests.environment import installed_version
+
+    names = {d.metadata["Name"] for d in metadata.distributions()}
+    assert len(names) > 20
+    assert {n: installed_version(n) for n in names} == {n: metadata.version(n) for n in names}
+    assert installed_version("no-such-distribution-anywhere") is None

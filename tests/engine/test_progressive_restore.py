@@ -19,7 +19,7 @@ from spotwarp_jupyter.kernel.cell_names import after_restore, looks_only, may_to
 import gated_fs
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")  # gated_fs, for the kernels
-BIG = 40_000_000  # bytes of the large array: over the 16 MiB a group may hold to be bound at once
+BIG = 40_000_000  # bytes of the large array: over the 4 MiB a group may hold to be bound at once
 
 
 @pytest.fixture
@@ -73,6 +73,43 @@ def test_a_damaged_large_object_is_reported_once_and_the_rest_stays(store_url):
     assert report and "big" in report and victim.name in report and "damaged" in report
     assert load.failure_report() is None, "reported twice"
     assert load.finished() and "big" in result.failed and result.loading == []
+
+
+def _restore_at_once(store_url: str, project: str, ns: dict) -> tuple[dict, object, object]:
+    """Snapshot `ns`, restore it progressively: (what was bound at once, the result, the background load)."""
+    engine = SnapshotEngine(Settings(project=project, storage=store_url))
+    engine.snapshot_kernel(ns)
+    restored: dict = {}  # what the deferred groups load is bound only by bind_ready: no gate needed
+    _m, result, load = engine.restore_kernel_progressive("latest", restored)
+    return restored, result, load
+
+
+def _complete(restored: dict, load) -> dict:
+    assert load is not None and load.wait(60)
+    load.bind_ready(restored)
+    assert load.failure_report() is None
+    return restored
+
+
+def test_a_5_mib_string_column_loads_behind_the_small_variables(store_url):
+    """Its strings cost ~4 ms a MiB to rebuild: a 5 MiB DataFrame is not bound before the kernel is usable."""
+    import pandas as pd
+
+    frame = pd.DataFrame({"word": [f"w{i:07d}" for i in range(400_000)], "x": np.arange(400_000.0)})
+    restored, result, load = _restore_at_once(store_url, "frame", {"n": 5, "frame": frame})
+    assert restored["n"] == 5 and "frame" not in restored and result.loading == ["frame"]
+    assert _complete(restored, load)["frame"].equals(frame)
+
+
+def test_a_crowd_of_middling_arrays_is_bound_at_once_only_up_to_32_mib(store_url):
+    ns = {"n": 5, **{f"a{i:02d}": np.full(3_000_000 // 8, float(i)) for i in range(20)}}
+    restored, result, load = _restore_at_once(store_url, "crowd", ns)
+    bound_at_once = set(restored)
+    assert "n" in bound_at_once
+    assert 1 <= len(bound_at_once - {"n"}) <= 32 * 1024 * 1024 // 3_000_000, sorted(bound_at_once)
+    assert load is not None and load.pending() == set(ns) - bound_at_once == set(result.loading)
+    restored = _complete(restored, load)
+    assert all((restored[f"a{i:02d}"] == i).all() for i in range(20))
 
 
 def test_which_cells_wait():

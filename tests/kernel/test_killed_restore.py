@@ -17,7 +17,7 @@ import blake3
 from waiting import wait_for
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")  # gated_fs, for the kernels
-EARLY = 30_000_000 // 8  # float64s of the array that arrives (over the 16 MiB bound at once, under the gate)
+EARLY = 30_000_000 // 8  # float64s of the array that arrives (over the 4 MiB bound at once, under the gate)
 LATE = 200_000_000 // 8  # float64s of the array caught half read
 STATE = f'''
 %load_ext spotwarp

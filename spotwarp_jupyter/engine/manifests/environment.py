@@ -137,13 +137,27 @@ def _package_versions(top_modules: frozenset[str]) -> dict[str, str]:
     versions: dict[str, str] = {}
     for name in sorted(names):
         if name not in _known_versions:
-            try:
-                _known_versions[name] = metadata.version(name)
-            except metadata.PackageNotFoundError:
-                _known_versions[name] = None
+            _known_versions[name] = installed_version(name)
         if _known_versions[name] is not None:
             versions[name] = _known_versions[name]
     return versions
+
+
+def installed_version(name: str) -> str | None:
+    """The installed version of distribution `name`, or None: `importlib.metadata.version` without parsing
+    the whole METADATA file as an e-mail (about 0.5 ms a package, on a restore's way to usable)."""
+    try:
+        dist = metadata.distribution(name)
+    except metadata.PackageNotFoundError:
+        return None
+    text = dist.read_text("METADATA") or dist.read_text("PKG-INFO") or ""
+    for line in text.splitlines():
+        if not line:  # the headers end at the first empty line
+            break
+        key, _, value = line.partition(":")
+        if key.strip().lower() == "version":
+            return value.strip()
+    return dist.version
 
 
 # one metadata look-up per distribution per process (a forked writer inherits what the kernel learnt)
@@ -190,10 +204,7 @@ def version_warnings(saved: Mapping[str, Any], modules: set[str] | frozenset[str
     for name, version in sorted((saved.get("packages") or {}).items()):
         if _normalized(name) not in wanted:
             continue
-        try:
-            current = metadata.version(name)
-        except metadata.PackageNotFoundError:
-            current = None
+        current = installed_version(name)
         if current is None:
             lines.append(f"{name} {version} was installed where the snapshot was made, but is missing here")
         elif current != version:

@@ -31,27 +31,39 @@ from .load import (
     start_reads,
 )
 
-# Groups holding more than this (pickle stream and buffers) load in the background.
-EAGER_BYTES = 16 * 1024 * 1024
+# A group holding more than this (pickle stream and buffers) loads in the background. Rebuilding costs
+# about 1 ms a MiB for arrays (read and hash) and up to 4 ms a MiB for a column of Python strings, so no
+# group bound at once holds the kernel back much over 15 ms.
+EAGER_BYTES = 4 * 1024 * 1024
+# ... and once the groups bound at once hold this much together, the rest load in the background too
+# (a notebook of a hundred 3 MiB arrays is usable as soon as a notebook of ten).
+EAGER_TOTAL_BYTES = 32 * 1024 * 1024
 
 
-def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EAGER_BYTES) -> tuple[list[int], list[int]]:
+def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EAGER_BYTES,
+                 eager_total: int = EAGER_TOTAL_BYTES) -> tuple[list[int], list[int]]:
     """(groups bound at once, groups loaded behind them), each in dependency order.
 
-    A group is deferred when it is large, or when it needs a name a deferred group defines.
+    A group is deferred when it is large, when the groups bound at once would hold more than `eager_total`
+    with it, or when it needs a name a deferred group defines. The groups holding `EXTRAS_NAME` (RNG states,
+    modules, positions) are always bound at once.
     """
     groups = record.get("groups", [])
     eager: list[int] = []
     deferred: list[int] = []
     later: set[str] = set()
+    total = 0
     for i in order:
         group = groups[i]
-        large = group_bytes(group) > eager_bytes and EXTRAS_NAME not in group["names"]
+        size = group_bytes(group)
+        extras = EXTRAS_NAME in group["names"]
+        large = not extras and (size > eager_bytes or total + size > eager_total)
         if large or later & set(group.get("requires", [])):
             deferred.append(i)
             later.update(group["names"])
         else:
             eager.append(i)
+            total += size
     return eager, deferred
 
 
