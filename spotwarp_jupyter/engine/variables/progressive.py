@@ -45,8 +45,8 @@ def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EA
     """(groups bound at once, groups loaded behind them), each in dependency order.
 
     A group is deferred when it is large, when the groups bound at once would hold more than `eager_total`
-    with it, or when it needs a name a deferred group defines. The groups holding `EXTRAS_NAME` (RNG states,
-    modules, positions) are always bound at once.
+    with it, or when it needs a name a deferred group defines. The group holding `EXTRAS_NAME` (RNG states,
+    modules, positions) is never deferred for its size.
     """
     groups = record.get("groups", [])
     eager: list[int] = []
