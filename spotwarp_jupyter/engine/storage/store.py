@@ -92,7 +92,7 @@ class Store:
         self._gcs = protocol in ("gs", "gcs")
         self.retry = RetryPolicy(attempts=1) if self.local else RetryPolicy.from_env()
         # writers in flight: on a local disk four keep more direct writes queued while others hash (full
-        # snapshots 3-18% faster than with two from 0.25 to 4 GB, on 2 cores idle or busy; README), for 32 MiB
+        # snapshots 3-16% faster than with two from 0.25 to 4 GB, on 2 cores idle or busy; README), for 32 MiB
         # of staging buffers in all
         self.workers = env_int("SPOTWARP_STORAGE_WORKERS", 4 if self.local else 8, 1)
         self.base = base.rstrip("/")
