@@ -115,11 +115,8 @@ class StorageServer:
                 self.proc.wait()
 
 
-# gcp-storage-emulator answers one request at a time, from http.server's listen queue of 5 connections: a
-# sixth opened at once is dropped and waits out TCP's 1 s SYN retry, a stall no real object store has
-# (restoring the reference notebook spent 1.0 of its 1.1 s in one such request). A longer queue only.
-_GCS = ("import http.server, sys; http.server.HTTPServer.request_queue_size = 128; "
-        "from gcp_storage_emulator.__main__ import main; main(sys.argv[1:])")
+# gcp-storage-emulator with the changes that make it behave as GCS does (see that file)
+_GCS = Path(__file__).with_name("gcs_emulator.py")
 
 # moto's server with one request at a time: its conditional PUT (If-None-Match) is a check then a write, which
 # two of its threads can interleave; real S3 decides it atomically, and one thread does too
@@ -136,7 +133,7 @@ def start_server(kind: str, workdir: Path, serial: bool = False) -> StorageServe
     port = free_port()
     log = workdir / f"{kind}-emulator.log"
     if kind == "gcs":
-        cmd = [sys.executable, "-c", _GCS, "start", "--host", HOST, "--port", str(port), "--in-memory"]
+        cmd = [sys.executable, str(_GCS), "start", "--host", HOST, "--port", str(port), "--in-memory"]
     elif kind == "s3":
         # no region: moto answers any, and a region makes bucket creation need a location constraint
         cmd = [sys.executable, "-c", "from moto.server import main; main()", "-H", HOST, "-p", str(port)]

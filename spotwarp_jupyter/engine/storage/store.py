@@ -55,6 +55,10 @@ ASK_BEFORE_UPLOAD = 8 * 1024 * 1024
 # On GCS, objects from this size up go as resumable uploads in chunks of GCS_CHUNK_SIZE (a multiple of 256 KiB).
 GCS_RESUMABLE_THRESHOLD = 1024 * 1024
 GCS_CHUNK_SIZE = 8 * 1024 * 1024
+# gcsfs sends a smaller object as one multipart request whose boundary is always "==0==": content holding
+# the delimiter would be cut there by the server, so such an object goes up as a resumable upload instead.
+# (Manifests, locks and events are JSON, whose lines never start with "--".)
+GCSFS_DELIMITER = b"--==0=="
 # On object stores, objects from this size up are read as ranged GETs of up to RANGE_SIZE, concurrently
 # (a GET without a range streams a body slowly through s3fs; a ranged one does not). A chunk is one
 # request, as plain fsspec's best parallel read makes it: smaller ranges cost more in requests than they
@@ -271,7 +275,11 @@ class Store:
         elif self._gcs:
             # resumable upload in 8 MiB chunks from 1 MiB up (one request below): the same speed on
             # GCS, and the emulator ingests large single-request bodies at a few MB/s
-            self.fs.pipe_file(path, data, chunksize=GCS_CHUNK_SIZE if size >= GCS_RESUMABLE_THRESHOLD else size + 1)
+            if size >= GCS_RESUMABLE_THRESHOLD:
+                chunksize = GCS_CHUNK_SIZE
+            else:  # a chunk as large as the object makes it a resumable upload of one final chunk
+                chunksize = size if GCSFS_DELIMITER in memoryview(data).tobytes() else size + 1
+            self.fs.pipe_file(path, data, chunksize=chunksize)
         else:
             self.fs.pipe_file(path, data if isinstance(data, (bytes, bytearray)) else bytes(data))
 
