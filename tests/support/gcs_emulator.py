@@ -64,7 +64,9 @@ def related_parts(raw: bytes, content_type: str) -> dict[str, Any]:
     if not found:
         raise ValueError(f"multipart upload without a boundary: {content_type!r}")
     delimiter = b"--" + found.group(1).encode()
-    start = raw.find(delimiter) + len(delimiter)
+    if (first := raw.find(delimiter)) < 0:
+        raise ValueError("multipart upload without its boundary in the body")
+    start = first + len(delimiter)
     brk = b"\r\n" if raw[start:start + 2] == b"\r\n" else b"\n"
     parts = []
     for piece in raw[start:].split(brk + delimiter)[:-1]:
