@@ -31,26 +31,26 @@ def _load_libc() -> Any:
 _libc = _load_libc()
 
 
+def address(view: memoryview | mmap.mmap) -> int | None:
+    """Where a writable buffer's memory starts (None for a read-only or empty one)."""
+    if isinstance(view, memoryview) and (view.readonly or view.nbytes == 0):
+        return None
+    try:
+        return ctypes.addressof(ctypes.c_char.from_buffer(view))
+    except (TypeError, ValueError):
+        return None
+
+
 def populate(buf: mmap.mmap) -> bool:
     """Fault every page of an anonymous map in, writable, in one call; False where the kernel cannot (before 5.14)."""
-    if _libc is None or len(buf) == 0:
-        return False
-    try:
-        start = ctypes.addressof(ctypes.c_char.from_buffer(buf))
-    except (TypeError, ValueError):
-        return False
-    return populate_range(start, len(buf))
+    start = address(buf) if _libc is not None and len(buf) else None
+    return start is not None and populate_range(start, len(buf))
 
 
 def populate_view(view: memoryview) -> bool:
     """`populate` for a writable view into a map (one chunk of a restored buffer); False where it cannot."""
-    if _libc is None or view.nbytes == 0 or view.readonly:
-        return False
-    try:
-        start = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):
-        return False
-    return populate_range(start, view.nbytes)
+    start = address(view) if _libc is not None else None
+    return start is not None and populate_range(start, view.nbytes)
 
 
 def populate_range(address: int, nbytes: int) -> bool:

@@ -17,6 +17,25 @@ from .context import restore_device, saved
 from .handles import FILE_TYPES, LOCK_TYPES
 
 
+def holds_most_of(t: Any, storage: Any) -> bool:
+    """Whether `t` views more than half of `storage`: then the whole storage is saved, else a compact copy of `t`."""
+    return t.numel() * t.element_size() * 2 > storage.nbytes()
+
+
+def reduced_here(torch: Any, t: Any) -> bool:
+    """Whether `_reduce_tensor` saves `t` (plain strided tensors and parameters; torch's own route for the rest)."""
+    return (t.layout == torch.strided and not t.is_quantized and not t.is_nested
+            and type(t) in (torch.Tensor, torch.nn.Parameter) and t.device.type != "meta")
+
+
+def storage_buffer(torch: Any, storage: Any) -> pickle.PickleBuffer:
+    """A storage's bytes as the buffer a stream hands out of band (staged to host memory from a device)."""
+    raw = torch.empty(0, dtype=torch.uint8, device=storage.device).set_(storage)
+    if raw.device.type != "cpu":
+        raw = raw.to("cpu")  # staging: device memory cannot be written out directly
+    return pickle.PickleBuffer(raw.numpy()) if raw.numel() else pickle.PickleBuffer(b"")
+
+
 class _Storage:
     """A tensor storage being saved: its bytes out of band, written once per stream however many tensors view it.
 
@@ -25,10 +44,7 @@ class _Storage:
 
     def __init__(self, torch: Any, t: Any, compact: Any = None):
         self.compact = compact  # the compact copy saved in place of a small view, if that is what this is
-        raw = torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
-        if raw.device.type != "cpu":
-            raw = raw.to("cpu")  # staging: device memory cannot be written out directly
-        self.buffer = pickle.PickleBuffer(raw.numpy()) if raw.numel() else pickle.PickleBuffer(b"")
+        self.buffer = storage_buffer(torch, t.untyped_storage())
 
     def __reduce__(self):
         return (_rebuild_storage, (self.buffer,))
@@ -45,7 +61,7 @@ def _storage_of(torch: Any, t: Any) -> _Storage:
     key = (str(t.device), storage.data_ptr(), storage.nbytes())
     found = storages.get(key)
     if found is None:
-        if t.numel() * t.element_size() * 2 <= storage.nbytes():
+        if not holds_most_of(t, storage):
             copy = t.clone(memory_format=torch.contiguous_format)
             return _Storage(torch, copy, compact=copy)
         found = storages[key] = _Storage(torch, t)
@@ -53,9 +69,7 @@ def _storage_of(torch: Any, t: Any) -> _Storage:
 
 
 def _reduce_tensor(torch: Any, t: Any):
-    if t.layout != torch.strided or t.is_quantized or t.is_nested or type(t) not in (torch.Tensor, torch.nn.Parameter):
-        return NotImplemented
-    if t.device.type == "meta":
+    if not reduced_here(torch, t):
         return NotImplemented
     data = t.detach()
     if data.is_conj() or data.is_neg():  # a lazy conjugate or negation: saved as the values it reads as

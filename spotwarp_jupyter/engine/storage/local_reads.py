@@ -71,7 +71,7 @@ def populate_for_copy(target: memoryview) -> None:
 
 def _direct_worth_it(fd: int, target: memoryview) -> bool:
     """O_DIRECT when the object is large, the destination aligned and most of the file not in the page cache."""
-    if not _O_DIRECT or target.nbytes < DIRECT_MIN or target.readonly or _address(target) % _ALIGN:
+    if not _O_DIRECT or target.nbytes < DIRECT_MIN or (pages.address(target) or 1) % _ALIGN:
         return False
     if not env_int("SPOTWARP_DIRECT_READS", 1, 0):  # 0: always through the page cache
         return False
@@ -110,10 +110,6 @@ def _cached_fraction(fd: int, size: int) -> float | None:
         return vec.raw.count(b"\x01") / count if count else 1.0
     finally:
         _libc.munmap(address, size)
-
-
-def _address(view: memoryview) -> int:
-    return ctypes.addressof(ctypes.c_char.from_buffer(view))
 
 
 def _read_direct(path: str, target: memoryview, hasher) -> int:

@@ -13,6 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..hashing import Buffer
+from ..pages import address
 from ..timings import phase
 from .local_files import fsync_folder, temporary_name, unlink_quietly
 
@@ -59,14 +60,14 @@ def _staging_buffer() -> memoryview:
     return buf
 
 
+# ctypes calls a foreign function with the GIL released; a slice assignment copies holding it
+_copy = ctypes.memmove
+
+
 def _page_aligned(view: memoryview) -> bool:
     """Whether `view` starts on a page (a staged copy does), so O_DIRECT can take it as it is."""
-    if view.readonly:
-        return False
-    try:
-        return ctypes.addressof(ctypes.c_char.from_buffer(view)) % _DIRECT_ALIGN == 0
-    except (TypeError, ValueError):
-        return False
+    start = address(view)
+    return start is not None and start % _DIRECT_ALIGN == 0
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -82,11 +83,15 @@ def _write_direct(fd: int, view: memoryview) -> bool:
     """
     staging = None if _page_aligned(view) else _staging_buffer()  # an aligned view is written from where it is
     aligned = view.nbytes - view.nbytes % _DIRECT_ALIGN
+    source = address(view) if staging is not None else None
+    target = address(staging) if staging is not None else None
     done = 0
     try:
         while done < aligned:
             n = min(DIRECT_PIECE, aligned - done)
-            if staging is not None:
+            if source is not None and target is not None:
+                _copy(target, source + done, n)  # without the GIL: other threads (pickling) go on meanwhile
+            elif staging is not None:
                 staging[:n] = view[done:done + n]
             written = os.write(fd, staging[:n] if staging is not None else view[done:done + n])
             if written != n:  # a short direct write: the rest goes buffered, from where it stopped
@@ -174,6 +179,22 @@ class PendingWrites:
             del self._open[:len(early)]
         for entry in early:  # bounded open files: the oldest are synced now (their writeback has had time)
             self._sync_one(entry)
+
+    def forget(self, path: str) -> None:
+        """Take back the file written for `path`: its temporary is removed and never gets the name."""
+        with self._lock:
+            if path not in self._names:
+                return
+            self._names.discard(path)
+            entries = [e for e in self._open if e[2] == path]
+            self._open = [e for e in self._open if e[2] != path]
+            synced = [e for e in self._synced if e[1] == path]
+            self._synced = [e for e in self._synced if e[1] != path]
+        for fd, tmp, _path in entries:
+            os.close(fd)
+            unlink_quietly(tmp)
+        for tmp, _path in synced:
+            unlink_quietly(tmp)
 
     def _sync_one(self, entry: tuple[int, str, str]) -> None:
         fd, tmp, path = entry

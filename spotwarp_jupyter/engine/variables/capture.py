@@ -10,7 +10,7 @@ import socket
 import sys
 import types
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Mapping
+from typing import Any, Callable, Iterator, Mapping
 
 from .. import pickling
 from ..incremental import ReusePlan
@@ -68,6 +68,8 @@ class KernelImage:
     reuse: ReusePlan | None = None  # dropped (set to None) before `pending` starts if its base is stale
     reused: list[dict[str, Any]] = field(default_factory=list)  # previous group records taken over as they are
     reuse_applied: bool = False
+    # called with the values about to be grouped and pickled, before the grouping walk (a writer starts early)
+    before_grouping: Callable[[Mapping[str, Any]], None] | None = None
 
     def iter_groups(self) -> Iterator[GroupImage]:
         """Every group, serializing pending ones on demand (and keeping them in `groups`)."""
@@ -298,6 +300,8 @@ def capture_namespace(
             image.changed.update(carried)
             taken = {n for g in image.reused for n in g["names"]}
             rest = {n: v for n, v in values.items() if n not in taken}
+        if image.before_grouping is not None:
+            image.before_grouping(rest)
         groups = sorted(shared_groups(rest), key=lambda names: not any(_bulky(rest[n]) for n in names))
         # bulky groups first: their buffers start writing while the small-object groups are pickled
         for names in groups:
