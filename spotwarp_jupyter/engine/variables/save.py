@@ -290,6 +290,12 @@ def persist_image(
         writer.stats.bytes_total += sum(ref["size"] for ref in refs)
         writer.stats.objects_reused += len(refs)
         groups.append(record)
+    kernel, objects = _kernel_record(groups, image)
+    return kernel, objects, writer.stats
+
+
+def _kernel_record(groups: list[dict[str, Any]], image: KernelImage) -> tuple[dict[str, Any], dict[str, int]]:
+    """The kernel record naming `groups` (each variable's group and size), and every object they name."""
     objects: dict[str, int] = {}
     variables: dict[str, Any] = {}
     for index, record in enumerate(groups):
@@ -302,4 +308,4 @@ def persist_image(
     kernel = {"groups": groups, "variables": variables, "imports": image.imports, "skipped": image.skipped}
     if image.changed:
         kernel["changed"] = image.changed  # saved, but not as they were: name -> why
-    return kernel, objects, writer.stats
+    return kernel, objects
