@@ -103,6 +103,36 @@ def test_a_loops_staged_snapshot_writes_to_object_storage(object_storage: Storag
     assert np.all(ns["big"] == 2.0), "the snapshot is not the state at its step"
 
 
+# -- a storage server that stops answering: connections open, nothing comes back ---------------------
+@pytest.mark.slow  # gcsfs's own retries of a timed-out request: about 45 s
+def test_a_gcs_server_that_stops_answering_fails_the_snapshot_instead_of_holding_it(gcs_server, link_to, monkeypatch):
+    link = link_to(gcs_server)
+    target = gcs_server.target(port=link.port)
+    monkeypatch.setenv("SPOTWARP_STORAGE_RETRIES", "1")
+    monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.1")
+    monkeypatch.setenv("SPOTWARP_STORAGE_REQUEST_TIMEOUT", "2")
+    engine = engine_for(target)
+    first = engine.snapshot_kernel({"step": 1}, message="before the server hung")
+    link.stall()  # a hung server, or a partition that drops packets: no reset, no answer
+    outcome: dict = {}
+
+    def snapshot() -> None:
+        try:
+            engine.snapshot_kernel({"step": 2, "w": np.ones(500_000)}, message="while it hangs")
+            outcome["committed"] = True
+        except StorageError as exc:
+            outcome["error"] = str(exc)
+
+    writer = threading.Thread(target=snapshot, daemon=True)
+    writer.start()
+    writer.join(240)  # a bound for the test, far above the time the timeouts and retries take
+    assert not writer.is_alive(), "the snapshot still waits on a server that stopped answering"
+    message = outcome.get("error", "")
+    assert message and "\n" not in message and target.url in message, outcome
+    link.restore()
+    assert [m.id for m in engine_for(target).manifests()] == [first.id]
+
+
 # -- a storage server that stops in the middle of a large snapshot -------------------------------------
 def big_namespace() -> dict:
     rng = np.random.default_rng(1)

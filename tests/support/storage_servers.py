@@ -204,6 +204,8 @@ class Link:
     Cut: every open connection is reset and new ones are refused, as when the server process dies.
     With `cut_after(n)` the cut happens by itself once `n` more request bytes have gone upstream,
     so a test can stop the server in the middle of an upload without guessing at timing.
+    Stall: connections are accepted and kept open, and nothing more is forwarded either way, as when a
+    server hangs or a partition drops packets; `restore()` or `cut()` ends it.
     """
 
     def __init__(self, upstream_port: int):
@@ -217,12 +219,16 @@ class Link:
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
+        self._flowing = threading.Event()  # cleared while stalled
         self.restore()
 
     # -- control ----------------------------------------------------------------------------
     def restore(self) -> None:
-        """Listen again (the server is back)."""
+        """Listen again, or forward again after a stall (the server is back)."""
         with self._lock:
+            if self._listener is not None:  # stalled, not cut: the connections are still open
+                self._flowing.set()
+                return
             self._cut_at = None
             self.cut_event.clear()
             listener = socket.socket()
@@ -230,7 +236,12 @@ class Link:
             listener.bind((HOST, self.port))
             listener.listen(64)
             self._listener = listener
+        self._flowing.set()
         threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def stall(self) -> None:
+        """Keep every connection open and forward nothing more (new connections too)."""
+        self._flowing.clear()
 
     def cut(self) -> None:
         """Stop: reset every connection, refuse new ones."""
@@ -246,6 +257,7 @@ class Link:
             listener.close()
         for conn in conns:
             _reset(conn)
+        self._flowing.set()  # stalled pumps go on, to find their sockets reset
         self.cut_event.set()  # only now: a test may restore() as soon as it sees this
 
     def cut_after(self, more_bytes: int) -> None:
@@ -285,6 +297,7 @@ class Link:
                 n = source.recv_into(buf)
                 if not n:
                     break
+                self._flowing.wait()
                 sink.sendall(view[:n])
                 if upstream:
                     with self._lock:

@@ -68,6 +68,21 @@ RANGE_SIZE = CHUNK_SIZE
 MANIFEST_SUFFIX = ".json"
 
 
+def _bound_requests(protocol: str, options: dict[str, Any]) -> None:
+    """A GCS request waits at most SPOTWARP_STORAGE_REQUEST_TIMEOUT seconds (default 60) to connect, and as
+    long for each next piece of its answer, unless `options` say otherwise (`requests_timeout`).
+
+    gcsfs sets no timeout of its own: a connection left open by a server that stopped answering (a hung
+    process, a partition that drops packets) held a snapshot forever. A timed-out request is retried like
+    any transient failure (gcsfs's retries, then ours), then fails the snapshot with one line.
+    """
+    seconds = env_float("SPOTWARP_STORAGE_REQUEST_TIMEOUT", 60.0)
+    if seconds > 0 and protocol in ("gs", "gcs") and "requests_timeout" not in options:
+        import aiohttp  # gcsfs's own HTTP client
+
+        options["requests_timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+
+
 class Store:
     """One project's area in a storage URL."""
 
@@ -82,6 +97,7 @@ class Store:
         if protocol in ("gs", "gcs"):
             # gcsfs logs each retried request's traceback; the user gets our one-line error instead
             logging.getLogger("gcsfs").addHandler(logging.NullHandler())
+        _bound_requests(protocol, options)
         self._options = options
         check_backend(protocol)
         try:
