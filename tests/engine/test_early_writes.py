@@ -102,3 +102,21 @@ def test_a_buffer_written_early_for_a_variable_that_then_fails_to_pickle_leaves_
     out: dict = {}
     engine.restore_kernel(second.id, out)
     assert np.array_equal(out["good"], big)
+
+
+class _Refusing(torch.nn.Linear):
+    """A module whose `parameters()` raises (a user's override gone wrong); pickling never calls it."""
+
+    def parameters(self, recurse: bool = True):
+        raise RuntimeError("not now")
+
+
+def test_a_value_that_raises_when_looked_at_early_is_still_saved(tmp_path: Path) -> None:
+    torch.manual_seed(1)
+    odd = _Refusing(512, 1024)  # 2 MB of weights: large enough to be looked for
+    engine = _engine(tmp_path / "store")
+    manifest = engine.snapshot_kernel({"odd": odd, "big": np.arange(1_000_000.0)})
+    assert set(manifest.kernels["default"]["variables"]) == {"odd", "big"}
+    out: dict = {}
+    engine.restore_kernel("latest", out)
+    assert torch.equal(out["odd"].weight, odd.weight) and np.array_equal(out["big"], np.arange(1_000_000.0))

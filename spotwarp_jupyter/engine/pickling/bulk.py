@@ -28,11 +28,11 @@ def bulk_buffers(values: Mapping[str, Any], min_size: int) -> list[memoryview]:
     numpy = sys.modules.get("numpy")
     found: dict[tuple[int, int], memoryview] = {}
     for value in values.values():
-        for leaf in _leaves(value, torch):
-            try:
-                view = _buffer_of(leaf, torch, numpy, min_size)
-            except Exception:  # noqa: BLE001 - an odd subclass or device: left to the pickler
-                continue
+        try:  # whatever a value raises when looked at (a property, `parameters()`) leaves it to the pickler
+            views = [_buffer_of(leaf, torch, numpy, min_size) for leaf in _leaves(value, torch)]
+        except Exception:  # noqa: BLE001
+            continue
+        for view in views:
             start = address(view) if view is not None else None
             if start is not None:
                 found.setdefault((start, view.nbytes), view)
