@@ -4,7 +4,9 @@ Large buffers are cut into fixed chunks, each fingerprinted with xxh3; a chunk w
 the previous snapshot already stored is named again without being hashed or written. New chunks
 go to a pool of writer threads as soon as their group is serialized, so hashing and disk or
 network I/O overlap with serializing the next groups. On a local disk they are written as one batch
-(Store.batch): no sync per object, one pass at the end makes them all durable before the commit.
+(Store.batch): no sync per object, one pass at the end makes them all durable before the commit; there
+the large buffers pickling will hand over are announced before the groups are even worked out, and
+written meanwhile (`_Writer.announce`).
 """
 
 from __future__ import annotations
