@@ -97,9 +97,9 @@ class Store:
         if protocol in ("gs", "gcs"):
             # gcsfs logs each retried request's traceback; the user gets our one-line error instead
             logging.getLogger("gcsfs").addHandler(logging.NullHandler())
-        _bound_requests(protocol, options)
         self._options = options
         check_backend(protocol)
+        _bound_requests(protocol, options)  # after the check: a missing gcsfs is named, not its aiohttp
         try:
             self._fs, base = fsspec.core.url_to_fs(url, **options)
             self._fs_pid = os.getpid()
