@@ -9,7 +9,6 @@ is unavailable the caller falls back to a synchronous snapshot.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -105,13 +104,11 @@ def _quiet_child() -> None:
 def release_pages(view: memoryview) -> None:
     """In the child, drop our copy-on-write share of pages already written, so the parent's later
     writes to them no longer need a copy (keeps the kernel's extra memory low while training runs on)."""
-    if not sys.platform.startswith("linux") or view.readonly or view.nbytes < (1 << 20):
+    if not sys.platform.startswith("linux") or view.nbytes < (1 << 20):
         return
-    try:
-        address = ctypes.addressof(ctypes.c_char.from_buffer(view))
-    except (TypeError, ValueError):
-        return
-    pages.drop_range(address, view.nbytes)
+    address = pages.address(view)  # None for a read-only view: never ours to drop
+    if address is not None:
+        pages.drop_range(address, view.nbytes)
 
 
 def start_background(

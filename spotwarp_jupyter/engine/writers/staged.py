@@ -103,9 +103,9 @@ ARENA = StagingArena()
 def free(buffer: Any) -> None:
     """Mark the whole pages of a stored copy free (see the module's docstring); the writer's `on_written` hook."""
     view = memoryview(buffer)
-    if view.readonly or not view.nbytes:
-        return
-    pages.free_range(ctypes.addressof(ctypes.c_char.from_buffer(view)), view.nbytes)
+    address = pages.address(view)  # None for a read-only or empty view
+    if address is not None:
+        pages.free_range(address, view.nbytes)
 
 
 def stage(image: KernelImage, arena: StagingArena | None = None) -> tuple[int, mmap.mmap | None]:
