@@ -237,6 +237,9 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
         return f"warning: the store is unreachable ({d['error']}); the watch retries and declares nothing meanwhile"
     if kind == "store_reachable":
         return f"the store answers again after {fmt(d.get('outage_s'))}; watching {d['holder']}"
+    if kind == "store_slow":
+        return (f"warning: the store took {fmt(d.get('read_s'))} to answer; the watch counts {d['holder']}'s "
+                "silence again from now")
     if kind == "replace_requested":
         return f"asking {d['holder']} for a final snapshot before replacing it"
     if kind == "replace_snapshot":

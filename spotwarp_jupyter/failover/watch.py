@@ -99,15 +99,15 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
     Silence is measured on this machine's monotonic clock, from the last change of the holder's heartbeat.
     A bad or missing heartbeat read is no news. While the store cannot be reached the watch retries with
     backoff and says so, and declares nothing: silence counts again from when the store answers (plus a grace,
-    BeatClock.restart).
+    BeatClock.restart); so after a round of reads that took half of `dead_after` or more (_Reachability).
     """
     say: OnEvent = on_event or (lambda kind, data: None)
     clock = BeatClock()
+    store_state = _Reachability(holder.id, clock, say, poll_s, max_backoff_s, slow_s=dead_after / 2)
     skew_said = False
-    outage: float | None = None
-    backoff = poll_s
     next_notice = 0.0
     while not stop.is_set():
+        started = time.monotonic()
         try:
             lease = read_lease(store)
             doc = read_heartbeat(store, holder.id)
@@ -119,17 +119,9 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             # nobody may write under a damaged lease: the way out is a race past it (docs/failover.md)
             return Loss("lease damaged", time.time(), time.time(), {"why": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the store unreachable: unknown, never a loss by itself
-            if outage is None:
-                outage = time.monotonic()
-                say("store_unreachable", {"holder": holder.id, "error": one_line(exc)})
-                log.warning("SpotWarp: the store is unreachable (%s); the watch retries", one_line(exc))
-            backoff = min(max_backoff_s, backoff * 2)
-            stop.wait(backoff)
+            stop.wait(store_state.failed(exc))
             continue
-        if outage is not None:
-            say("store_reachable", {"holder": holder.id, "outage_s": round(time.monotonic() - outage, 3)})
-            clock.restart(grace_s=min(time.monotonic() - outage, 2 * max_backoff_s))
-            outage, backoff = None, poll_s
+        store_state.answered(started)
         lost = _lease_verdict(lease, holder, clock)
         if lost is not None:
             return lost
@@ -150,6 +142,42 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             return Loss("no heartbeat", clock.last_sign(), time.time(), details)
         stop.wait(poll_s)
     return None
+
+
+class _Reachability:
+    """How the store answers the watch. An outage (reads that raise) and a round of reads so slow that it was
+    an outage the storage client's own retries hid are time the watch did not see, and the host could not
+    write in either: silence counts again once the store answers, plus a grace of the outage's length (at
+    most twice the longest backoff), for the host's first beat comes through its own retries."""
+
+    def __init__(self, holder_id: str, clock: BeatClock, say: OnEvent, poll_s: float, max_backoff_s: float,
+                 slow_s: float):
+        self.holder_id, self.clock, self.say = holder_id, clock, say
+        self.poll_s, self.max_backoff_s, self.slow_s = poll_s, max_backoff_s, slow_s
+        self.outage: float | None = None  # when the first failed round of this outage came back
+        self.backoff = poll_s
+
+    def failed(self, exc: Exception) -> float:
+        """A round of reads raised: say so once; the seconds to wait before the next round."""
+        if self.outage is None:
+            self.outage = time.monotonic()
+            self.say("store_unreachable", {"holder": self.holder_id, "error": one_line(exc)})
+            log.warning("SpotWarp: the store is unreachable (%s); the watch retries", one_line(exc))
+        self.backoff = min(self.max_backoff_s, self.backoff * 2)
+        return self.backoff
+
+    def answered(self, started: float) -> None:
+        """A round of reads begun at `started` (monotonic) came back."""
+        now = time.monotonic()
+        if self.outage is not None:
+            self.say("store_reachable", {"holder": self.holder_id, "outage_s": round(now - self.outage, 3)})
+            self.clock.restart(grace_s=min(now - self.outage, 2 * self.max_backoff_s))
+            self.outage, self.backoff = None, self.poll_s
+        elif now - started >= self.slow_s:
+            self.say("store_slow", {"holder": self.holder_id, "read_s": round(now - started, 3)})
+            log.warning("SpotWarp: the store took %.1f s to answer the watch; silence counts again from now",
+                        now - started)
+            self.clock.restart(grace_s=min(now - started, 2 * self.max_backoff_s))
 
 
 def _lease_verdict(lease: Any, holder: Holder, clock: BeatClock) -> Loss | None:
