@@ -104,10 +104,12 @@ def test_a_loops_staged_snapshot_writes_to_object_storage(object_storage: Storag
 
 
 # -- a storage server that stops answering: connections open, nothing comes back ---------------------
-@pytest.mark.slow  # gcsfs's own retries of a timed-out request: about 45 s
-def test_a_gcs_server_that_stops_answering_fails_the_snapshot_instead_of_holding_it(gcs_server, link_to, monkeypatch):
-    link = link_to(gcs_server)
-    target = gcs_server.target(port=link.port)
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+@pytest.mark.slow  # seconds each now; without a bound on whole calls an S3 upload waited for good
+def test_a_server_that_stops_answering_fails_the_snapshot_instead_of_holding_it(kind, request, link_to, monkeypatch):
+    server: StorageServer = request.getfixturevalue(f"{kind}_server")
+    link = link_to(server)
+    target = server.target(port=link.port)
     monkeypatch.setenv("SPOTWARP_STORAGE_RETRIES", "1")
     monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.1")
     monkeypatch.setenv("SPOTWARP_STORAGE_REQUEST_TIMEOUT", "2")
@@ -129,6 +131,9 @@ def test_a_gcs_server_that_stops_answering_fails_the_snapshot_instead_of_holding
     assert not writer.is_alive(), "the snapshot still waits on a server that stopped answering"
     message = outcome.get("error", "")
     assert message and "\n" not in message and target.url in message, outcome
+    with pytest.raises(StorageError) as reading:  # a new host restoring meanwhile: one line too, in bounded time
+        engine_for(target).restore_kernel(first.id, {})
+    assert "\n" not in str(reading.value) and target.url in str(reading.value)
     link.restore()
     assert [m.id for m in engine_for(target).manifests()] == [first.id]
 
@@ -427,6 +432,70 @@ def test_damage_anywhere_in_a_large_object_is_refused(large_object, damage, into
             store.read_object_into(oid, memoryview(bytearray(LARGE)))
         else:
             store.read_object(oid, LARGE)  # a group's pickle stream: any size, one object
+
+
+@pytest.mark.parametrize("damage", ["none", "middle", "shortened", "lengthened"])
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_without_a_streaming_reader_large_objects_are_still_read_whole_and_checked(kind, damage, request,
+                                                                                  monkeypatch):
+    """An installed gcsfs or s3fs without the parts ranged_reads.py streams through: `cat_ranges` instead."""
+    from spotwarp_jupyter.engine.storage import ranged_reads
+
+    monkeypatch.setattr(store_module, "RANGE_SIZE", RANGE)
+    target = request.getfixturevalue(f"{kind}_server").target()
+    store = Store(target.url, "proj", target.options)
+    assert ranged_reads.range_reader(store.fs, kind) is not None  # the pinned libraries have them
+    monkeypatch.setattr(store_module, "range_reader", lambda fs, protocol: None)  # a library without them
+    data = os.urandom(LARGE)
+    oid, _size = store.put_object(data)
+    body = {"none": data, "middle": data[:RANGE] + bytes([data[RANGE] ^ 1]) + data[RANGE + 1:],
+            "shortened": data[:-1], "lengthened": data + b"\0"}[damage]
+    store.fs.pipe_file(store.object_path(oid), body)
+    target_buffer = bytearray(LARGE)
+    if damage == "none":
+        store.read_object_into(oid, memoryview(target_buffer))
+        assert target_buffer == data
+    else:
+        with pytest.raises(DamagedObjectError):
+            store.read_object_into(oid, memoryview(target_buffer))
+
+
+@pytest.mark.parametrize("size", [RANGE - 123, LARGE], ids=["one-range", "three-ranges"])
+@pytest.mark.parametrize("comes_back", [True, False], ids=["server-back", "server-gone"])
+@pytest.mark.parametrize("kind", ["gcs", "s3"])
+def test_a_read_cut_off_mid_body_is_retried_or_fails_in_one_line(kind, comes_back, size, request, link_to,
+                                                                  monkeypatch):
+    """Ranged GETs stream into the destination: a connection reset half-way through a body is retried into the
+    same buffer, which ends whole; a server that stays gone is one StorageError line."""
+    monkeypatch.setattr(store_module, "RANGE_SIZE", RANGE)
+    server = request.getfixturevalue(f"{kind}_server")
+    link = link_to(server)
+    target = server.target(port=link.port)
+    store = Store(target.url, "proj", {**target.options, "skip_instance_cache": True})
+    data = os.urandom(size)
+    oid, _size = store.put_object(data)
+    link.cut_after_down(RANGE // 2)  # inside the first body
+    cut_seen: list[bool] = []
+
+    def server_back() -> None:
+        cut_seen.append(link.cut_event.wait(120))
+        if comes_back:
+            link.restore()
+
+    watcher = threading.Thread(target=server_back, daemon=True)
+    watcher.start()
+    buffer = bytearray(size)
+    try:
+        if comes_back:
+            store.read_object_into(oid, memoryview(buffer))
+            assert buffer == data
+        else:
+            with pytest.raises(StorageError) as failed:
+                store.read_object_into(oid, memoryview(buffer))
+            assert "\n" not in str(failed.value) and store.url in str(failed.value)
+    finally:
+        watcher.join(130)
+    assert cut_seen == [True]
 
 
 # -- workspace files and the command line, through object storage -------------------------------------

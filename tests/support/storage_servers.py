@@ -203,7 +203,8 @@ class Link:
 
     Cut: every open connection is reset and new ones are refused, as when the server process dies.
     With `cut_after(n)` the cut happens by itself once `n` more request bytes have gone upstream,
-    so a test can stop the server in the middle of an upload without guessing at timing.
+    so a test can stop the server in the middle of an upload without guessing at timing; with
+    `cut_after_down(n)`, once `n` more response bytes have come back (in the middle of a download).
     Stall: connections are accepted and kept open, and nothing more is forwarded either way, as when a
     server hangs or a partition drops packets; `restore()` or `cut()` ends it.
     """
@@ -212,10 +213,12 @@ class Link:
         self.upstream = (HOST, upstream_port)
         self.port = free_port()
         self.bytes_up = 0
+        self.bytes_down = 0
         self.sent = bytearray()  # every request byte forwarded, when `record` is set
         self.record = False
         self.cut_event = threading.Event()
         self._cut_at: int | None = None
+        self._cut_down_at: int | None = None
         self._lock = threading.Lock()
         self._conns: set[socket.socket] = set()
         self._listener: socket.socket | None = None
@@ -229,7 +232,7 @@ class Link:
             if self._listener is not None:  # stalled, not cut: the connections are still open
                 self._flowing.set()
                 return
-            self._cut_at = None
+            self._cut_at = self._cut_down_at = None
             self.cut_event.clear()
             listener = socket.socket()
             listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -248,7 +251,7 @@ class Link:
         with self._lock:
             listener, self._listener = self._listener, None
             conns, self._conns = list(self._conns), set()
-            self._cut_at = None
+            self._cut_at = self._cut_down_at = None
         if listener is not None:
             try:
                 listener.shutdown(socket.SHUT_RDWR)
@@ -264,6 +267,11 @@ class Link:
         """Cut once `more_bytes` more request bytes have been forwarded."""
         with self._lock:
             self._cut_at = self.bytes_up + more_bytes
+
+    def cut_after_down(self, more_bytes: int) -> None:
+        """Cut once `more_bytes` more response bytes have been forwarded."""
+        with self._lock:
+            self._cut_down_at = self.bytes_down + more_bytes
 
     def close(self) -> None:
         self.cut()
@@ -299,15 +307,18 @@ class Link:
                     break
                 self._flowing.wait()
                 sink.sendall(view[:n])
-                if upstream:
-                    with self._lock:
+                with self._lock:
+                    if upstream:
                         self.bytes_up += n
                         if self.record:
                             self.sent += view[:n]
                         trip = self._cut_at is not None and self.bytes_up >= self._cut_at
-                    if trip:
-                        self.cut()
-                        return
+                    else:
+                        self.bytes_down += n
+                        trip = self._cut_down_at is not None and self.bytes_down >= self._cut_down_at
+                if trip:
+                    self.cut()
+                    return
         except OSError:
             pass
         finally:

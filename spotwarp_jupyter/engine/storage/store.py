@@ -15,6 +15,8 @@ spent the caller gets one StorageError line and no manifest is written.
 
 from __future__ import annotations
 
+import functools
+import inspect
 import logging
 import os
 import posixpath
@@ -29,6 +31,7 @@ from typing import Any, Callable, Iterable, Iterator, TypeVar
 os.environ.setdefault("GCSFS_EXPERIMENTAL_ZB_HNS_SUPPORT", "false")
 
 import fsspec  # noqa: E402
+from fsspec.exceptions import FSTimeoutError  # noqa: E402
 from fsspec.implementations.local import LocalFileSystem  # noqa: E402
 
 from ..errors import DamagedObjectError, StorageError, one_line  # noqa: E402
@@ -39,6 +42,7 @@ from .backends import check_backend  # noqa: E402
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
 from .local_reads import populate_for_copy, read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
+from .ranged_reads import range_reader, read_ranges_into  # noqa: E402
 from .retries import RetryPolicy, call_with_retries, log  # noqa: E402
 
 T = TypeVar("T")
@@ -68,19 +72,32 @@ RANGE_SIZE = CHUNK_SIZE
 MANIFEST_SUFFIX = ".json"
 
 
-def _bound_requests(protocol: str, options: dict[str, Any]) -> None:
-    """A GCS request waits at most SPOTWARP_STORAGE_REQUEST_TIMEOUT seconds (default 60) to connect, and as
-    long for each next piece of its answer, unless `options` say otherwise (`requests_timeout`).
+# A storage call on an object store, the library's own retries included, ends within twice the request
+# timeout plus a second for every SLOWEST_RATE bytes it moves (a slow link's upload is not cut short).
+SLOWEST_RATE = 256 * 1024
+
+
+def _bound_requests(protocol: str, options: dict[str, Any], seconds: float) -> None:
+    """Each GCS or S3 request waits at most `seconds` (SPOTWARP_STORAGE_REQUEST_TIMEOUT, default 60) to
+    connect, and as long for each next piece of its answer, unless `options` say otherwise (gcsfs's
+    `requests_timeout`, botocore's `connect_timeout` / `read_timeout` in `config_kwargs`).
 
     gcsfs sets no timeout of its own: a connection left open by a server that stopped answering (a hung
     process, a partition that drops packets) held a snapshot forever. A timed-out request is retried like
-    any transient failure (gcsfs's retries, then ours), then fails the snapshot with one line.
+    any transient failure (the library's retries, then ours), then fails the snapshot with one line.
+    These bounds do not cover a request that waits to send its body (Store._bounded does).
     """
-    seconds = env_float("SPOTWARP_STORAGE_REQUEST_TIMEOUT", 60.0)
-    if seconds > 0 and protocol in ("gs", "gcs") and "requests_timeout" not in options:
+    if seconds <= 0:
+        return
+    if protocol in ("gs", "gcs") and "requests_timeout" not in options:
         import aiohttp  # gcsfs's own HTTP client
 
         options["requests_timeout"] = aiohttp.ClientTimeout(total=None, sock_connect=seconds, sock_read=seconds)
+    if protocol in ("s3", "s3a"):
+        config = dict(options.get("config_kwargs") or {})
+        config.setdefault("connect_timeout", seconds)
+        config.setdefault("read_timeout", seconds)
+        options["config_kwargs"] = config
 
 
 class Store:
@@ -99,7 +116,8 @@ class Store:
             logging.getLogger("gcsfs").addHandler(logging.NullHandler())
         self._options = options
         check_backend(protocol)
-        _bound_requests(protocol, options)  # after the check: a missing gcsfs is named, not its aiohttp
+        self._request_timeout = env_float("SPOTWARP_STORAGE_REQUEST_TIMEOUT", 60.0)
+        _bound_requests(protocol, options, self._request_timeout)  # after the check: a missing gcsfs is named
         try:
             self._fs, base = fsspec.core.url_to_fs(url, **options)
             self._fs_pid = os.getpid()
@@ -110,6 +128,7 @@ class Store:
         self.local = isinstance(self.fs, LocalFileSystem)
         self._s3 = protocol in ("s3", "s3a")
         self._gcs = protocol in ("gs", "gcs")
+        self._protocol = protocol
         self.retry = RetryPolicy(attempts=1) if self.local else RetryPolicy.from_env()
         # writers in flight: on a local disk four keep more direct writes queued while others hash (full
         # snapshots 3-16% faster than with two from 0.25 to 4 GB, on 2 cores idle or busy; README), for 32 MiB
@@ -179,9 +198,41 @@ class Store:
 
     def _call(self, what: str, fn: Callable[..., T], *args: Any, cancel: threading.Event | None = None,
               _failed: str | None = None, _attempts: int | None = None, **kwargs: Any) -> T:
-        """Run one storage operation, retrying transient failures; raise StorageError when attempts are spent."""
+        """Run one storage operation, retrying transient failures; raise StorageError when attempts are spent.
+        A call of the object store's filesystem is bounded in time as a whole (`_bounded`)."""
+        if "timeout" not in kwargs and inspect.iscoroutinefunction(getattr(fn, "__wrapped__", None)):
+            # fsspec's sync face of an async call, not bounded by the caller
+            fn = self._bounded(fn, sum(memoryview(a).nbytes for a in args
+                                       if isinstance(a, (bytes, bytearray, memoryview))))
         return call_with_retries(self.url, self.retry, what, fn, *args, cancel=cancel, failed=_failed,
                                  attempts=_attempts, **kwargs)
+
+    def call_bound(self, nbytes: int = 0) -> float | None:
+        """The seconds one call moving `nbytes` may take on an object store, the library's retries included
+        (None: unbounded, on a local disk or with SPOTWARP_STORAGE_REQUEST_TIMEOUT=0)."""
+        if self.local or self._request_timeout <= 0:
+            return None
+        return 2 * self._request_timeout + nbytes / SLOWEST_RATE
+
+    def _bounded(self, fn: Callable[..., T], nbytes: int) -> Callable[..., T]:
+        """`fn`, a call that runs on fsspec's event loop (it takes `timeout`), cancelled there when it outlasts
+        `call_bound(nbytes)`.
+
+        aiohttp's per-request timeouts do not run while a request waits for `100 Continue` (botocore asks it
+        before every S3 upload) or while the server takes none of its body: a hung S3 server held a snapshot
+        for good there. A call cut short is a timeout, retried like any other."""
+        seconds = self.call_bound(nbytes)
+        if seconds is None:
+            return fn
+
+        def bounded(*args: Any, **kwargs: Any) -> T:
+            try:
+                return fn(*args, timeout=seconds, **kwargs)
+            except FSTimeoutError:
+                raise TimeoutError(f"no answer within the time allowed ({seconds:.0f} s for this call; "
+                                   "SPOTWARP_STORAGE_REQUEST_TIMEOUT)") from None
+
+        return bounded
 
     def read_whole(self, what: str, path: str) -> bytes:
         """A whole stored file's bytes in one request, retried like any storage call.
@@ -281,13 +332,14 @@ class Store:
 
     def _upload(self, path: str, data: Buffer) -> None:
         size = memoryview(data).nbytes
+        pipe_file = self._bounded(self.fs.pipe_file, size)
         if self._s3:
             body = data if isinstance(data, (bytes, bytearray)) else bytes(data)  # botocore wants bytes
             if size >= MULTIPART_THRESHOLD:
                 # multipart, parts sent in parallel; invisible until completed, aborted on failure
-                self.fs.pipe_file(path, body, chunksize=PART_SIZE, max_concurrency=4)
+                pipe_file(path, body, chunksize=PART_SIZE, max_concurrency=4)
             else:
-                self.fs.pipe_file(path, body)
+                pipe_file(path, body)
         elif self._gcs:
             # resumable upload in 8 MiB chunks from 1 MiB up (one request below): the same speed on
             # GCS, and the emulator ingests large single-request bodies at a few MB/s
@@ -295,9 +347,9 @@ class Store:
                 chunksize = GCS_CHUNK_SIZE
             else:  # a chunk as large as the object makes it a resumable upload of one final chunk
                 chunksize = size if GCSFS_DELIMITER in memoryview(data).tobytes() else size + 1
-            self.fs.pipe_file(path, data, chunksize=chunksize)
+            pipe_file(path, data, chunksize=chunksize)
         else:
-            self.fs.pipe_file(path, data if isinstance(data, (bytes, bytearray)) else bytes(data))
+            pipe_file(path, data if isinstance(data, (bytes, bytearray)) else bytes(data))
 
     def put_objects(self, buffers: Iterable[Buffer], workers: int | None = None) -> list[tuple[str, int]]:
         """Store many buffers in parallel (hashing and I/O overlap); results keep the input order.
@@ -388,18 +440,37 @@ class Store:
         return (self._s3 or self._gcs) and size >= RANGED_READ_MIN
 
     def _read_ranges_checked(self, oid: str, path: str, target: memoryview) -> None:
-        """Fill `target` from concurrent ranged GETs of the object, hashing the pieces in order.
+        """Fill `target` from concurrent ranged GETs of the object, each body streamed into its place
+        (ranged_reads.py), then check its hash.
 
         No request asks the size first: the last range asks for one byte past the end, so a stored object
-        shorter or longer than the manifest says shows as a piece of the wrong length.
+        shorter or longer than the manifest says shows as a body of the wrong length.
         """
         size = target.nbytes
         starts = list(range(0, size, RANGE_SIZE))
         ends = [min(start + RANGE_SIZE, size) for start in starts]
         asked = ends[:-1] + [size + 1]
+        reader = range_reader(self.fs, self._protocol)
+        if reader is None:
+            self._read_ranges_joined(oid, path, target, starts, ends, asked)
+            return
         with phase("read", size):
-            pieces = self._call("reading an object", self.fs.cat_ranges, [path] * len(starts), starts, asked,
-                                on_error="raise")
+            read = self._bounded(functools.partial(read_ranges_into, self.fs, reader), size)
+            got = self._call("reading an object", read, path, starts, asked,
+                             [target[start:end] for start, end in zip(starts, ends)])
+        if any(n != end - start for start, end, n in zip(starts, ends, got)):
+            raise DamagedObjectError(oid, f"size differs from the manifest ({size} bytes expected)")
+        with phase("hash", size):
+            check_content(oid, target, size)
+
+    def _read_ranges_joined(self, oid: str, path: str, target: memoryview, starts: list[int], ends: list[int],
+                            asked: list[int]) -> None:
+        """`_read_ranges_checked` through `cat_ranges`, for a filesystem without a streaming reader: each piece
+        arrives whole in new memory and is copied into `target`."""
+        size = target.nbytes
+        with phase("read", size):
+            pieces = self._call("reading an object", self._bounded(self.fs.cat_ranges, size), [path] * len(starts),
+                                starts, asked, on_error="raise")
         hasher = object_hasher()
         for start, end, piece in zip(starts, ends, pieces):
             if len(piece) != end - start:
