@@ -523,7 +523,8 @@ def test_bad_torn_or_missing_heartbeats_are_no_news_for_an_adopting_watch(tmp_pa
 
 def test_a_30_s_store_outage_leaves_the_watch_running_and_declares_no_loss(tmp_path, s3_server, link_to):
     """The store refuses connections for 30 s (the orchestrator's and the hosts' alike): the watch says so,
-    retries, declares nothing; when the store answers again it watches on."""
+    retries, declares nothing; when the store answers again it watches on. botocore may retry one read
+    through the whole outage: then the watch says the store was slow (`store_slow`), and declares nothing."""
     link = link_to(s3_server)
     target = s3_server.target(port=link.port)
     env = env_for(tmp_path, **target.env, SPOTWARP_STORAGE_OPTIONS=json.dumps(target.options))
@@ -540,7 +541,9 @@ def test_a_30_s_store_outage_leaves_the_watch_running_and_declares_no_loss(tmp_p
         link.restore()
         after = launch.quiet(12)
         events = [e["event"] for e in outage + after]
-        assert "store_unreachable" in events and "store_reachable" in events, outage + after
+        # refused reads, or one read the storage client's own retries held through the whole outage
+        said = ("store_unreachable" in events and "store_reachable" in events) or "store_slow" in events
+        assert said, outage + after
         assert "host_lost" not in events and "race_started" not in events, outage + after
         assert launch.proc.poll() is None, launch.stderr_path.read_text()
     finally:
