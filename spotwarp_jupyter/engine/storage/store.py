@@ -229,8 +229,9 @@ class Store:
             try:
                 return fn(*args, timeout=seconds, **kwargs)
             except FSTimeoutError:
-                raise TimeoutError(f"no answer within the time allowed ({seconds:.0f} s for this call; "
-                                   "SPOTWARP_STORAGE_REQUEST_TIMEOUT)") from None
+                # fsspec raises this for its own bound and for a request's timeout inside the call alike
+                raise TimeoutError(f"no answer in time (each request waits up to {self._request_timeout:g} s, "
+                                   f"this call up to {seconds:.0f} s; SPOTWARP_STORAGE_REQUEST_TIMEOUT)") from None
 
         return bounded
 
