@@ -16,7 +16,7 @@ O_DIRECT). The last column repeats full and restore against the old references (
 fsync, buffered cold read), so the change of reference stays visible for one release. `usable` is the same restore's time until the small
 variables are bound (a progressive restore); the large ones arrive by `restore`.
 A ratio that grows with size means something does not scale: the last column flags it.
-`--breakdown` adds, per size, where a full snapshot's seconds go (serialize, fingerprint, hash, write,
+`--breakdown` adds, per size, where a full snapshot's seconds go (serialize, hash, write,
 fsync: wall and CPU seconds, CPU per GB, against the best write's) and where the restore's seconds go (read, hash, page population, unpickle,
 copies, the unpickling thread's wait for reads: wall and CPU seconds, CPU per GB, gathered by
 spotwarp_jupyter.engine.timings only when asked) beside the CPU of a cold buffered and an O_DIRECT read,

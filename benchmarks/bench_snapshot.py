@@ -7,7 +7,7 @@ Every time is a median of --reps runs, divided by a reference measured in the sa
 best sequential write and read of the state's bytes (the better of a buffered write + fsync or cold read
 and O_DIRECT with several 64 MiB blocks in flight). The rows marked "old reference" repeat the snapshot
 and restore figures against the buffered write + fsync and the buffered cold read used before issue 26.
-`--breakdown` adds where the synchronous full snapshot's seconds go (serialize, fingerprint, hash, write,
+`--breakdown` adds where the synchronous full snapshot's seconds go (serialize, hash, write,
 fsync: wall and CPU seconds per phase, medians), gathered by spotwarp_jupyter.engine.timings.
 """
 

@@ -12,6 +12,7 @@ import mmap
 import sys
 from typing import Any
 
+PAGE = 4096  # the alignment O_DIRECT asks of memory and file offsets on every Linux filesystem we write to
 MADV_POPULATE_WRITE = 23  # Linux 5.14: fault a range in, writable, in one call
 MADV_FREE = 8  # Linux 4.5: the host may take the pages back when short of memory; a write first keeps them
 MADV_DONTNEED = 4  # the pages go at once; this process's next touch gets fresh ones

@@ -2,8 +2,8 @@
 
 A restore's phases: read (an O_DIRECT read's own page faults included), hash, populate (pages the CPU
 then copies into), unpickle, copy, wait for reads. A snapshot's: serialize
-(pickling, in the capturing thread), fingerprint (xxh3 of each chunk), hash (blake3 naming each new
-object), write (to its temporary or its PUT: staging copies included), fsync (making the batch durable).
+(pickling, in the capturing thread), hash (blake3 naming each stream and chunk, which also finds those
+stored already), write (to its temporary or its PUT: staging copies included), fsync (making the batch durable).
 
 Nothing is gathered unless a caller opens `collecting()`: each `phase(...)` is then one test of a
 module flag. While collecting, every phase adds its wall seconds and the CPU seconds of the thread

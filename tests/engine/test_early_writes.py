@@ -54,7 +54,7 @@ def test_a_large_buffer_is_being_written_before_its_group_is_pickled(tmp_path: P
     assert np.array_equal(out["holder"]["big"], big)
 
 
-def test_what_is_written_early_is_named_once_and_fingerprinted_once(tmp_path: Path) -> None:
+def test_what_is_written_early_is_named_once_and_hashed_once(tmp_path: Path) -> None:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(512, 1024), torch.nn.ReLU(), torch.nn.Linear(1024, 512))
     opt = torch.optim.Adam(model.parameters())
@@ -69,8 +69,8 @@ def test_what_is_written_early_is_named_once_and_fingerprinted_once(tmp_path: Pa
     engine = _engine(tmp_path / "store")
     with timings.collecting() as phases:
         manifest = engine.snapshot_kernel(ns)
-    # each object fingerprinted once: announced chunks are known again by address, not fingerprinted twice
-    assert phases.as_dict()["fingerprint"]["bytes"] == manifest.stats["bytes_total"]
+    # each object hashed once: announced chunks are known again by address, not hashed twice
+    assert phases.as_dict()["hash"]["bytes"] == manifest.stats["bytes_total"]
     assert _files(tmp_path / "store" / "early" / "objects") == set(manifest.objects)
     out: dict = {}
     engine.restore_kernel("latest", out)

@@ -47,3 +47,14 @@ def test_a_two_dimensional_fortran_ordered_column_keeps_its_shape_and_order():
 def test_a_dataframe_string_column_comes_back_equal():
     frame = pd.DataFrame({"n": np.arange(50_000), "label": [f"label-{i}-ñ" for i in range(50_000)]})
     pd.testing.assert_frame_equal(_round_trip(frame), frame)
+
+
+@pytest.mark.parametrize("odd", ["separator", "not-a-str"])
+def test_a_column_whose_odd_value_lies_past_the_first_joined_slice_is_pickled_the_usual_way(odd):
+    # the column is joined STR_ITEMS strings at a time: a value that cannot be joined, found in a later slice,
+    # still sends the whole column the usual way
+    strings: list = [f"v{i}" for i in range(3 * data.STR_ITEMS)]
+    strings[2 * data.STR_ITEMS + 5] = "a\x00b" if odd == "separator" else 7
+    pickled = pickling.dumps(np.array(strings, dtype=object))
+    assert not pickled.buffers
+    assert pickling.loads(pickled.codec, pickled.data, []).tolist() == strings

@@ -1,9 +1,12 @@
 """Persist: write a KernelImage's streams and buffers as content-addressed objects, skipping unchanged ones.
 
-Large buffers are cut into fixed chunks, each fingerprinted with xxh3; a chunk whose fingerprint
-the previous snapshot already stored is named again without being hashed or written. New chunks
-go to a pool of writer threads as soon as their group is serialized, so hashing and disk or
-network I/O overlap with serializing the next groups. On a local disk they are written as one batch
+Large buffers are cut into fixed chunks, each hashed once with blake3, which is its object id: a chunk
+an earlier snapshot already stored is named again without being written, and a new one goes to a pool of
+writer threads with its id, as soon as its group is serialized, so disk or network I/O overlaps with
+serializing the next groups. (An xxh3 fingerprint first, then blake3 for new content, cost less CPU for
+unchanged content but held the GIL: at 4 GB the pickling thread and the writers waited on it, and new
+content, most of a full snapshot, was hashed twice. blake3 lets the GIL go.) Records written before name
+chunks by an xxh3 `fp` too; they are known again by their ids. On a local disk they are written as one batch
 (Store.batch): no sync per object, one pass at the end makes them all durable before the commit; there
 the large buffers pickling will hand over are announced before the groups are even worked out, and
 written meanwhile (`_Writer.announce`).
@@ -17,8 +20,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..hashing import fingerprint
-from ..pages import address
+from ..hashing import object_id
+from ..pages import PAGE, address
 from ..pickling.bulk import bulk_buffers
 from ..storage import CHUNK_SIZE, Store
 from ..timings import phase
@@ -27,6 +30,17 @@ from .capture import EXTRAS_NAME, KernelImage
 # Buffers from this size up that pickling will hand over are written before the groups are worked out
 # (see _Writer.announce): at 4 GB the grouping walk alone kept the disk idle for 0.3 s.
 EARLY_MIN = 1024 * 1024
+
+
+def chunk_views(view: memoryview, page_aligned: bool = False) -> list[memoryview]:
+    """`view` cut into the objects it is stored as: CHUNK_SIZE pieces from its start; with `page_aligned`
+    (a local store writing with O_DIRECT) a large view not starting on a page first gives up the bytes before
+    its first page boundary as a small object of their own, so every large piece starts on a page and goes to
+    the disk straight from where it is, without a staging copy (torch and NumPy place arrays 64 or 16 bytes
+    past a page). A restore maps the buffer at the same offset into a page (load._allocate), so its pieces
+    land on pages too."""
+    head = (-(address(view) or 0)) % PAGE if page_aligned and view.nbytes >= EARLY_MIN else 0
+    return ([view[:head]] if head else []) + [view[i:i + CHUNK_SIZE] for i in range(head, view.nbytes, CHUNK_SIZE)]
 
 
 class _Cancelled(RuntimeError):
@@ -41,9 +55,9 @@ class PersistStats:
     bytes_written: int = 0
     objects_written: int = 0
     objects_reused: int = 0
-    groups_written: int = 0  # groups serialized (and fingerprinted) again
+    groups_written: int = 0  # groups serialized (and hashed) again
     groups_reused: int = 0  # groups whose previous record was named again untouched (reuse.py)
-    serialize_s: float = 0.0  # pickling and fingerprinting, in this thread, while writes ran behind
+    serialize_s: float = 0.0  # pickling and hashing, in this thread, while writes ran behind
     write_wait_s: float = 0.0  # then waiting for the last writes to be durable
     sync_s: float = 0.0  # of which the final pass making a local batch durable (sync, rename, folders)
 
@@ -54,25 +68,21 @@ def _span(view: memoryview) -> tuple[int, int] | None:
     return None if start is None else (start, start + view.nbytes)
 
 
-def known_fingerprints(records: Iterable[dict[str, Any]]) -> dict[str, tuple[str, int]]:
-    """fingerprint -> (object id, size) for every stream and chunk named by earlier kernel records."""
-    known: dict[str, tuple[str, int]] = {}
+def known_objects(records: Iterable[dict[str, Any]]) -> dict[str, int]:
+    """object id -> size for every stream and chunk named by earlier kernel records."""
+    known: dict[str, int] = {}
     for record in records:
         for group in record.get("groups", []):
-            ref = group.get("pickle") or {}
-            if ref.get("fp"):
-                known[ref["fp"]] = (ref["id"], ref["size"])
-            for buf in group.get("buffers", []):
-                for chunk in buf.get("chunks", []):
-                    if chunk.get("fp"):
-                        known[chunk["fp"]] = (chunk["id"], chunk["size"])
+            for ref in [group.get("pickle") or {}, *(c for b in group.get("buffers", []) for c in b.get("chunks", []))]:
+                if ref.get("id"):
+                    known[ref["id"]] = int(ref["size"])
     return known
 
 
 class _Writer:
-    """Slots to fill with object refs; new content is written once, in the background, as it arrives."""
+    """Object refs for a kernel record; new content is written once, in the background, as it arrives."""
 
-    def __init__(self, store: Store, known: dict[str, tuple[str, int]],
+    def __init__(self, store: Store, known: dict[str, int],
                  on_written: Callable[[memoryview], None] | None = None):
         self.store = store
         self.known = known
@@ -84,14 +94,15 @@ class _Writer:
         self.writes: dict[str, Future] = {}
         batch = getattr(store, "batch", None)
         self.pending = batch() if batch is not None else None
-        self.slots: list[tuple[dict[str, Any], str]] = []
+        self.page_aligned = self.pending is not None and getattr(self.pending, "direct", False)
+        self.named: set[str] = set()  # ids of new objects the record names (not those taken back in `finish`)
         self._checked: dict[str, bool] | None = None
         self._views: dict[str, memoryview] = {}
         self._written: list[memoryview] = []
         self._all_known = False
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()
-        # chunks announced before serializing, by (address, size): each a future of (fingerprint, known id or None);
+        # chunks announced before serializing, by (address, size): each a future of (object id, known id or None);
         # the announced views are held until the end, so no other buffer can take their addresses meanwhile
         self._early: dict[tuple[int, int], Future] = {}
         self._announced: list[memoryview] = []
@@ -99,7 +110,7 @@ class _Writer:
         self._early_error: BaseException | None = None
 
     def announce(self, views: Iterable[memoryview]) -> None:
-        """Buffers that serializing will hand over later: fingerprinted (in a thread of their own, a fast pass)
+        """Buffers that serializing will hand over later: hashed (in a thread of their own, without the GIL)
         and written from now on, while the groups are worked out and pickled. `add` knows each chunk again by
         its address and size; a write nothing then names is taken back in `finish` (only for a local batch,
         where it can be: see persist_image)."""
@@ -110,9 +121,8 @@ class _Writer:
             if start is None:
                 continue
             self._announced.append(view)
-            for i in range(0, view.nbytes, CHUNK_SIZE):
-                chunk = view[i:i + CHUNK_SIZE]
-                key = (start + i, chunk.nbytes)
+            for chunk in chunk_views(view, self.page_aligned):
+                key = (address(chunk), chunk.nbytes)
                 if key not in self._early:
                     self._early[key] = Future()
                     chunks.append((chunk, self._early[key]))
@@ -133,37 +143,34 @@ class _Writer:
                 return
 
     def _look_at(self, view: memoryview) -> tuple[str, str | None]:
-        """(fingerprint, id of the stored object it names again or None); queues the write of new content."""
+        """(object id, the same id when an earlier snapshot stored it, else None); queues the write of new content."""
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
-        with phase("fingerprint", view.nbytes):
-            fp = fingerprint(view)
-        hit = self.known.get(fp)
-        if hit and hit[1] == view.nbytes and self._still_there(hit[0]):
-            return fp, hit[0]
+        with phase("hash", view.nbytes):
+            oid = object_id(view)
+        if self.known.get(oid) == view.nbytes and self._still_there(oid):
+            return oid, oid
         with self._lock:
-            if fp not in self.writes:
-                self._views[fp] = view
-                self.writes[fp] = self.pool.submit(self._put, view)
-        return fp, None
+            if oid not in self.writes:
+                self._views[oid] = view
+                self.writes[oid] = self.pool.submit(self._put, view, oid)
+        return oid, None
 
     def add(self, view: memoryview) -> dict[str, Any]:
         start = address(view) if self._early else None
         early = self._early.get((start, view.nbytes)) if start is not None else None
-        fp, oid = early.result() if early is not None else self._look_at(view)
-        ref: dict[str, Any] = {"size": view.nbytes, "fp": fp}
+        oid, known = early.result() if early is not None else self._look_at(view)
         self.stats.bytes_total += view.nbytes
-        if oid is not None:
-            ref["id"] = oid
+        if known is not None:
             self.stats.objects_reused += 1
-            return ref
-        self.slots.append((ref, fp))
-        return ref
+        else:
+            self.named.add(oid)
+        return {"size": view.nbytes, "id": oid}
 
-    def _put(self, view: memoryview) -> tuple[str, int]:
+    def _put(self, view: memoryview, oid: str) -> tuple[str, int]:
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
-        oid, size = self.store.put_object(view, cancel=self.cancel, pending=self.pending)
+        oid, size = self.store.put_object(view, oid, cancel=self.cancel, pending=self.pending)
         if self.on_written is not None:
             with self._lock:
                 self._written.append(view)
@@ -182,8 +189,8 @@ class _Writer:
         if not self._all_known:
             return
         written = {id(v) for v in self._written}
-        unwritten = [_span(v) for fp, v in self._views.items()
-                     if id(v) not in written and not self.writes[fp].done()]
+        unwritten = [_span(v) for oid, v in self._views.items()
+                     if id(v) not in written and not self.writes[oid].done()]
         keep = []
         for view in self._written:
             span = _span(view)
@@ -203,13 +210,13 @@ class _Writer:
         # a concurrent `gc` may have dropped an object only old snapshots named
         with self._check_lock:
             if self._checked is None:  # one batched question (parallel on object stores), not one per object
-                ids = {oid for oid, _size in self.known.values()}
+                ids = set(self.known)
                 present = self.store.present(ids)
                 self._checked = {i: i in present for i in ids}
         return self._checked.get(oid, False) or self.store.has_object(oid)
 
     def finish(self) -> None:
-        """Wait for every write and make them durable; fill the slots; raise the first failure (nothing is committed then)."""
+        """Wait for every write and make them durable; raise the first failure (nothing is committed then)."""
         try:
             if self._early_thread is not None:
                 self._early_thread.join()  # every announced chunk's write is queued by now
@@ -218,15 +225,14 @@ class _Writer:
                 raise (self._early_error if not isinstance(self._early_error, _Cancelled)
                        else self._first_failure()) from None
             results = {}
-            for fp, future in self.writes.items():
+            for oid, future in self.writes.items():
                 try:
-                    results[fp] = future.result()
+                    results[oid] = future.result()
                 except BaseException:  # noqa: BLE001 - the first failure is raised in its place
                     self.cancel.set()
                     raise self._first_failure() from None
-            named = {fp for _ref, fp in self.slots}
-            for fp in [fp for fp in results if fp not in named]:  # announced, written, then never handed over
-                oid, _size = results.pop(fp)
+            for oid in [oid for oid in results if oid not in self.named]:  # announced, written, then never handed over
+                results.pop(oid)
                 if self.pending is not None:
                     self.pending.forget(self.store.object_path(oid))
             if self.pending is not None:
@@ -235,8 +241,6 @@ class _Writer:
             for oid, size in results.values():
                 self.stats.bytes_written += size
                 self.stats.objects_written += 1
-            for ref, fp in self.slots:
-                ref["id"] = results[fp][0]
         finally:
             self.cancel.set()
             self.pool.shutdown(wait=True, cancel_futures=True)
@@ -253,7 +257,7 @@ def persist_image(
     `on_written(view)` runs after each new buffer is stored (written to storage, or to a local batch's
     temporary: its memory is no longer needed; a forked writer releases its pages).
     """
-    writer = _Writer(store, known_fingerprints(previous), on_written)
+    writer = _Writer(store, known_objects(previous), on_written)
     if image.pending is not None and writer.pending is not None:
         # a local batch can take back an early write that nothing names; an object store's PUT is final
         image.before_grouping = lambda values: writer.announce(bulk_buffers(values, EARLY_MIN))
@@ -269,7 +273,7 @@ def persist_image(
             buffers = []
             for view in g.pickled.buffers:
                 view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-                chunks = [writer.add(view[i:i + CHUNK_SIZE]) for i in range(0, view.nbytes, CHUNK_SIZE)]
+                chunks = [writer.add(chunk) for chunk in chunk_views(view, writer.page_aligned)]
                 buffers.append({"size": view.nbytes, "chunks": chunks})
             groups.append({
                 "names": g.names,

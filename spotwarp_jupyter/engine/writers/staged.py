@@ -30,7 +30,7 @@ from ..incremental import ReusePlan
 from ..variables import CaptureOptions, KernelImage
 from .background import BackgroundSnapshot, capture_now, run_writer_thread, start_background
 
-_ALIGN = 4096  # each copy starts on a page: a stored buffer's pages can be given back alone
+_ALIGN = pages.PAGE  # each copy has pages of its own (they can be given back alone), at its source's offset into a page
 _PIECE = 32 << 20  # copies are cut into pieces so every core shares a single large tensor
 # at least 4 copiers even on 2 cores: on a busy machine the kernel's share of the CPU during the pause
 # grows with its runnable threads (the training threads wait meanwhile)
@@ -39,7 +39,7 @@ _COPIERS = min(8, max(4, os.cpu_count() or 1))
 
 def staged_bytes(image: KernelImage) -> int:
     """Bytes `stage` would copy: every out-of-band buffer not backed by an immutable bytes object."""
-    return sum(_aligned(v.nbytes) for v in _mutable_views(image))
+    return sum(_room(v) for v in _mutable_views(image))
 
 
 def memory_for_staging(meminfo: Path = Path("/proc/meminfo"), cgroup: Path = Path("/sys/fs/cgroup")) -> int:
@@ -113,18 +113,19 @@ def stage(image: KernelImage, arena: StagingArena | None = None) -> tuple[int, m
     return the bytes copied and the region holding the copies (None when there was nothing to copy)."""
     views = [(group.pickled.buffers, index, view) for group in image.groups
              for index, view in enumerate(group.pickled.buffers) if _is_mutable(view)]
-    total = sum(_aligned(view.nbytes) for _, _, view in views)
+    total = sum(_room(view) for _, _, view in views)
     if not total:
         return 0, None
     region = arena.take(total) if arena is not None else _fresh(total)
     base = memoryview(region)
     jobs, targets, offset = [], [], 0
     for buffers, index, view in views:
-        target = base[offset:offset + view.nbytes]
+        skip = _offset_in_page(view)
+        target = base[offset + skip:offset + skip + view.nbytes]
         source = view.cast("B") if view.format != "B" or view.ndim != 1 else view
         jobs.extend((target[lo:lo + _PIECE], source[lo:lo + _PIECE]) for lo in range(0, view.nbytes, _PIECE))
         targets.append((buffers, index, target))
-        offset += _aligned(view.nbytes)
+        offset += _room(view)
     try:
         with ThreadPoolExecutor(max_workers=_COPIERS, thread_name_prefix="spotwarp-stage") as pool:
             for _ in pool.map(_copy, jobs):
@@ -189,6 +190,18 @@ def _fresh(nbytes: int) -> mmap.mmap:
 
 def _aligned(nbytes: int) -> int:
     return (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
+
+
+def _offset_in_page(view: memoryview) -> int:
+    """Where the source starts within its page: its copy starts there too, so a local store cuts both into
+    the same objects (variables.save.chunk_views), and an unchanged buffer is known again whichever was saved."""
+    start = pages.address(view)
+    return start % _ALIGN if start is not None else 0
+
+
+def _room(view: memoryview) -> int:
+    """Bytes of the region the copy of `view` takes: whole pages, from its offset into the first."""
+    return _aligned(_offset_in_page(view) + view.nbytes)
 
 
 def _copy(job: tuple[memoryview, memoryview]) -> None:
