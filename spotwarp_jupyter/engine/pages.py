@@ -55,10 +55,12 @@ def populate_view(view: memoryview) -> bool:
 
 
 def populate_range(address: int, nbytes: int) -> bool:
-    """`populate` for part of a map, by address (pieces of one map are faulted in by several threads)."""
+    """`populate` for part of a map, by address (pieces of one map are faulted in by several threads), from
+    the start of the page holding `address` (madvise takes page-aligned addresses only)."""
     if _libc is None or nbytes <= 0:
         return False
-    return _libc.madvise(address, nbytes, MADV_POPULATE_WRITE) == 0
+    start = address - address % mmap.PAGESIZE
+    return _libc.madvise(start, nbytes + address - start, MADV_POPULATE_WRITE) == 0
 
 
 def free_range(address: int, nbytes: int) -> bool:

@@ -94,3 +94,10 @@ def test_a_staged_copy_keeps_its_sources_offset_so_both_are_cut_alike() -> None:
     assert copied == len(region) and set(before) == set(after) == {tensor.nbytes, array.nbytes}
     for nbytes, source in before.items():
         assert after[nbytes] != source and after[nbytes] % PAGE == source % PAGE
+
+
+def test_a_range_from_an_offset_into_a_page_is_populated() -> None:
+    # a staged copy starts at its source's offset into a page; madvise takes page-aligned addresses only
+    region = mmap.mmap(-1, 4 * PAGE)
+    start = pages.address(memoryview(region))
+    assert pages.populate_range(start + 100, 2 * PAGE)
