@@ -40,7 +40,6 @@ DIRECT_MIN = 4 * 1024 * 1024
 # A destination the CPU copies into (from the page cache, or an object store's bytes) gets its pages
 # populated in one call first from this size up.
 POPULATE_MIN = 1024 * 1024
-_ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 
 
@@ -71,7 +70,7 @@ def populate_for_copy(target: memoryview) -> None:
 
 def _direct_worth_it(fd: int, target: memoryview) -> bool:
     """O_DIRECT when the object is large, the destination aligned and most of the file not in the page cache."""
-    if not _O_DIRECT or target.nbytes < DIRECT_MIN or (pages.address(target) or 1) % _ALIGN:
+    if not _O_DIRECT or target.nbytes < DIRECT_MIN or (pages.address(target) or 1) % pages.PAGE:
         return False
     if not env_int("SPOTWARP_DIRECT_READS", 1, 0):  # 0: always through the page cache
         return False
@@ -121,12 +120,12 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
     along with the last piece into a scratch page (one request, no separate small read queued behind the
     large ones) and is copied into place.
     """
-    whole = target.nbytes // _ALIGN * _ALIGN
+    whole = target.nbytes // pages.PAGE * pages.PAGE
     try:
         fd = os.open(path, os.O_RDONLY | _O_DIRECT)
     except OSError:
         return 0  # a filesystem without O_DIRECT (tmpfs before 6.6, some overlays): read through the cache
-    scratch = mmap.mmap(-1, _ALIGN) if target.nbytes > whole else None
+    scratch = mmap.mmap(-1, pages.PAGE) if target.nbytes > whole else None
     starts = iter(range(0, whole, READ_PIECE))
     got = 0
     try:

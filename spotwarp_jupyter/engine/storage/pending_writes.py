@@ -13,7 +13,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 
 from ..hashing import Buffer
-from ..pages import address
+from ..pages import PAGE, address
 from ..timings import phase
 from .local_files import fsync_folder, temporary_name, unlink_quietly
 
@@ -47,7 +47,6 @@ _start_writeback = _writeback_starter()
 # sync() still fdatasyncs every file before renaming it. A filesystem that refuses gets buffered writes.
 DIRECT_MIN = 1024 * 1024
 DIRECT_PIECE = 8 * 1024 * 1024  # staging buffer per writer thread (a multiple of any logical block size)
-_DIRECT_ALIGN = 4096
 _O_DIRECT = getattr(os, "O_DIRECT", 0)
 _staging = threading.local()
 
@@ -67,7 +66,7 @@ _copy = ctypes.memmove
 def _page_aligned(view: memoryview) -> bool:
     """Whether `view` starts on a page (a staged copy does), so O_DIRECT can take it as it is."""
     start = address(view)
-    return start is not None and start % _DIRECT_ALIGN == 0
+    return start is not None and start % PAGE == 0
 
 
 def _write_all(fd: int, view: memoryview) -> None:
@@ -82,7 +81,7 @@ def _write_direct(fd: int, view: memoryview) -> bool:
     False (nothing written, O_DIRECT cleared) when the filesystem refuses direct writes.
     """
     staging = None if _page_aligned(view) else _staging_buffer()  # an aligned view is written from where it is
-    aligned = view.nbytes - view.nbytes % _DIRECT_ALIGN
+    aligned = view.nbytes - view.nbytes % PAGE
     source = address(view) if staging is not None else None
     target = address(staging) if staging is not None else None
     done = 0

@@ -102,7 +102,7 @@ class _Writer:
         self._all_known = False
         self._lock = threading.Lock()
         self._check_lock = threading.Lock()
-        # chunks announced before serializing, by (address, size): each a future of (object id, known id or None);
+        # chunks announced before serializing, by (address, size): each a future of (object id, stored already);
         # the announced views are held until the end, so no other buffer can take their addresses meanwhile
         self._early: dict[tuple[int, int], Future] = {}
         self._announced: list[memoryview] = []
@@ -142,26 +142,26 @@ class _Writer:
                     later.set_exception(exc)
                 return
 
-    def _look_at(self, view: memoryview) -> tuple[str, str | None]:
-        """(object id, the same id when an earlier snapshot stored it, else None); queues the write of new content."""
+    def _look_at(self, view: memoryview) -> tuple[str, bool]:
+        """(object id, whether an earlier snapshot stored it); queues the write of new content."""
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
         with phase("hash", view.nbytes):
             oid = object_id(view)
         if self.known.get(oid) == view.nbytes and self._still_there(oid):
-            return oid, oid
+            return oid, True
         with self._lock:
             if oid not in self.writes:
                 self._views[oid] = view
                 self.writes[oid] = self.pool.submit(self._put, view, oid)
-        return oid, None
+        return oid, False
 
     def add(self, view: memoryview) -> dict[str, Any]:
         start = address(view) if self._early else None
         early = self._early.get((start, view.nbytes)) if start is not None else None
-        oid, known = early.result() if early is not None else self._look_at(view)
+        oid, stored = early.result() if early is not None else self._look_at(view)
         self.stats.bytes_total += view.nbytes
-        if known is not None:
+        if stored:
             self.stats.objects_reused += 1
         else:
             self.named.add(oid)
