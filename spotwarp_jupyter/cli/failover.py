@@ -11,7 +11,7 @@ from typing import Any
 
 from ..engine import ConfigError, SpotWarpError
 from ..engine.units import format_duration
-from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, command
+from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _stored_engine, command
 
 
 @command("watch")
@@ -271,7 +271,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     from ..engine.coordination import DamagedLease, Lease, read_lease
     from ..engine.coordination.heartbeats import MAX_HOSTS, heartbeat_ids
 
-    engine = _engine(args)
+    engine = _stored_engine(args)
     damaged = None
     try:
         lease = read_lease(engine.store)

@@ -6,12 +6,12 @@ import argparse
 
 from ..engine.units import format_duration
 from ..service import Project
-from .common import EXIT_OK, _engine, _print, command
+from .common import EXIT_OK, _print, _stored_engine, command
 
 
 @command("report")
 def cmd_report(args: argparse.Namespace) -> int:
-    project = Project(_engine(args))
+    project = Project(_stored_engine(args))
     data = {"project": project.name, **project.report()}
     fmt = lambda s: "-" if s is None else format_duration(s)  # noqa: E731
     lines = [f"project {data['project']}: {data['preemptions_survived']} of {data['preemptions']} preemptions "

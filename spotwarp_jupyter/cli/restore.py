@@ -14,12 +14,22 @@ from ..engine.coordination import Fence
 from ..engine.units import format_duration, format_size
 from ..service import VIA_CLI, VIA_START, Project, RestoreResult
 from ..service.wire import cli_restore_json, start_restore_json
-from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _ProgressBar, _show_held_warnings, _workspace, command
+from .common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    _engine,
+    _print,
+    _ProgressBar,
+    _show_held_warnings,
+    _stored_engine,
+    _workspace,
+    command,
+)
 
 
 @command("restore")
 def cmd_restore(args: argparse.Namespace) -> int:
-    engine = _engine(args)
+    engine = _stored_engine(args)
     project = Project(engine, engine.settings.workspace)
     result = _restore(project, args.snapshot, VIA_CLI, quiet=args.json)
     assert result is not None  # not files_only: a missing snapshot raised SnapshotNotFound
