@@ -7,7 +7,7 @@ from typing import Any
 from .. import safepoints
 from ..training import register_state_providers
 from ..training.resumable import on_resume as resume_hooks
-from . import access_hook, notices
+from . import access_hook, banner_tip, notices
 from . import comm as comm_target
 from . import session as session_module
 from .magics import SpotWarpMagics, cell_id
@@ -25,6 +25,7 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
+    banner_tip.install()  # a kernel_info (a tab connecting) no longer draws from the notebook's `random`
     safepoints.set_handler(magics.session.at_safe_point)
     access_hook.install(ipython, magics.session.access)  # which variables each cell can touch
     magics.session.arrivals.transform = ipython.transform_cell
@@ -158,4 +159,5 @@ def unload_ipython_extension(ipython) -> None:
     access_hook.uninstall(ipython)
     comm_target.unregister()
     notices.uninstall(ipython)
+    banner_tip.uninstall()
     session_module.set_current(None)

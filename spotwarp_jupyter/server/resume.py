@@ -29,6 +29,7 @@ from jupyter_core.utils import ensure_async
 from ..engine import Manifest, SnapshotEngine, SpotWarpError
 from ..engine.journal import KERNEL_RESUMED
 from .cell_outputs import Outputs, open_outputs, private_missing
+from .kernel_link import wait_until_served
 
 log = logging.getLogger("spotwarp")
 RESTORE_TIMEOUT_S = 600.0
@@ -285,7 +286,7 @@ async def _run_asked(resumer: Resumer, km: Any, kernel_id: str, plan: Plan, runn
     client = km.client()
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     try:
-        await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+        await wait_until_served(client, RESTORE_TIMEOUT_S)  # no kernel_info: the restored `random` stays as it is
         status = await CellRun(resumer, client, kernel_id, plan, running).run()
     except asyncio.CancelledError:
         raise

@@ -139,3 +139,26 @@ def test_the_notebook_record_is_replaced_whole_and_records_of_gone_kernels_are_r
         "kernel-live.json", "spotwarp-notebook-of-kernel-live.json"]  # no temporary left, the gone kernel's removed
     for bad in ({}, {"notebook": ""}, {"notebook": 3}, [], {"notebook": "a\0b"}):
         assert read_notebook_record(bad) is None
+
+
+async def test_a_rename_in_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_ws_fetch, jp_root_dir, caplog, capfd):
+    """Only kernels with SpotWarp loaded handle its control requests; any other logs an ERROR line for one."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="spotwarp")
+    (jp_root_dir / "Untitled.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                            "nbformat_minor": 5}))
+    kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "Untitled.ipynb")
+    try:
+        assert (await execute(ws, "print('plain')")).strip() == "plain"
+        await _rename(jp_fetch, "Untitled.ipynb", "plain.ipynb")
+
+        async def handled():  # the server is done with the rename: told the kernel, or left it the record
+            return any(kid in r.getMessage() and "plain.ipynb" in r.getMessage() for r in caplog.records)
+        await _wait_for(handled, what="the server handling the rename")
+        assert (await execute(ws, "print('still plain')")).strip() == "still plain"
+    finally:
+        ws.close()
+        await jp_fetch("api", "kernels", kid, method="DELETE")
+    logged = capfd.readouterr()
+    assert "spotwarp_rename_request" not in logged.err + logged.out
