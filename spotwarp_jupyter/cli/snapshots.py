@@ -36,7 +36,7 @@ def cmd_status(args: argparse.Namespace) -> int:
     if served is not None:  # no project named anywhere: the one the running server serves, not `default`
         args.project, args.storage = served["project"], args.storage or served["storage"]
     # the project a running server serves is there even before its first snapshot
-    status = Project(_engine(args) if served else _stored_engine(args)).status(recent_events=5)
+    status = Project(_engine(args) if served else _stored_engine(args, empty_storage_ok=True)).status(recent_events=5)
     data = cli_status_json(status)
     text = [f"project  {status.project}" + (f" (served at {served['url']})" if served else ""),
             f"storage  {status.storage}", f"snapshots {status.snapshots}"]

@@ -152,6 +152,8 @@ def test_a_project_id_the_storage_holds_nothing_of_is_named_and_nothing_is_creat
         assert result.returncode == 1, (command, result)
         assert f"spotwarp {command[0]}: project 'dmeo' has no snapshots in {target.url}; projects there: demo, train" \
             == result.stderr.strip(), (command, result.stderr)
+    launch = cli("launch", "--project-id", "dmeo", "--provider", "local", "--workspace-path", str(workspace), env=env)
+    assert launch.returncode == 1 and "(projects there: demo, train)" in launch.stderr, launch
     for command in (["list"], ["status"], ["report"], ["hosts"], ["verify"]):  # read-only: nothing written
         assert cli(*command, "--project-id", "demo", env=env).returncode == 0, command
     assert stored() == before
