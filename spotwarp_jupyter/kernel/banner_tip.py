@@ -3,7 +3,7 @@
 IPython (9.x) picks the banner's tip with the global `random.choice` each time the banner is built, which an
 ipykernel does for every `kernel_info_request`: each browser tab that connects, each client a server opens.
 A notebook that seeds `random` and draws from it (a loss, an augmentation) then gets other numbers than an
-undisturbed run, and a resumed run is no longer the run it continues. While SpotWarp is loaded the shell's
+undisturbed run, and a resumed run does not continue the run it came from. While SpotWarp is loaded the shell's
 banner takes its tip from a private `random.Random`; `%unload_ext spotwarp` puts IPython's own back
 (docs/upstream/ipython-banner-tip-random.md is the report for IPython itself).
 """

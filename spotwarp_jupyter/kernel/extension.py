@@ -25,7 +25,7 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
-    banner_tip.install()  # a kernel_info (a tab connecting) no longer draws from the notebook's `random`
+    banner_tip.install()  # a kernel_info (a tab connecting) draws nothing from the notebook's `random`
     safepoints.set_handler(magics.session.at_safe_point)
     access_hook.install(ipython, magics.session.access)  # which variables each cell can touch
     magics.session.arrivals.transform = ipython.transform_cell
