@@ -41,6 +41,8 @@ export function emptyReport(): IReport {
 /** One preemption as the journal's report lists it: spot-a lost to an AWS notice, resumed on spot-b. */
 export function preemption(over: Partial<IReportRow> = {}): IReportRow {
   return {
+    time: '2026-12-02T10:30:00.000Z',
+    with_notice: true,
     notice: '2026-12-02T10:30:00.000Z',
     host: 'spot-a',
     source: 'aws',
