@@ -97,6 +97,7 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
           {kernels.map(k => (
             <li key={k.kernel_id}>
               {k.notebook || k.kernel_id}: {lastOf(k.last_snapshot, now)}
+              {k.execution_state === 'busy' && ' · busy: running a cell (it answers once the cell ends)'}
             </li>
           ))}
         </ul>

@@ -165,6 +165,11 @@ export interface components {
                 notebook: string | null;
                 /** @description Newest snapshot holding this notebook's state */
                 last_snapshot: string | null;
+                /**
+                 * @description The kernel's state as the server last heard it (busy while a cell runs, idle, starting); a busy
+                 *     kernel answers no request until its cell ends, and is not gone
+                 */
+                execution_state: string | null;
             }[];
             /** @description Preemption watchers */
             watchers: components["schemas"]["Watcher"][];

@@ -79,7 +79,9 @@ export class FakeServer {
       storage: 'gs://bucket/spotwarp',
       workspace: '/work/ws',
       last_snapshot: this.snapshots[0] ? { ...this.snapshots[0], age_s: 12 } : null,
-      kernels: [{ kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0]?.id ?? null }],
+      kernels: [
+        { kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0]?.id ?? null, execution_state: 'idle' }
+      ],
       watchers: [
         { name: 'sigterm', state: 'watching', endpoint: null, last_notice: null },
         {

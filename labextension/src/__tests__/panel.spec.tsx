@@ -72,6 +72,16 @@ describe('StatusView, EventsView, ServerNotice', () => {
       "Project's newest snapshot"
     );
     expect(screen.getByText("Kernels: each notebook's last snapshot")).toBeTruthy();
+    expect(document.querySelector('.jp-SpotWarp-kernels li')?.textContent).toBe('train.ipynb: a1b2c3d4');
+  });
+
+  it('says a kernel running a cell is busy, not gone', () => {
+    const status = new FakeServer().status();
+    status.kernels = [{ ...status.kernels[0], last_snapshot: 'a1b2c3d4', execution_state: 'busy' }];
+    render(<StatusView status={status} error={null} />);
+    expect(document.querySelector('.jp-SpotWarp-kernels li')?.textContent).toBe(
+      'train.ipynb: a1b2c3d4 · busy: running a cell (it answers once the cell ends)'
+    );
     // what watches this host first; watchers of other clouds (diagnostics) behind a closed disclosure
     const watchers = [...document.querySelectorAll('.jp-SpotWarp-watcher')];
     expect(watchers.map(w => w.className)).toEqual([
