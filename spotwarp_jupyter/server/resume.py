@@ -104,8 +104,9 @@ def _text(source: Any) -> str:
 
 
 def the_loss(service: Any, snapshot_id: str, own_id: str | None) -> dict[str, Any]:
-    """What is known of the loss of the host this one resumes from (blocking: reads the store), and, when it came
-    with no fatal notice recorded, a `preemption_detected` event in the journal: the report and the panel count it.
+    """What is known of the loss of the host this one resumes from (blocking: reads the store), and, when a host
+    served the project after the snapshot and stopped with no notice or final snapshot recorded, a
+    `preemption_detected` event in the journal: the report and the panel count it.
 
     Its end is the orchestrator's `host_lost`, else the newest heartbeat of another serving host around the
     snapshot (a heartbeat is written every few seconds: the host ran until then, at least)."""
@@ -117,10 +118,10 @@ def the_loss(service: Any, snapshot_id: str, own_id: str | None) -> dict[str, An
     manifest = next((m for m in engine.manifests() if m.id == snapshot_id), None)
     events = service.journal.events()
     finals = {e.snapshot for e in events if e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True)}
-    loss: dict[str, Any] = {"final": snapshot_id in finals, "finals": sorted(f for f in finals if f)}
+    loss: dict[str, Any] = {"finals": sorted(f for f in finals if f)}
     since = manifest.created if manifest is not None else began
     beats = [d for d in read_heartbeats(engine.store) if d.get("id") != own_id and d.get("state") in (SERVING, HOLDER)
-             and since - stale_after(d) <= float(d.get("time") or 0) <= began + 3600]
+             and float(d.get("time") or 0) >= since - stale_after(d)]
     if beats:
         lost = max(beats, key=lambda d: float(d["time"]))
         loss.update(host=str(lost.get("host") or lost["id"]), lost_at=float(lost["time"]),
@@ -131,7 +132,7 @@ def the_loss(service: Any, snapshot_id: str, own_id: str | None) -> dict[str, An
         loss["lost_at"] = float(orchestrated[-1].details["lost_at"])
     run_began = loss.get("run_began") if isinstance(loss.get("run_began"), (int, float)) else None
     loss["with_notice"] = not loss_without_notice(events, began, run_began)
-    if not loss["with_notice"]:
+    if not loss["with_notice"] and "lost_at" in loss:  # a host served after the snapshot, and is gone
         service.journal.record(PREEMPTION_DETECTED, snapshot_id, lost_host=loss.get("host"),
                                lost_at=loss.get("lost_at"), started_at=began)
     return loss

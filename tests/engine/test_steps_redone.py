@@ -105,3 +105,8 @@ def test_a_loss_is_without_notice_unless_a_fatal_notice_came_since_the_lost_run_
     assert loss_without_notice([notice], started_at=100.0) is False  # host-a's notice, its run never restored
     assert loss_without_notice([notice, resumed_b, warning], started_at=100.0) is True  # host-b: no fatal notice
     assert loss_without_notice([notice], started_at=100.0, lost_run_began=70.0) is True
+
+
+def test_a_final_snapshot_asked_for_a_replacement_is_a_planned_end_not_a_loss():
+    replaced = Event(FINAL_SNAPSHOT_COMMITTED, 90.0, "host-a", "s9", details={"fatal": False})
+    assert loss_without_notice([replaced], started_at=100.0) is False

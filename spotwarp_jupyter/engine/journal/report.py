@@ -95,16 +95,19 @@ def _totals(rows: list[dict[str, Any]], events: Sequence[Event]) -> dict[str, An
 
 
 def loss_without_notice(events: Sequence[Event], started_at: float, lost_run_began: float | None = None) -> bool:
-    """Whether the host a new host resumes from stopped with no fatal notice recorded (a SIGKILL, a lost machine).
+    """Whether the host a new host resumes from stopped with neither a fatal notice nor a final snapshot recorded
+    (a SIGKILL, a lost machine).
 
-    A fatal notice ends its host's run, so one recorded since that run began (the newest restore, resume or
-    detected loss before `started_at`, this host's start, or `lost_run_began` when its heartbeat says) was that
-    host's; none means the loss came without one."""
+    A fatal notice ends its host's run, and a final snapshot (a notice's, or one `spotwarp launch --replace` asked
+    for) precedes a planned end, so one recorded since that run began (the newest restore, resume or detected loss
+    before `started_at`, this host's start, or `lost_run_began` when its heartbeat says) was that host's; none means
+    the loss came without one."""
     began = max((e.time for e in events if e.event in RECOVERIES and e.time < started_at),
                 default=float("-inf"))
     if lost_run_began is not None:
         began = max(began, lost_run_began)
-    return not any(e.event == NOTICE_SEEN and e.details.get("fatal", True) and e.time > began for e in events)
+    return not any(e.time > began and (e.event == FINAL_SNAPSHOT_COMMITTED
+                                       or (e.event == NOTICE_SEEN and e.details.get("fatal", True))) for e in events)
 
 
 def _lost_at(event: Event) -> float | None:
