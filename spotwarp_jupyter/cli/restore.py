@@ -66,6 +66,18 @@ def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool
         bar.close()
 
 
+def _resumed_from(result: RestoreResult, now: float | None = None) -> str:
+    """`spotwarp start`'s first word on a new host: the snapshot it resumes from, when it was taken and how old it
+    is, what came back."""
+    snap, report = result.snapshot, result.files
+    age = max(0.0, (time.time() if now is None else now) - snap.created_ts)
+    text = f"spotwarp: restored snapshot {snap.id} of {snap.created} ({format_duration(age)} old, from {snap.host})"
+    if report is not None:
+        text += (f": {report.files_restored} files, {format_size(report.bytes_restored)} in "
+                 f"{format_duration(report.duration_s)}")
+    return text
+
+
 def _restore_summary(result: RestoreResult) -> str:
     report, snap = result.files, result.snapshot
     assert report is not None
@@ -109,6 +121,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         else:
             summary["restored"] = start_restore_json(result)
             if not args.json:
+                print(_resumed_from(result))
                 print(_restore_summary(result))
                 if result.snapshot.notebooks and getattr(args, "no_resume", False):
                     print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "

@@ -57,7 +57,7 @@ class Project:
             recent = self.journal.events(limit=recent_events) if recent_events > 0 else []
         last = SnapshotSummary.of(listing[0]) if listing else None
         kernels = [LiveKernel(k.kernel_id, k.notebook, next(
-            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None)) for k in live]
+            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None), k.execution_state) for k in live]
         return ProjectStatus(
             project=self.name, storage=self.engine.settings.storage, workspace=self.workspace,
             snapshots=len(listing), last_snapshot=last, age_s=None if last is None else last.age_s(),

@@ -67,6 +67,7 @@ class LiveKernel:
     kernel_id: str
     notebook: str | None
     last_snapshot: str | None = None
+    execution_state: str | None = None  # as the server last heard it: "busy" while a cell runs, "idle", ...
 
 
 @dataclass(frozen=True)

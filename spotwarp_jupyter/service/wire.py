@@ -66,8 +66,8 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
     return {
         "version": server.version, "project": status.project, "storage": status.storage,
         "workspace": status.workspace, "last_snapshot": _last_snapshot(status),
-        "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot}
-                    for k in status.kernels],
+        "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot,
+                     "execution_state": k.execution_state} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
         "failover": server.failover, "resume": [dict(e) for e in server.resume],
     }

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -77,6 +78,10 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
     try:
         b.wait_ready()
         assert f"from snapshot {second['id']}" in b.log() and "restored 6 files" in b.log()
+        # its first line names the snapshot it resumed from, when it was taken, its age and what came back
+        said = re.search(rf"spotwarp: restored snapshot {second['id']} of {re.escape(second['created'])} "
+                         r"\([^()]+ old, from [^)]+\): 6 files, ", b.log())
+        assert said, b.log()
         expected = {k: v for k, v in tree(ws_a).items() if not k.startswith(("scratch/", ".ipynb_checkpoints/"))}
         assert tree(ws_b) == expected  # byte-identical, ignored files left out
         assert (ws_b / "configs" / "deep" / "run.yaml").read_text() == "lr: 0.005\nepochs: 4\n"

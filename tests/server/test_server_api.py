@@ -328,6 +328,9 @@ class TestBusyKernel:
             assert snap["stats"]["kernels_stale"] == ["busy.ipynb"] and snap["stats"]["kernels_fresh"] == []
             assert "busy.ipynb" in snap["stats"]["kernels_missing"]
             assert snap["notebooks"] == ["busy.ipynb"] and "epoch" in snap["variables"]
+            # the status says why it did not answer: busy (the server heard it), not gone
+            _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+            assert [k["execution_state"] for k in status["kernels"] if k["notebook"] == "busy.ipynb"] == ["busy"]
             flag.write_text("go")
             await execute(ws, "epoch = 0")
             code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
