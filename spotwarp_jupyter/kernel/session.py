@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
+from ..engine.files import Cut
 from ..engine.incremental import ReusePlan, StaleBaseline
 from ..engine.manifests import package_versions
 from ..engine.variables import LoadResult
@@ -127,6 +128,16 @@ class KernelSession:
                 "running": None if running is None else {"id": running[0], "source": running[1]},
                 "at": "cell" if running is None else ("step" if at == "step" else "call")}
 
+    def cut(self) -> Cut | None:
+        """The workspace at this instant, committed with the snapshot taken now (engine/files/cut.py): a stat of
+        every file, and the small files changed since this kernel's last snapshot read now; None without a
+        workspace (SPOTWARP_WORKSPACE, which the server gives its kernels) or when it cannot be read."""
+        try:
+            return self.engine.cut_workspace(self.last if self.last is not None and self.last.files else None)
+        except (OSError, SpotWarpError) as exc:
+            self.last_error = f"workspace files not in this snapshot: {type(exc).__name__}: {exc}"
+            return None
+
     def cell_ran(self, cell_id: str | None, source: str) -> None:
         """A notebook cell ran (JupyterLab's cell id): its source is kept with the next snapshot (service/run_cells.py)."""
         if cell_id:
@@ -169,7 +180,7 @@ class KernelSession:
             try:
                 manifest = self.engine.snapshot_kernel(
                     self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats,
-                    requests=requests, annotations=self.annotations(at),
+                    requests=requests, annotations=self.annotations(at), cut=self.cut(),
                 )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -366,8 +377,9 @@ class KernelSession:
             if self.in_flight is not None:
                 return None
             engine, notebook = self.engine, self.notebook
-            annotations = self.annotations("step" if in_loop else "call")
             started = time.perf_counter()
+            annotations = self.annotations("step" if in_loop else "call")
+            cut = self.cut()
             self.last_started_at = time.time()
             self._flight_done.clear()
             options = self.capture_options()
@@ -376,7 +388,7 @@ class KernelSession:
             def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
-                                           annotations=annotations)
+                                           annotations=annotations, cut=cut)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
             try:

@@ -17,7 +17,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import SpotWarpError
 from ..hashing import fingerprint
@@ -25,6 +25,9 @@ from ..storage import CHUNK_SIZE, Store
 from .ignore import IgnoreRules
 from .restore import is_valid_entry
 from .temporaries import is_temporary
+
+if TYPE_CHECKING:
+    from .cut import Cut
 
 __all__ = [
     "BATCH_BYTES",
@@ -156,6 +159,29 @@ def read_file(seen: Seen, uploads: Uploads, chunk_size: int,
     return chunks, st, False
 
 
+def read_prefix(seen: Seen, size: int, uploads: Uploads, chunk_size: int,
+                on_chunk: Callable[[int], None]) -> list[dict[str, Any]] | None:
+    """Chunk refs of the first `size` bytes of the file `seen` names (the same inode); None when it is another
+    file now or holds fewer bytes."""
+    fd = os.open(seen.abspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != seen.st.st_ino:
+            return None
+        chunks, offset = [], 0
+        while offset < size:
+            data = os.pread(fd, min(chunk_size, size - offset), offset)
+            if not data:
+                return None
+            offset += len(data)
+            uploads.stats.bytes_read += len(data)
+            chunks.append(uploads.add(data))
+            on_chunk(len(data))
+        return chunks
+    finally:
+        os.close(fd)
+
+
 BATCH_BYTES = 256 * 1024 * 1024
 
 
@@ -284,8 +310,9 @@ class _Backup:
     """One backup in progress: the entry of each file seen, reused, read or skipped, and how far it has got."""
 
     def __init__(self, root: str, uploads: Uploads, reuse: dict[str, dict[str, Any]], chunk_size: int,
-                 total: int, progress: Progress | None):
+                 total: int, progress: Progress | None, held: dict[str, bytes] | None = None):
         self.root, self.uploads, self.reuse, self.chunk_size = root, uploads, reuse, chunk_size
+        self.held = held  # a cut's: the bytes read at its instant; None: files are read as they are now
         self.stats = uploads.stats
         self.total, self.done, self.progress = total, 0, progress
 
@@ -305,7 +332,7 @@ class _Backup:
             self.stats.objects_reused += len(old["chunks"])
             self.advance(entry["size"], seen.relpath)
         else:
-            entry = self._read(seen)
+            entry = self._read(seen) if self.held is None else self._as_at_cut(seen)
             if entry is None:
                 return None
         self.stats.files += 1
@@ -318,6 +345,39 @@ class _Backup:
             self.stats.skipped[seen.relpath] = "symbolic link to a path outside the workspace (not followed)"
             return None
         return {"link": target, "size": 0}
+
+    def _as_at_cut(self, seen: Seen) -> dict[str, Any] | None:
+        """The entry of a file as it was at the cut's instant: held bytes, the same file, the part of it that existed
+        then (it was appended to since), or, replaced or shrunk since, as it is now and marked unstable."""
+        data = self.held.get(seen.relpath) if self.held is not None else None
+        if data is not None:
+            chunks = [self.uploads.add(data[i:i + self.chunk_size]) for i in range(0, len(data), self.chunk_size)]
+            self.stats.bytes_read += len(data)
+            self.advance(len(data), seen.relpath)
+            self.stats.files_read += 1
+            return {"size": len(data), "mode": stat.S_IMODE(seen.st.st_mode), "mtime_ns": seen.st.st_mtime_ns,
+                    "ino": seen.st.st_ino, "chunks": chunks}
+        try:
+            now = os.stat(seen.abspath, follow_symlinks=False)
+        except OSError:
+            return None  # deleted since the instant: its content then is nowhere to read
+        if _same_stat(now, seen.st):
+            return self._read(seen)
+        if stat.S_ISREG(now.st_mode) and now.st_ino == seen.st.st_ino and now.st_size >= seen.st.st_size:
+            try:
+                chunks = read_prefix(seen, seen.st.st_size, self.uploads, self.chunk_size,
+                                     lambda n, rel=seen.relpath: self.advance(n, rel))
+            except OSError:
+                chunks = None
+            if chunks is not None:
+                self.stats.files_read += 1
+                return {"size": seen.st.st_size, "mode": stat.S_IMODE(seen.st.st_mode),
+                        "mtime_ns": seen.st.st_mtime_ns, "ino": seen.st.st_ino, "chunks": chunks}
+        entry = self._read(Seen(seen.relpath, seen.abspath, now))
+        if entry is not None and not entry.get("unstable"):
+            entry["unstable"] = True
+            self.stats.unstable.append(seen.relpath)
+        return entry
 
     def _read(self, seen: Seen) -> dict[str, Any] | None:
         try:
@@ -348,22 +408,30 @@ def backup_workspace(
     rules: IgnoreRules | None = None,
     chunk_size: int = CHUNK_SIZE,
     progress: Progress | None = None,
+    cut: Cut | None = None,
 ) -> tuple[dict[str, Any], dict[str, int], FileBackupStats]:
-    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks."""
-    root = os.path.realpath(root)
-    if not os.path.isdir(root):
-        raise SpotWarpError(f"workspace {root} is not a folder")
-    rules = rules or IgnoreRules.for_workspace(root)
+    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks.
+
+    `cut`: the workspace as `take_cut` saw it at a kernel snapshot's instant; the files are stored as they were
+    then (cut.py), not as they are now."""
     previous = _well_formed(previous)
     stats = FileBackupStats()
-    scanned_at = time.time_ns()
-    seen_all = list(scan(root, rules, stats.skipped))
+    if cut is not None:
+        root, scanned_at, seen_all = cut.root, cut.scanned_at_ns, cut.seen
+        stats.skipped.update(cut.skipped)
+    else:
+        root = os.path.realpath(root)
+        if not os.path.isdir(root):
+            raise SpotWarpError(f"workspace {root} is not a folder")
+        rules = rules or IgnoreRules.for_workspace(root)
+        scanned_at = time.time_ns()
+        seen_all = list(scan(root, rules, stats.skipped))
     # stat-clean files are named again without reading, if their chunks are still stored
     reuse = _reusable(seen_all, previous)
     present = store.present({c["id"] for e in reuse.values() for c in e["chunks"]})  # a gc may have dropped some
     uploads = Uploads(store, known_chunks(previous), stats, present)
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    backup = _Backup(root, uploads, reuse, chunk_size, total, progress)
+    backup = _Backup(root, uploads, reuse, chunk_size, total, progress, None if cut is None else cut.held)
     entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
     uploads.flush()
     objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
