@@ -37,6 +37,7 @@ from .busy import cell_started as busy_cell_started
 from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
+from .outputs import CellOutputs
 from .policy import Policy
 from .retention import Pruner
 
@@ -75,6 +76,9 @@ class KernelSession:
         self._known_names: set[str] = set()  # former names read from snapshots (a rename on another host)
         self.cells_run: dict[str, str] = {}  # cell id -> source, of the notebook's cells this kernel ran
         self.running: tuple[str | None, str] | None = None  # (cell id, source as sent) of the cell running now
+        self.outputs = CellOutputs()  # what the running cell has published so far (kernel/outputs.py)
+        # (cell id, outputs) of the cell a restored snapshot was taken in: they lead its outputs when it runs again
+        self.carried_outputs: tuple[str | None, list[dict[str, Any]]] | None = None
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, LoadResult] | None = None
         self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
@@ -125,7 +129,7 @@ class KernelSession:
         return {"aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
-                "running": None if running is None else {"id": running[0], "source": running[1]},
+                "running": None if running is None else self._running_record(running),
                 "at": "cell" if running is None else ("step" if at == "step" else "call")}
 
     def cut(self) -> Cut | None:
@@ -138,16 +142,24 @@ class KernelSession:
             self.last_error = f"workspace files not in this snapshot: {type(exc).__name__}: {exc}"
             return None
 
+    def _running_record(self, running: tuple[str | None, str]) -> dict[str, Any]:
+        """The running cell's id and source as sent, with what it has printed and displayed so far."""
+        outputs = self.outputs.items()
+        return {"id": running[0], "source": running[1], **({"outputs": outputs} if outputs else {})}
+
     def cell_ran(self, cell_id: str | None, source: str) -> None:
         """A notebook cell ran (JupyterLab's cell id): its source is kept with the next snapshot (service/run_cells.py)."""
         if cell_id:
             self.cells_run.pop(cell_id, None)  # in the order they were last run
             self.cells_run[cell_id] = source
 
-    def cell_started(self, cell_id: str | None, source: str) -> None:
+    def cell_started(self, cell_id: str | None, source: str, request_id: str | None = None) -> None:
         """A cell starts running: recorded as run, and as the running cell of snapshots taken until it ends
-        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py)."""
+        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py), with the
+        outputs its execute request (`request_id`) publishes meanwhile."""
         self.cell_ran(cell_id, source)
+        carried, self.carried_outputs = self.carried_outputs, None
+        self.outputs.start(request_id, carried[1] if carried is not None and carried[0] == cell_id else None)
         self.running = (cell_id, source)
         busy_cell_started()
 

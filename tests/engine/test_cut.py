@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.service import VIA_START, Project
 
 
 def age(root: Path, seconds: float = 60) -> None:
@@ -80,3 +82,21 @@ def test_an_unchanged_file_is_not_read_again(engine, ws):
     second = engine.snapshot_kernel({"step": 2}, notebook="train.ipynb", cut=cut)
     assert second.stats["files_read"] == 1 and second.stats["files_reused"] == 3
     assert second.stats["file_bytes_written"] == len((ws / "train.log").read_bytes())
+
+
+def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp_path):
+    engine = SnapshotEngine(Settings.resolve(project="old", storage=str(tmp_path / "store"), env={}))
+    project = Project(engine, str(tmp_path / "empty-host"))
+    assert project.restore("latest", via=VIA_START, files_only=True) is None  # no snapshot at all: nothing
+    printed = [{"output_type": "stream", "name": "stdout", "text": "step 1\nstep 2\n"}]
+    manifest = engine.snapshot_kernel({"step": 2}, "runs/train.ipynb", annotations={
+        "cells": [{"id": "setup", "source": "import spotwarp"}, {"id": "loop", "source": "for i in r: print(i)"}],
+        "running": {"id": "loop", "source": "for i in r: print(i)", "outputs": printed}, "at": "step"})
+    assert not manifest.files  # a kernel without a workspace, or a store from before kernels held files
+
+    result = project.restore("latest", via=VIA_START, files_only=True)
+    assert result is not None and result.snapshot.id == manifest.id
+    document = json.loads((tmp_path / "empty-host" / "runs" / "train.ipynb").read_text())
+    assert [(c["id"], c["source"]) for c in document["cells"]] == [("setup", "import spotwarp"),
+                                                                    ("loop", "for i in r: print(i)")]
+    assert document["cells"][1]["outputs"] == printed
