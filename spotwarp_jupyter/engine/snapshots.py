@@ -20,6 +20,7 @@ from .coordination import Fence, Fenced, WriteLock
 from .coordination.fence import lease_entry_times
 from .errors import SnapshotNotFound, SpotWarpError, StorageError
 from .files import (
+    IGNORE_FILE,
     Cut,
     FileRestoreReport,
     IgnoreRules,
@@ -90,6 +91,7 @@ class SnapshotEngine:
         self._written_at: dict[str, float | None] = {}  # manifest name -> the store's write time (immutable)
         self._lease_times: tuple[float, dict[int, float | None]] = (0.0, {})
         self._lock = threading.Lock()
+        self._rules: tuple[tuple[Any, ...], IgnoreRules] | None = None  # the workspace's, while its file is unchanged
 
     # -- reading: manifests/catalog.py ---------------------------------------------------------------
     @property
@@ -250,8 +252,9 @@ class SnapshotEngine:
         every other notebook (its former names are this notebook's own); adds what they name to `objects`."""
         started = time.perf_counter()
         previous = next((m for m in listing if (m.files or {}).get("entries") is not None), None)
+        # listed under this lock: no gc deletes what it names meanwhile, so its objects are not asked for again
         files, file_objects, fstats = backup_workspace(self.store, cut.root, previous.files if previous else None,
-                                                       cut=cut)
+                                                       cut=cut, previous_listed=True)
         own = {notebook, *(kernel.get("aliases") or ())}
         others = {nb: rec for nb, rec in newest_kernel_records(listing).items() if nb not in own}
         named: dict[str, int] = {}
@@ -410,9 +413,22 @@ class SnapshotEngine:
         return found
 
     def ignore_rules(self, workspace: str) -> IgnoreRules:
-        """The workspace's rules, plus the local store itself when it lives inside the workspace."""
+        """The workspace's rules, plus the local store itself when it lives inside the workspace.
+
+        The same rules object while `.spotwarpignore` is unchanged: it keeps its answers (a cut at every kernel
+        snapshot asks them for every file)."""
         excluded = [self.store.base] if self.store.local else []
-        return IgnoreRules.for_workspace(workspace, excluded)
+        try:
+            st = os.stat(os.path.join(workspace, IGNORE_FILE), follow_symlinks=False)
+            key: tuple[Any, ...] = (workspace, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = (workspace,)
+        cached = self._rules
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rules = IgnoreRules.for_workspace(workspace, excluded)
+        self._rules = (key, rules)
+        return rules
 
     def snapshot_project(
         self,

@@ -8,10 +8,10 @@ May import: storage and the engine's base modules.
 
 from .backup import FileBackupStats, Progress, backup_workspace, files_changed
 from .cut import Cut, take_cut
-from .ignore import IgnoreRules
+from .ignore import IGNORE_FILE, IgnoreRules
 from .restore import FileRestoreReport, UnsafePathError, restore_files
 
 __all__ = [
-    "backup_workspace", "Cut", "FileBackupStats", "FileRestoreReport", "files_changed", "IgnoreRules", "Progress",
+    "backup_workspace", "Cut", "IGNORE_FILE", "FileBackupStats", "FileRestoreReport", "files_changed", "IgnoreRules", "Progress",
     "restore_files", "take_cut", "UnsafePathError",
 ]

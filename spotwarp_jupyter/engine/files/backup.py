@@ -13,6 +13,7 @@ a restore's temporaries are never backed up, whatever `.spotwarpignore` says.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import stat
 import time
@@ -53,6 +54,9 @@ class Seen:
     st: os.stat_result
 
 
+_name = operator.attrgetter("name")
+
+
 def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[Seen]:
     """Every file and symlink under `root` that the rules keep, sorted, without following links."""
     stack = [""]
@@ -61,7 +65,7 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[See
         absdir = os.path.join(root, reldir) if reldir else root
         try:
             with os.scandir(absdir) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(it, key=_name)
         except OSError as exc:
             skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
             continue
@@ -75,12 +79,12 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[See
             except OSError:
                 continue  # vanished since listing
             if stat.S_ISDIR(st.st_mode):
-                if not rules.ignored(rel, True, entry.path):
+                if not rules.ignored(rel, True, entry.path, st):
                     subdirs.append(rel)
             elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                if not rules.ignored(rel, False, entry.path):
+                if not rules.ignored(rel, False, entry.path, st):
                     yield Seen(rel, entry.path, st)
-            elif not rules.ignored(rel, False, entry.path):
+            elif not rules.ignored(rel, False, entry.path, st):
                 skipped[rel] = "not a regular file (device, socket or pipe)"
         stack.extend(reversed(subdirs))
 
@@ -279,8 +283,22 @@ class FileBackupStats:
         }
 
 
+_checked: list[tuple[Any, dict[str, Any] | None]] = []  # the last records checked (each cut checks its previous)
+
+
 def _well_formed(previous: Any) -> dict[str, Any] | None:
-    """The previous files record without what a damaged or crafted manifest could break this backup with."""
+    """The previous files record without what a damaged or crafted manifest could break this backup with.
+
+    The answers for the last few records are kept (a record is never changed once committed)."""
+    for record, checked in _checked:
+        if record is previous:
+            return checked
+    checked = _check_previous(previous)
+    _checked[:] = [(previous, checked), *_checked[:3]]
+    return checked
+
+
+def _check_previous(previous: Any) -> dict[str, Any] | None:
     if not isinstance(previous, dict):
         return None
     entries = previous.get("entries")
@@ -295,11 +313,13 @@ def _well_formed(previous: Any) -> dict[str, Any] | None:
 def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
     prev_entries = (previous or {}).get("entries") or {}
-    prev_scanned = int((previous or {}).get("scanned_at_ns") or 0)
+    prev_scanned = (previous or {}).get("scanned_at_ns") or 0
+    if not isinstance(prev_entries, dict) or not isinstance(prev_scanned, int):
+        return {}
     reuse: dict[str, dict[str, Any]] = {}
     for seen in seen_all:
         old = prev_entries.get(seen.relpath)
-        if (old and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
+        if (isinstance(old, dict) and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
                 and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
                 and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
             reuse[seen.relpath] = old
@@ -409,11 +429,13 @@ def backup_workspace(
     chunk_size: int = CHUNK_SIZE,
     progress: Progress | None = None,
     cut: Cut | None = None,
+    previous_listed: bool = False,
 ) -> tuple[dict[str, Any], dict[str, int], FileBackupStats]:
     """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks.
 
     `cut`: the workspace as `take_cut` saw it at a kernel snapshot's instant; the files are stored as they were
-    then (cut.py), not as they are now."""
+    then (cut.py), not as they are now. `previous_listed`: `previous` belongs to a manifest listed under the
+    write lock this backup holds, whose objects no gc deletes (engine/prune.py): they are not asked for again."""
     previous = _well_formed(previous)
     stats = FileBackupStats()
     if cut is not None:
@@ -428,7 +450,8 @@ def backup_workspace(
         seen_all = list(scan(root, rules, stats.skipped))
     # stat-clean files are named again without reading, if their chunks are still stored
     reuse = _reusable(seen_all, previous)
-    present = store.present({c["id"] for e in reuse.values() for c in e["chunks"]})  # a gc may have dropped some
+    reused = {c["id"] for e in reuse.values() for c in e["chunks"]}
+    present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
     uploads = Uploads(store, known_chunks(previous), stats, present)
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
     backup = _Backup(root, uploads, reuse, chunk_size, total, progress, None if cut is None else cut.held)
