@@ -118,6 +118,8 @@ def test_a_notebook_created_after_the_last_file_backup_resumes_on_the_promoted_h
     try:
         first = launch.next("promoted")
         holder = attach(first["url"], tmp_path / "first.log")
+        wait_for(lambda: any(m.kind == "project" and m.generation == first["generation"]
+                             for m in engine_for(store).manifests()), 60, "the promotion snapshot")
         # created after the promotion snapshot, the last file backup (the default interval is 300 s)
         (tmp_path / "candidates" / first["candidate"] / "ws" / "new.ipynb").write_text(json.dumps(notebook([])))
         nb = holder.open_notebook("new.ipynb")
