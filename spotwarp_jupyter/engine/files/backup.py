@@ -460,6 +460,9 @@ def backup_workspace(
     objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
     files = {"scanned_at_ns": scanned_at, "chunk_size": chunk_size, "entries": entries,
              "skipped": stats.skipped, "unstable": stats.unstable}
+    # well formed as built (from checked entries and files read here): the next backup in this process need not
+    # check it again
+    _checked[:] = [(files, {"scanned_at_ns": scanned_at, "entries": entries}), *_checked[:3]]
     return files, objects, stats
 
 
