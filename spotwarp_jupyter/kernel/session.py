@@ -46,6 +46,7 @@ StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
 STATE_PROVIDERS: dict[str, StateProvider] = {}
 
 _current: "KernelSession | None" = None
+URGENT_FILE_BYTES = 64 * 1024 * 1024  # changed files a notice's kernel snapshot stores itself, at most
 
 
 def current() -> "KernelSession":
@@ -392,6 +393,9 @@ class KernelSession:
             started = time.perf_counter()
             annotations = self.annotations("step" if in_loop else "call")
             cut = self.cut()
+            if urgent and cut is not None and cut.unread_bytes > URGENT_FILE_BYTES:
+                # a notice's window is short: the server's final project snapshot, right after, holds the files
+                cut = None
             self.last_started_at = time.time()
             self._flight_done.clear()
             options = self.capture_options()

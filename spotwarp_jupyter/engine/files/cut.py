@@ -37,6 +37,7 @@ class Cut:
     skipped: dict[str, str] = field(default_factory=dict)
     held: dict[str, bytes] = field(default_factory=dict)  # relpath -> its content at the instant
     took_s: float = 0.0
+    unread_bytes: int = 0  # bytes of changed files the writer has still to read
 
 
 def _read_still(seen: Seen) -> bytes | None:
@@ -73,15 +74,16 @@ def take_cut(root: str, rules: IgnoreRules, previous: dict[str, Any] | None = No
     # checks the record it reuses entries of), and checking 10,000 entries would lengthen the kernel's pause
     clean = _reusable(seen_all, previous if isinstance(previous, dict) else None)
     held: dict[str, bytes] = {}
-    budget = hold_bytes
+    budget, unread = hold_bytes, 0
     for seen in seen_all:
         if seen.relpath in clean or not stat.S_ISREG(seen.st.st_mode):
             continue
         size = seen.st.st_size
         if size > hold_file_bytes or size > budget:
+            unread += size
             continue
         data = _read_still(seen)
         if data is not None:
             held[seen.relpath] = data
             budget -= len(data)
-    return Cut(root, scanned_at, seen_all, skipped, held, time.perf_counter() - started)
+    return Cut(root, scanned_at, seen_all, skipped, held, time.perf_counter() - started, unread)
