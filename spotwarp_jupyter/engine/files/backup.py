@@ -326,6 +326,9 @@ def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str
     return reuse
 
 
+_REUSED_KEYS = ("size", "mode", "mtime_ns", "ino", "chunks")
+
+
 class _Backup:
     """One backup in progress: the entry of each file seen, reused, read or skipped, and how far it has got."""
 
@@ -347,7 +350,8 @@ class _Backup:
             return self._link(seen)
         old = self.reuse.get(seen.relpath)
         if old is not None and all(c["id"] in self.uploads.present for c in old["chunks"]):
-            entry = {k: old[k] for k in ("size", "mode", "mtime_ns", "ino", "chunks")}
+            # the previous entry itself when it holds exactly these (records are never changed once committed)
+            entry = old if len(old) == 5 else {k: old[k] for k in _REUSED_KEYS}
             self.stats.files_reused += 1
             self.stats.objects_reused += len(old["chunks"])
             self.advance(entry["size"], seen.relpath)
