@@ -9,6 +9,7 @@ from ..training import register_state_providers
 from ..training.resumable import on_resume as resume_hooks
 from . import access_hook, banner_tip, notices
 from . import comm as comm_target
+from . import outputs as cell_outputs
 from . import session as session_module
 from .magics import SpotWarpMagics, cell_id
 from .notebooks import notebook_from_server
@@ -31,7 +32,8 @@ def load_ipython_extension(ipython) -> None:
     magics.session.arrivals.transform = ipython.transform_cell
     if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
         magics.session.arrivals.running_cell = _cell_source(ipython)
-        magics.session.cell_started(_cell_id(), magics.session.arrivals.running_cell or "")
+        magics.session.cell_started(_cell_id(), magics.session.arrivals.running_cell or "", _request_id())
+    cell_outputs.install(ipython, magics.session.outputs)
     ipython.events.register("post_run_cell", _post_run_cell)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
@@ -119,7 +121,7 @@ def _pre_run_cell(info) -> None:
         return
     arrivals = session.arrivals
     raw = getattr(info, "raw_cell", "") or ""
-    session.cell_started(_cell_id(), raw)
+    session.cell_started(_cell_id(), raw, _request_id())
     arrivals.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
     if arrivals.load is None:
         return
@@ -141,6 +143,17 @@ def _cell_id() -> str | None:
     return cell if isinstance(cell, str) and cell else None
 
 
+def _request_id() -> str | None:
+    """The msg_id of the execute request running now: the parent of the outputs the cell publishes."""
+    try:
+        from IPython import get_ipython
+
+        request = get_ipython().kernel.get_parent("shell").get("header", {}).get("msg_id")
+    except Exception:  # noqa: BLE001 - a terminal IPython: no outputs to keep
+        return None
+    return request if isinstance(request, str) and request else None
+
+
 def unload_ipython_extension(ipython) -> None:
     """Remove the magic and hooks; snapshots already committed stay in storage."""
     magics = _loaded.pop(id(ipython), None)
@@ -157,6 +170,7 @@ def unload_ipython_extension(ipython) -> None:
     _idle["loop"] = None
     safepoints.set_handler(None)
     access_hook.uninstall(ipython)
+    cell_outputs.uninstall(ipython, magics.session.outputs)
     comm_target.unregister()
     notices.uninstall(ipython)
     banner_tip.uninstall()

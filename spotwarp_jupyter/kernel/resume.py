@@ -35,6 +35,9 @@ def restore_for_resume(ref: str = "latest") -> None:
                 "positions": record.get("positions") or {}, "resume": session.policy.resume,
                 "restored": len(result.restored), "warnings": list(result.warnings)}
     session.resumed = resumed_facts(_outcome)
+    running = record.get("running") if isinstance(record.get("running"), dict) else {}
+    if isinstance(running.get("outputs"), list):  # what the cell printed up to the snapshot leads its run again
+        session.carried_outputs = (running.get("id"), [o for o in running["outputs"] if isinstance(o, dict)])
 
 
 def resumed_facts(outcome: dict[str, Any]) -> dict[str, Any]:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
+from ..engine.files import Cut
 from ..engine.incremental import ReusePlan, StaleBaseline
 from ..engine.manifests import package_versions
 from ..engine.variables import LoadResult
@@ -36,6 +37,7 @@ from .busy import cell_started as busy_cell_started
 from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
+from .outputs import CellOutputs
 from .policy import Policy
 from .retention import Pruner
 
@@ -44,6 +46,7 @@ StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
 STATE_PROVIDERS: dict[str, StateProvider] = {}
 
 _current: "KernelSession | None" = None
+URGENT_FILE_BYTES = 64 * 1024 * 1024  # changed files a notice's kernel snapshot stores itself, at most
 
 
 def current() -> "KernelSession":
@@ -74,6 +77,9 @@ class KernelSession:
         self._known_names: set[str] = set()  # former names read from snapshots (a rename on another host)
         self.cells_run: dict[str, str] = {}  # cell id -> source, of the notebook's cells this kernel ran
         self.running: tuple[str | None, str] | None = None  # (cell id, source as sent) of the cell running now
+        self.outputs = CellOutputs()  # what the running cell has published so far (kernel/outputs.py)
+        # (cell id, outputs) of the cell a restored snapshot was taken in: they lead its outputs when it runs again
+        self.carried_outputs: tuple[str | None, list[dict[str, Any]]] | None = None
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, LoadResult] | None = None
         self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
@@ -124,8 +130,23 @@ class KernelSession:
         return {"aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
-                "running": None if running is None else {"id": running[0], "source": running[1]},
+                "running": None if running is None else self._running_record(running),
                 "at": "cell" if running is None else ("step" if at == "step" else "call")}
+
+    def cut(self) -> Cut | None:
+        """The workspace at this instant, committed with the snapshot taken now (engine/files/cut.py): a stat of
+        every file, and the small files changed since this kernel's last snapshot read now; None without a
+        workspace (SPOTWARP_WORKSPACE, which the server gives its kernels) or when it cannot be read."""
+        try:
+            return self.engine.cut_workspace(self.last if self.last is not None and self.last.files else None)
+        except (OSError, SpotWarpError) as exc:
+            self.last_error = f"workspace files not in this snapshot: {type(exc).__name__}: {exc}"
+            return None
+
+    def _running_record(self, running: tuple[str | None, str]) -> dict[str, Any]:
+        """The running cell's id and source as sent, with what it has printed and displayed so far."""
+        outputs = self.outputs.items()
+        return {"id": running[0], "source": running[1], **({"outputs": outputs} if outputs else {})}
 
     def cell_ran(self, cell_id: str | None, source: str) -> None:
         """A notebook cell ran (JupyterLab's cell id): its source is kept with the next snapshot (service/run_cells.py)."""
@@ -133,10 +154,13 @@ class KernelSession:
             self.cells_run.pop(cell_id, None)  # in the order they were last run
             self.cells_run[cell_id] = source
 
-    def cell_started(self, cell_id: str | None, source: str) -> None:
+    def cell_started(self, cell_id: str | None, source: str, request_id: str | None = None) -> None:
         """A cell starts running: recorded as run, and as the running cell of snapshots taken until it ends
-        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py)."""
+        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py), with the
+        outputs its execute request (`request_id`) publishes meanwhile."""
         self.cell_ran(cell_id, source)
+        carried, self.carried_outputs = self.carried_outputs, None
+        self.outputs.start(request_id, carried[1] if carried is not None and carried[0] == cell_id else None)
         self.running = (cell_id, source)
         busy_cell_started()
 
@@ -169,7 +193,7 @@ class KernelSession:
             try:
                 manifest = self.engine.snapshot_kernel(
                     self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats,
-                    requests=requests, annotations=self.annotations(at),
+                    requests=requests, annotations=self.annotations(at), cut=self.cut(),
                 )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -366,8 +390,12 @@ class KernelSession:
             if self.in_flight is not None:
                 return None
             engine, notebook = self.engine, self.notebook
-            annotations = self.annotations("step" if in_loop else "call")
             started = time.perf_counter()
+            annotations = self.annotations("step" if in_loop else "call")
+            cut = self.cut()
+            if urgent and cut is not None and cut.unread_bytes > URGENT_FILE_BYTES:
+                # a notice's window is short: the server's final project snapshot, right after, holds the files
+                cut = None
             self.last_started_at = time.time()
             self._flight_done.clear()
             options = self.capture_options()
@@ -376,7 +404,7 @@ class KernelSession:
             def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
-                                           annotations=annotations)
+                                           annotations=annotations, cut=cut)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
             try:

@@ -446,10 +446,17 @@ class CellRun:
         self.cell_id: str | None = running.get("id")
         self.source: str = running["source"]
         self.outputs = Outputs()
+        earlier = running.get("outputs") if isinstance(running.get("outputs"), list) else []
+        # what the cell printed up to the snapshot: the run goes on after it, as the loop does
+        self.earlier = [json.loads(json.dumps(o)) for o in earlier
+                        if isinstance(o, dict) and isinstance(o.get("output_type"), str)]
 
     async def run(self) -> str:
         """Execute the cell as JupyterLab would (its id in the request's metadata); 'ok' or why it ended."""
         target = await open_outputs(self.resumer.serverapp, self.plan.api_path, self.cell_id, self.source)
+        if self.earlier:
+            self.outputs.items.extend(self.earlier)
+            await target.apply(self.outputs, [("add", o) for o in self.earlier])
         getattr(self.resumer.serverapp, "log", log).info(
             "SpotWarp resume: %s: outputs of cell %s go %s", self.plan.notebook, self.cell_id,
             "live into the notebook's shared document" if target.live else "into the notebook file")

@@ -163,8 +163,9 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         await execute(ws, "step = 8\n%spotwarp snapshot")
         await execute(ws, "step = 0")
         code, latest = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
-        assert code == 200 and latest["id"] == snap["id"]  # files: the newest snapshot holding files
-        assert latest["kernels"][0]["id"] != snap["id"]
+        # the kernel's snapshot holds the workspace files of its instant: it is the newest snapshot holding files
+        assert code == 200 and latest["id"] != snap["id"]
+        assert latest["kernels"][0]["id"] == latest["id"]
         assert (await execute(ws, "print(step)")).strip() == "8"
     finally:
         ws.close()

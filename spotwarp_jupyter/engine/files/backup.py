@@ -13,11 +13,12 @@ a restore's temporaries are never backed up, whatever `.spotwarpignore` says.
 from __future__ import annotations
 
 import errno
+import operator
 import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import SpotWarpError
 from ..hashing import fingerprint
@@ -25,6 +26,9 @@ from ..storage import CHUNK_SIZE, Store
 from .ignore import IgnoreRules
 from .restore import is_valid_entry
 from .temporaries import is_temporary
+
+if TYPE_CHECKING:
+    from .cut import Cut
 
 __all__ = [
     "BATCH_BYTES",
@@ -50,6 +54,9 @@ class Seen:
     st: os.stat_result
 
 
+_name = operator.attrgetter("name")
+
+
 def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[Seen]:
     """Every file and symlink under `root` that the rules keep, sorted, without following links."""
     stack = [""]
@@ -58,7 +65,7 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[See
         absdir = os.path.join(root, reldir) if reldir else root
         try:
             with os.scandir(absdir) as it:
-                entries = sorted(it, key=lambda e: e.name)
+                entries = sorted(it, key=_name)
         except OSError as exc:
             skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
             continue
@@ -72,12 +79,12 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[See
             except OSError:
                 continue  # vanished since listing
             if stat.S_ISDIR(st.st_mode):
-                if not rules.ignored(rel, True, entry.path):
+                if not rules.ignored(rel, True, entry.path, st):
                     subdirs.append(rel)
             elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                if not rules.ignored(rel, False, entry.path):
+                if not rules.ignored(rel, False, entry.path, st):
                     yield Seen(rel, entry.path, st)
-            elif not rules.ignored(rel, False, entry.path):
+            elif not rules.ignored(rel, False, entry.path, st):
                 skipped[rel] = "not a regular file (device, socket or pipe)"
         stack.extend(reversed(subdirs))
 
@@ -154,6 +161,29 @@ def read_file(seen: Seen, uploads: Uploads, chunk_size: int,
             return chunks, after, True
         st = after
     return chunks, st, False
+
+
+def read_prefix(seen: Seen, size: int, uploads: Uploads, chunk_size: int,
+                on_chunk: Callable[[int], None]) -> list[dict[str, Any]] | None:
+    """Chunk refs of the first `size` bytes of the file `seen` names (the same inode); None when it is another
+    file now or holds fewer bytes."""
+    fd = os.open(seen.abspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != seen.st.st_ino:
+            return None
+        chunks, offset = [], 0
+        while offset < size:
+            data = os.pread(fd, min(chunk_size, size - offset), offset)
+            if not data:
+                return None
+            offset += len(data)
+            uploads.stats.bytes_read += len(data)
+            chunks.append(uploads.add(data))
+            on_chunk(len(data))
+        return chunks
+    finally:
+        os.close(fd)
 
 
 BATCH_BYTES = 256 * 1024 * 1024
@@ -253,8 +283,22 @@ class FileBackupStats:
         }
 
 
+_checked: list[tuple[Any, dict[str, Any] | None]] = []  # the last records checked (each cut checks its previous)
+
+
 def _well_formed(previous: Any) -> dict[str, Any] | None:
-    """The previous files record without what a damaged or crafted manifest could break this backup with."""
+    """The previous files record without what a damaged or crafted manifest could break this backup with.
+
+    The answers for the last few records are kept (a record is never changed once committed)."""
+    for record, checked in _checked:
+        if record is previous:
+            return checked
+    checked = _check_previous(previous)
+    _checked[:] = [(previous, checked), *_checked[:3]]
+    return checked
+
+
+def _check_previous(previous: Any) -> dict[str, Any] | None:
     if not isinstance(previous, dict):
         return None
     entries = previous.get("entries")
@@ -269,23 +313,29 @@ def _well_formed(previous: Any) -> dict[str, Any] | None:
 def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
     prev_entries = (previous or {}).get("entries") or {}
-    prev_scanned = int((previous or {}).get("scanned_at_ns") or 0)
+    prev_scanned = (previous or {}).get("scanned_at_ns") or 0
+    if not isinstance(prev_entries, dict) or not isinstance(prev_scanned, int):
+        return {}
     reuse: dict[str, dict[str, Any]] = {}
     for seen in seen_all:
         old = prev_entries.get(seen.relpath)
-        if (old and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
+        if (isinstance(old, dict) and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
                 and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
                 and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
             reuse[seen.relpath] = old
     return reuse
 
 
+_REUSED_KEYS = ("size", "mode", "mtime_ns", "ino", "chunks")
+
+
 class _Backup:
     """One backup in progress: the entry of each file seen, reused, read or skipped, and how far it has got."""
 
     def __init__(self, root: str, uploads: Uploads, reuse: dict[str, dict[str, Any]], chunk_size: int,
-                 total: int, progress: Progress | None):
+                 total: int, progress: Progress | None, held: dict[str, bytes] | None = None):
         self.root, self.uploads, self.reuse, self.chunk_size = root, uploads, reuse, chunk_size
+        self.held = held  # a cut's: the bytes read at its instant; None: files are read as they are now
         self.stats = uploads.stats
         self.total, self.done, self.progress = total, 0, progress
 
@@ -300,12 +350,13 @@ class _Backup:
             return self._link(seen)
         old = self.reuse.get(seen.relpath)
         if old is not None and all(c["id"] in self.uploads.present for c in old["chunks"]):
-            entry = {k: old[k] for k in ("size", "mode", "mtime_ns", "ino", "chunks")}
+            # the previous entry itself when it holds exactly these (records are never changed once committed)
+            entry = old if len(old) == 5 else {k: old[k] for k in _REUSED_KEYS}
             self.stats.files_reused += 1
             self.stats.objects_reused += len(old["chunks"])
             self.advance(entry["size"], seen.relpath)
         else:
-            entry = self._read(seen)
+            entry = self._read(seen) if self.held is None else self._as_at_cut(seen)
             if entry is None:
                 return None
         self.stats.files += 1
@@ -318,6 +369,39 @@ class _Backup:
             self.stats.skipped[seen.relpath] = "symbolic link to a path outside the workspace (not followed)"
             return None
         return {"link": target, "size": 0}
+
+    def _as_at_cut(self, seen: Seen) -> dict[str, Any] | None:
+        """The entry of a file as it was at the cut's instant: held bytes, the same file, the part of it that existed
+        then (it was appended to since), or, replaced or shrunk since, as it is now and marked unstable."""
+        data = self.held.get(seen.relpath) if self.held is not None else None
+        if data is not None:
+            chunks = [self.uploads.add(data[i:i + self.chunk_size]) for i in range(0, len(data), self.chunk_size)]
+            self.stats.bytes_read += len(data)
+            self.advance(len(data), seen.relpath)
+            self.stats.files_read += 1
+            return {"size": len(data), "mode": stat.S_IMODE(seen.st.st_mode), "mtime_ns": seen.st.st_mtime_ns,
+                    "ino": seen.st.st_ino, "chunks": chunks}
+        try:
+            now = os.stat(seen.abspath, follow_symlinks=False)
+        except OSError:
+            return None  # deleted since the instant: its content then is nowhere to read
+        if _same_stat(now, seen.st):
+            return self._read(seen)
+        if stat.S_ISREG(now.st_mode) and now.st_ino == seen.st.st_ino and now.st_size >= seen.st.st_size:
+            try:
+                chunks = read_prefix(seen, seen.st.st_size, self.uploads, self.chunk_size,
+                                     lambda n, rel=seen.relpath: self.advance(n, rel))
+            except OSError:
+                chunks = None
+            if chunks is not None:
+                self.stats.files_read += 1
+                return {"size": seen.st.st_size, "mode": stat.S_IMODE(seen.st.st_mode),
+                        "mtime_ns": seen.st.st_mtime_ns, "ino": seen.st.st_ino, "chunks": chunks}
+        entry = self._read(Seen(seen.relpath, seen.abspath, now))
+        if entry is not None and not entry.get("unstable"):
+            entry["unstable"] = True
+            self.stats.unstable.append(seen.relpath)
+        return entry
 
     def _read(self, seen: Seen) -> dict[str, Any] | None:
         try:
@@ -348,27 +432,41 @@ def backup_workspace(
     rules: IgnoreRules | None = None,
     chunk_size: int = CHUNK_SIZE,
     progress: Progress | None = None,
+    cut: Cut | None = None,
+    previous_listed: bool = False,
 ) -> tuple[dict[str, Any], dict[str, int], FileBackupStats]:
-    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks."""
-    root = os.path.realpath(root)
-    if not os.path.isdir(root):
-        raise SpotWarpError(f"workspace {root} is not a folder")
-    rules = rules or IgnoreRules.for_workspace(root)
+    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks.
+
+    `cut`: the workspace as `take_cut` saw it at a kernel snapshot's instant; the files are stored as they were
+    then (cut.py), not as they are now. `previous_listed`: `previous` belongs to a manifest listed under the
+    write lock this backup holds, whose objects no gc deletes (engine/prune.py): they are not asked for again."""
     previous = _well_formed(previous)
     stats = FileBackupStats()
-    scanned_at = time.time_ns()
-    seen_all = list(scan(root, rules, stats.skipped))
+    if cut is not None:
+        root, scanned_at, seen_all = cut.root, cut.scanned_at_ns, cut.seen
+        stats.skipped.update(cut.skipped)
+    else:
+        root = os.path.realpath(root)
+        if not os.path.isdir(root):
+            raise SpotWarpError(f"workspace {root} is not a folder")
+        rules = rules or IgnoreRules.for_workspace(root)
+        scanned_at = time.time_ns()
+        seen_all = list(scan(root, rules, stats.skipped))
     # stat-clean files are named again without reading, if their chunks are still stored
     reuse = _reusable(seen_all, previous)
-    present = store.present({c["id"] for e in reuse.values() for c in e["chunks"]})  # a gc may have dropped some
+    reused = {c["id"] for e in reuse.values() for c in e["chunks"]}
+    present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
     uploads = Uploads(store, known_chunks(previous), stats, present)
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    backup = _Backup(root, uploads, reuse, chunk_size, total, progress)
+    backup = _Backup(root, uploads, reuse, chunk_size, total, progress, None if cut is None else cut.held)
     entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
     uploads.flush()
     objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
     files = {"scanned_at_ns": scanned_at, "chunk_size": chunk_size, "entries": entries,
              "skipped": stats.skipped, "unstable": stats.unstable}
+    # well formed as built (from checked entries and files read here): the next backup in this process need not
+    # check it again
+    _checked[:] = [(files, {"scanned_at_ns": scanned_at, "entries": entries}), *_checked[:3]]
     return files, objects, stats
 
 
