@@ -162,3 +162,25 @@ async def test_a_rename_in_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_
         await jp_fetch("api", "kernels", kid, method="DELETE")
     logged = capfd.readouterr()
     assert "spotwarp_rename_request" not in logged.err + logged.out
+
+
+async def test_a_notice_to_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_ws_fetch, jp_root_dir, jp_serverapp,
+                                                                     capfd):
+    """A preemption notice asks only kernels with SpotWarp loaded to snapshot; any other would log an ERROR line
+    for the control message it does not know."""
+    from spotwarp_jupyter.protocol import NoticeRequest
+    from spotwarp_jupyter.server.watchers.final import request_safe_point_snapshot
+
+    (jp_root_dir / "plain.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                         "nbformat_minor": 5}))
+    kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "plain.ipynb")
+    try:
+        assert (await execute(ws, "print('plain')")).strip() == "plain"
+        answer = await request_safe_point_snapshot(jp_serverapp.kernel_manager, kid, 5.0, NoticeRequest.new())
+        assert answer == "SpotWarp is not loaded in this kernel"
+        assert (await execute(ws, "print('still plain')")).strip() == "still plain"  # the kernel served on
+    finally:
+        ws.close()
+        await jp_fetch("api", "kernels", kid, method="DELETE")
+    logged = capfd.readouterr()
+    assert "spotwarp_notice_request" not in logged.err + logged.out
