@@ -168,51 +168,73 @@ def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: flo
 class LoopMeter:
     """What snapshots taken at a loop's steps cost it, measured from the steps themselves.
 
-    A snapshot's cost is the time the steps it overlaps (from the one it started at to the first after its
-    writer is done, its pause included) took beyond the pace of the steps no snapshot overlapped. Fed at
-    each step with one clock read: cheap enough for every step.
+    A snapshot's cost is the time the steps it overlaps took (from the one it started at to the first after its
+    writer is done, its pause included) beyond the same number of steps at the pace of the steps just before and
+    just after it, which no snapshot overlapped (a machine whose load drifts moves both). Fed at each step with
+    one clock read: cheap enough for every step.
     """
 
     KEEP = 3  # snapshots whose costs set the cadence
+    AFTER = 8  # steps after a snapshot that give the pace it is measured against
 
     def __init__(self) -> None:
         self.last_step: float | None = None
         self.paces: deque[float] = deque(maxlen=32)  # seconds per step with no snapshot in flight
         self.costs: deque[float] = deque(maxlen=self.KEEP)
         self.writes: deque[float] = deque(maxlen=self.KEEP)
-        self._flight: list[float] | None = None  # [started, pace at start, extra seconds, pause]
+        self._flight: list[float] | None = None  # [started, pace before, seconds of the steps it overlaps, steps, pause]
         self._written: float | None = None
+        self._measured: list[float] | None = None  # a flight over, waiting for the pace after it
+        self._after: list[float] = []
+        self.measured = 0  # snapshots measured so far: a cadence computed since stays valid until the next
 
     def new_cell(self) -> None:
         """The time between two cells is no step: a snapshot measured until the loop ended counts as it stands."""
         self.last_step = None
+        self._settle()
         flight, self._flight = self._flight, None
         if flight is not None and self._written is not None:
-            self.costs.append(max(flight[3], flight[2]))
             self.writes.append(max(0.0, self._written - flight[0]))
+            self._measured = flight
+            self._settle()
         self._written = None
 
     def step(self, now: float, writing: bool) -> None:
         """A step's safe point at `now` (perf_counter); `writing`: a snapshot writer is running."""
         last, self.last_step = self.last_step, now
-        flight = self._flight
         if last is None:
             return
         dt = now - last
+        flight = self._flight
         if flight is None:
             if not writing:  # a writer started outside a step (a cell's end) slows steps too: not the pace
                 self.paces.append(dt)
+                if self._measured is not None:
+                    self._after.append(dt)
+                    if len(self._after) >= self.AFTER:
+                        self._settle()
             return
-        flight[2] += dt - flight[1]
+        flight[2] += dt
+        flight[3] += 1
         if not writing:
-            self.costs.append(max(flight[3], flight[2]))
             if self._written is not None:
                 self.writes.append(max(0.0, self._written - flight[0]))
-            self._flight, self._written = None, None
+            self._flight, self._written, self._measured, self._after = None, None, flight, []
+
+    def _settle(self) -> None:
+        """The cost of the flight measured last, against the pace before it and the steps seen after it."""
+        flight, self._measured = self._measured, None
+        if flight is None:
+            return
+        after, self._after = self._after, []
+        pace = (flight[1] + statistics.median(after)) / 2 if after else flight[1]
+        self.costs.append(max(flight[4], flight[2] - flight[3] * pace))
+        self.measured += 1
 
     def started(self, now: float, pause_s: float) -> None:
         """A snapshot started at the step whose safe point was the last one."""
-        self._flight = [now, self.pace(), 0.0, max(0.0, pause_s)]
+        self._settle()
+        self._flight = [now, self.pace(), 0.0, 0, max(0.0, pause_s)]
         self._written = None
 
     def written(self, now: float) -> None:

@@ -355,14 +355,19 @@ class KernelSession:
         self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
         self.meter = LoopMeter()  # what snapshots at steps cost the loop: the cadence adapts to it
         self.loop_started_at: float | None = None  # the first step's safe point in the running cell
+        self._cadence: tuple[tuple, Cadence] | None = None
 
     def _new_cell(self) -> None:
         self.meter.new_cell()
         self.loop_started_at = None
 
     def cadence(self) -> Cadence:
-        """How often snapshots are taken at a loop's steps now, from the policy and their measured cost."""
-        return self.meter.cadence(self.policy.max_redo_s, self.policy.every_s)
+        """How often snapshots are taken at a loop's steps now, from the policy and their measured cost
+        (computed again only when a snapshot was measured or the policy changed: due() asks at every step)."""
+        key = (self.meter.measured, self.policy.max_redo_s, self.policy.every_s)
+        if self._cadence is None or self._cadence[0] != key:
+            self._cadence = (key, self.meter.cadence(self.policy.max_redo_s, self.policy.every_s))
+        return self._cadence[1]
 
     def snapshot_in_background(self, message: str | None = None, requests: list[str] | None = None,
                                urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:

@@ -70,11 +70,15 @@ def test_the_meter_counts_the_steps_a_snapshot_overlaps_beyond_the_pace_of_the_o
         meter.step(t, writing=True)
     meter.written(t + 0.05)
     t += 0.1
-    meter.step(t, writing=False)  # the first step after the writer is done: a normal pace again
-    assert meter.costs[-1] == pytest.approx(0.09)
+    meter.step(t, writing=False)  # the first step after the writer is done
     assert meter.writes[-1] == pytest.approx(0.44)
+    for _ in range(LoopMeter.AFTER):  # the load went up meanwhile: the steps after it are slower
+        t += 0.104
+        meter.step(t, writing=False)
+    # 4 steps took 0.49 s where the pace around it, (0.1 + 0.104) / 2 s, gives 0.408 s
+    assert meter.costs[-1] == pytest.approx(0.49 - 4 * 0.102)
     c = meter.cadence(60.0)
-    assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * 0.09 / c.interval_s)
+    assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * meter.costs[-1] / c.interval_s)
 
 
 # -- in a real kernel ----------------------------------------------------------------------------------------------
