@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
-from spotwarp_jupyter.kernel.policy import FIRST_STEP_S, MAX_OVERHEAD, LoopMeter, cadence
+from spotwarp_jupyter.kernel.policy import FIRST_STEP_S, MAX_OVERHEAD, LoopMeter, Policy, cadence
 
 from kernels import SESSION
 
@@ -79,6 +79,15 @@ def test_the_meter_counts_the_steps_a_snapshot_overlaps_beyond_the_pace_of_the_o
     assert meter.costs[-1] == pytest.approx(0.49 - 4 * 0.102)
     c = meter.cadence(60.0)
     assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * meter.costs[-1] / c.interval_s)
+
+
+def test_a_recorded_policy_keeps_its_cadence_and_a_record_without_max_redo_gets_the_adaptive_one():
+    kept = Policy.from_dict(Policy(max_redo_s=90.0).as_dict(), Policy())
+    assert (kept.every_s, kept.max_redo_s) == (None, 90.0)
+    assert Policy.from_dict(Policy(every_s=45.0).as_dict(), Policy()).every_s == 45.0
+    # a record of a format without max_redo_s: 5 minutes was its fixed default, a 2-minute period was a choice
+    assert Policy.from_dict({"every_s": 300.0, "after_cell": True}, Policy()).every_s is None
+    assert Policy.from_dict({"every_s": 120.0, "after_cell": True}, Policy()).every_s == 120.0
 
 
 # -- in a real kernel ----------------------------------------------------------------------------------------------
