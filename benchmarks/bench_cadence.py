@@ -79,6 +79,7 @@ def main() -> None:
 
     starts: list[float] = []  # on-clock seconds of each snapshot's step
     commits: list[float] = []  # on-clock seconds of the first step that saw it committed
+    writers: list[str] = []  # which writer each snapshot at a step used (staged, fork, thread)
     on_clock = 0.0
 
     def window(seconds: float, on: bool) -> tuple[float, float]:
@@ -105,10 +106,12 @@ def main() -> None:
                 if session.last is not seen_last:
                     seen_last = session.last
                     commits.append(now)
+                    writers.append(str(session.last.stats.get("writer")))
         if on:
             session.wait_in_flight()  # its bookkeeping (the writer is done)
             if session.last is not seen_last:
                 commits.append(on_clock + time.perf_counter() - started)
+                writers.append(str(session.last.stats.get("writer")))
         elapsed = time.perf_counter() - started
         safepoints.set_handler(None)
         if on:
@@ -136,7 +139,7 @@ def main() -> None:
     figures = {"state_bytes": state, "slowdown": median(slowdowns), "slowdowns": slowdowns, "slowdown_pooled": pooled,
                "cpu_per_step_added": median(cpu_added), "first_commit_s": commits[0] if commits else None,
                "snapshots": len(starts), "intervals_s": intervals, "redo_window_observed_s": redo,
-               "cadence": cadence, "costs_s": list(session.meter.costs), "writes_s": list(session.meter.writes),
+               "cadence": cadence, "costs_s": list(session.meter.costs), "writes_s": list(session.meter.writes), "writers": writers,
                "steps_per_s_off": median([o[0] for o in off])}
     rows = [
         ("training throughput, default settings (adaptive cadence)",
@@ -159,7 +162,7 @@ def main() -> None:
          "ok" if redo <= 60 else "MISSED"),
         ("what each snapshot cost the loop (measured by the session)",
          ", ".join(f"{x:.2f}" for x in session.meter.costs) + " s; written in "
-         + ", ".join(f"{x:.1f}" for x in session.meter.writes) + " s", "", ""),
+         + ", ".join(f"{x:.1f}" for x in session.meter.writes) + " s; writers " + ", ".join(writers), "", ""),
         ("the status's cadence", cadence["text"], "", ""),
     ]
     print()

@@ -17,7 +17,7 @@ from ..engine.units import format_duration, format_size
 
 DEFAULT_EVERY_S = 300.0  # between cells and for idle kernels, when no `--every` is set
 DEFAULT_MAX_REDO_S = 60.0  # the most training a loss redoes, by default
-FIRST_STEP_S = 3.0  # a loop's first step snapshot, from its first step: committed well within 10 s
+FIRST_STEP_S = 1.0  # a loop's first step snapshot, from its first step: committed within 10 s with the write of a full one
 MAX_OVERHEAD = 0.02  # the share of training time snapshots at steps may take
 
 
