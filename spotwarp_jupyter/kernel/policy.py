@@ -142,13 +142,15 @@ class Cadence:
 
 
 def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: float = DEFAULT_MAX_REDO_S,
-            every_s: float | None = None, max_overhead: float = MAX_OVERHEAD) -> Cadence:
+            every_s: float | None = None, max_overhead: float = MAX_OVERHEAD, first_only: bool = False) -> Cadence:
     """The interval between snapshots at a loop's steps, from what the last ones cost.
 
     `cost_s`: training time one snapshot takes from the loop (None: none measured); `write_s`: from its start to
     its commit (a loss meanwhile redoes from the one before); `step_s`: one step. The interval aims at half the
     redo bound, so that a write slower than the last ones still keeps it; never shorter than the overhead
-    bound allows, which wins when the two cannot both hold.
+    bound allows, which wins when the two cannot both hold. `first_only`: the cost is the session's first
+    snapshot at a step, which carries one-time costs (a full write, the staging memory's first touch) and says
+    little about the next: the redo bound holds until a later one is measured.
     """
     lag = max(0.0, write_s) + max(0.0, step_s)
     if every_s is not None:
@@ -161,6 +163,8 @@ def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: flo
     floor = cost_s / max_overhead
     target = cap / 2
     interval, bound = (target, "redo") if floor <= target else (floor, "overhead")
+    if first_only and interval > cap:
+        interval, bound = cap, "redo"
     interval = max(interval, FIRST_STEP_S)
     return Cadence(interval, interval + lag, 100 * cost_s / interval, bound, max_redo_s)
 
@@ -181,6 +185,7 @@ class LoopMeter:
         self.last_step: float | None = None
         self.paces: deque[float] = deque(maxlen=32)  # seconds per step with no snapshot in flight
         self.costs: deque[float] = deque(maxlen=self.KEEP)
+        self.first_cost: float | None = None  # the session's first snapshot at a step: one-time costs included
         self.writes: deque[float] = deque(maxlen=self.KEEP)
         self._flight: list[float] | None = None  # [started, pace before, seconds of the steps it overlaps, steps, pause]
         self._written: float | None = None
@@ -228,7 +233,11 @@ class LoopMeter:
             return
         after, self._after = self._after, []
         pace = (flight[1] + statistics.median(after)) / 2 if after else flight[1]
-        self.costs.append(max(flight[4], flight[2] - flight[3] * pace))
+        cost = max(flight[4], flight[2] - flight[3] * pace)
+        if self.first_cost is None:
+            self.first_cost = cost
+        else:
+            self.costs.append(cost)
         self.measured += 1
 
     def started(self, now: float, pause_s: float) -> None:
@@ -247,6 +256,9 @@ class LoopMeter:
         return statistics.median(self.paces) if self.paces else 0.0
 
     def cadence(self, max_redo_s: float, every_s: float | None = None) -> Cadence:
-        """The cadence the last snapshots' costs allow (the mean cost: overhead is an average; the longest write)."""
-        cost = statistics.fmean(self.costs) if self.costs else None
-        return cadence(cost, max(self.writes, default=0.0), self.pace(), max_redo_s, every_s)
+        """The cadence the last snapshots' costs allow (the mean cost: overhead is an average; the longest write);
+        the first snapshot's cost only until a later one is measured."""
+        if self.costs:
+            return cadence(statistics.fmean(self.costs), max(self.writes, default=0.0), self.pace(), max_redo_s, every_s)
+        return cadence(self.first_cost, max(self.writes, default=0.0), self.pace(), max_redo_s, every_s,
+                       first_only=self.first_cost is not None)

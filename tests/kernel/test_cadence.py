@@ -51,6 +51,13 @@ def test_when_both_bounds_cannot_hold_the_overhead_bound_wins_and_the_text_names
                                "(over the 1m redo bound")
 
 
+def test_the_first_snapshots_cost_alone_keeps_the_redo_bound_until_a_later_one_is_measured():
+    first = cadence(cost_s=1.65, write_s=2.2, step_s=1.0, first_only=True)  # a full write, staging memory touched
+    assert first.bounded_by == "redo" and first.redo_window_s == pytest.approx(60.0)
+    assert first.overhead_pct == pytest.approx(100 * 1.65 / (60 - 3.2))  # over 2% for one interval: said as it is
+    assert cadence(cost_s=1.65, write_s=2.2, step_s=1.0).bounded_by == "overhead"
+
+
 def test_a_smaller_redo_bound_shortens_the_interval_and_a_fixed_period_is_kept_as_given():
     c = cadence(cost_s=0.05, write_s=0.5, step_s=0.05, max_redo_s=20.0)
     assert c.bounded_by == "redo" and c.redo_window_s <= 20 and c.overhead_pct <= 100 * MAX_OVERHEAD
@@ -76,9 +83,9 @@ def test_the_meter_counts_the_steps_a_snapshot_overlaps_beyond_the_pace_of_the_o
         t += 0.104
         meter.step(t, writing=False)
     # 4 steps took 0.49 s where the pace around it, (0.1 + 0.104) / 2 s, gives 0.408 s
-    assert meter.costs[-1] == pytest.approx(0.49 - 4 * 0.102)
+    assert meter.first_cost == pytest.approx(0.49 - 4 * 0.102) and not meter.costs
     c = meter.cadence(60.0)
-    assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * meter.costs[-1] / c.interval_s)
+    assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * meter.first_cost / c.interval_s)
 
 
 def test_a_recorded_policy_keeps_its_cadence_and_a_record_without_max_redo_gets_the_adaptive_one():
