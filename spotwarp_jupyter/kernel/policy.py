@@ -150,7 +150,7 @@ def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: flo
     redo bound, so that a write slower than the last ones still keeps it; never shorter than the overhead
     bound allows, which wins when the two cannot both hold. `first_only`: the cost is the session's first
     snapshot at a step, which carries one-time costs (a full write, the staging memory's first touch) and says
-    little about the next: the redo bound holds until a later one is measured.
+    little about the next: the interval aims at half the redo bound until a later one is measured.
     """
     lag = max(0.0, write_s) + max(0.0, step_s)
     if every_s is not None:
@@ -163,8 +163,8 @@ def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: flo
     floor = cost_s / max_overhead
     target = cap / 2
     interval, bound = (target, "redo") if floor <= target else (floor, "overhead")
-    if first_only and interval > cap:
-        interval, bound = cap, "redo"
+    if first_only:
+        interval, bound = target, "redo"
     interval = max(interval, FIRST_STEP_S)
     return Cadence(interval, interval + lag, 100 * cost_s / interval, bound, max_redo_s)
 

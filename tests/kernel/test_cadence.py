@@ -53,8 +53,8 @@ def test_when_both_bounds_cannot_hold_the_overhead_bound_wins_and_the_text_names
 
 def test_the_first_snapshots_cost_alone_keeps_the_redo_bound_until_a_later_one_is_measured():
     first = cadence(cost_s=1.65, write_s=2.2, step_s=1.0, first_only=True)  # a full write, staging memory touched
-    assert first.bounded_by == "redo" and first.redo_window_s == pytest.approx(60.0)
-    assert first.overhead_pct == pytest.approx(100 * 1.65 / (60 - 3.2))  # over 2% for one interval: said as it is
+    assert first.bounded_by == "redo" and first.interval_s == pytest.approx((60 - 3.2) / 2)
+    assert first.overhead_pct == pytest.approx(100 * 1.65 / first.interval_s)  # over 2% for one interval: said as it is
     assert cadence(cost_s=1.65, write_s=2.2, step_s=1.0).bounded_by == "overhead"
 
 
