@@ -38,7 +38,7 @@ from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
 from .outputs import CellOutputs
-from .policy import Policy
+from .policy import FIRST_STEP_S, Cadence, LoopMeter, Policy
 from .retention import Pruner
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -162,10 +162,12 @@ class KernelSession:
         carried, self.carried_outputs = self.carried_outputs, None
         self.outputs.start(request_id, carried[1] if carried is not None and carried[0] == cell_id else None)
         self.running = (cell_id, source)
+        self._new_cell()
         busy_cell_started()
 
     def cell_ended(self) -> None:
         self.running = None
+        self._new_cell()
         busy_cell_ended()
 
     def capture_options(self) -> CaptureOptions:
@@ -352,6 +354,7 @@ class KernelSession:
             in_flight=self.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
             changed=self.changed(), last_error=self.last_error, restore=restore,
             imports=self._saved_imports(), resumed=self.resumed,
+            cadence=self.cadence().as_dict() if self.policy.enabled else None,
         )
 
     def _saved_imports(self) -> dict[str, str]:
@@ -374,6 +377,21 @@ class KernelSession:
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
+        self.meter = LoopMeter()  # what snapshots at steps cost the loop: the cadence adapts to it
+        self.loop_started_at: float | None = None  # the first step's safe point in the running cell
+        self._cadence: tuple[tuple, Cadence] | None = None
+
+    def _new_cell(self) -> None:
+        self.meter.new_cell()
+        self.loop_started_at = None
+
+    def cadence(self) -> Cadence:
+        """How often snapshots are taken at a loop's steps now, from the policy and their measured cost
+        (computed again only when a snapshot was measured or the policy changed: due() asks at every step)."""
+        key = (self.meter.measured, self.policy.max_redo_s, self.policy.every_s)
+        if self._cadence is None or self._cadence[0] != key:
+            self._cadence = (key, self.meter.cadence(self.policy.max_redo_s, self.policy.every_s))
+        return self._cadence[1]
 
     def snapshot_in_background(self, message: str | None = None, requests: list[str] | None = None,
                                urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:
@@ -427,6 +445,7 @@ class KernelSession:
 
     def _background_done(self, job: BackgroundSnapshot) -> None:
         """Runs in the reaper thread once the child has exited."""
+        self.meter.written(time.perf_counter())
         try:
             result = job.result
             if result is not None and result.ok and result.snapshot_id:
@@ -452,8 +471,11 @@ class KernelSession:
         """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
         return self._flight_done.wait(timeout)
 
-    def due(self, reasons: list[str], cell_end: bool = False) -> bool:
-        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
+    def due(self, reasons: list[str], cell_end: bool = False, step: bool = False) -> bool:
+        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed.
+
+        At a loop's `step` with no fixed `--every`: FIRST_STEP_S after the loop's first step when nothing was
+        snapshotted since, then at the interval the cadence adapts to the measured cost of the last ones."""
         if reasons:
             return True
         if not self.policy.enabled:
@@ -466,7 +488,13 @@ class KernelSession:
             if never and not self._first_cell_waits():
                 return True
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
-        return time.time() - last >= self.policy.every_s
+        now = time.time()
+        if step and self.policy.every_s is None:
+            loop_start = self.loop_started_at or now
+            if max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) < loop_start:
+                return now - loop_start >= FIRST_STEP_S
+            return now - last >= self.cadence().interval_s
+        return now - last >= self.policy.cell_every_s
 
     def idle_snapshot_in(self) -> float | None:
         """Seconds until the automatic snapshot the last cell's end did not take (its interval had not passed)
@@ -478,7 +506,7 @@ class KernelSession:
         if max(self.last_started_at or 0.0, self.last_snapshot_at or 0.0) >= ended:
             return None  # a snapshot started at the cell's end, or since, holds what the cell left
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
-        return max(0.0, last + self.policy.every_s - time.time())
+        return max(0.0, last + self.policy.cell_every_s - time.time())
 
     def holds_state(self) -> bool:
         """Whether the kernel holds anything a snapshot would save as a variable (not only imported modules)."""
@@ -501,13 +529,18 @@ class KernelSession:
 
         `urgent`: the caller holds the kernel here until the snapshot commits (snapshot_in_background).
         """
+        step_at = 0.0
         if where == "cell":
             self.cell_ended_at = time.time()
         elif where == "step":
+            step_at = time.perf_counter()
+            self.meter.step(step_at, writing=self.in_flight is not None)
+            if self.loop_started_at is None:
+                self.loop_started_at = time.time()
             still_busy()  # a tab connecting while the loop runs shows the kernel busy
         if where in ("cell", "idle") and not reasons and not self.policy.after_cell:
             return
-        if not self.due(reasons, cell_end=where == "cell"):
+        if not self.due(reasons, cell_end=where == "cell", step=where == "step"):
             return
         if self.arrivals.load is not None:
             if not reasons:
@@ -519,7 +552,9 @@ class KernelSession:
         message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
         requests, self._requests = self._requests, []
         try:
-            self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
+            job = self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
+            if job is not None and where == "step":
+                self.meter.started(step_at, self.last_pause_s or 0.0)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._requests[:0] = requests  # the next one answers them

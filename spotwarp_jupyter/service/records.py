@@ -163,3 +163,4 @@ class KernelStatus:
     read_at: float = field(default_factory=time.time)  # when these facts were read: ages count from here
     imports: dict[str, str] = field(default_factory=dict)  # modules the last snapshot saved by name: name -> import path
     resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py): what it did
+    cadence: dict[str, Any] | None = None  # snapshots at a loop's steps: interval_s, redo_window_s, overhead_pct, ...

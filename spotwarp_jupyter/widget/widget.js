@@ -134,6 +134,7 @@ function render({ model, el }) {
       root.append(row(LAST_LABEL, "none from this kernel yet", "spotwarp-w-last"));
     }
     root.append(row("Policy", s.policy_text || "", "spotwarp-w-policy"));
+    if (s.cadence && s.cadence.text) root.append(row("Cadence", s.cadence.text, "spotwarp-w-cadence"));
     root.append(row("Storage", s.storage || "", "spotwarp-w-storage"));
     if (s.last_error) root.append(row("Error", s.last_error, "spotwarp-w-error"));
 
