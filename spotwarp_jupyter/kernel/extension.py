@@ -65,7 +65,14 @@ def _in_a_cell(ipython) -> bool:
 
 
 def _cell_source(ipython) -> str | None:
-    """The source of the cell running now, from IPython's input history."""
+    """The source of the cell running now: as its execute request sent it (the history strips its last newline,
+    and a cell run again on a new host must be the cell as typed), else from IPython's input history."""
+    try:
+        code = ipython.kernel.get_parent("shell").get("content", {}).get("code")
+        if isinstance(code, str):
+            return code
+    except Exception:  # noqa: BLE001 - not in a kernel: the history serves
+        pass
     try:
         return ipython.history_manager.input_hist_raw[-1]
     except Exception:  # noqa: BLE001 - no history: the restore then does not look at its cell
