@@ -184,3 +184,41 @@ async def test_a_notice_to_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_
         await jp_fetch("api", "kernels", kid, method="DELETE")
     logged = capfd.readouterr()
     assert "spotwarp_notice_request" not in logged.err + logged.out
+
+
+async def test_a_folder_listed_while_a_notebook_in_it_is_renamed_is_listed(jp_fetch, jp_root_dir):
+    """JupyterLab's first save renames Untitled.ipynb while its file browser lists the folder: an entry that
+    vanishes between the listing's stat and its model must not turn the folder into a 404 ("Directory not
+    found"), nor must SpotWarp's own atomic replacements of files in the workspace."""
+    import threading
+
+    from tornado.httpclient import HTTPClientError
+
+    for i in range(40):  # a folder of some size, as a workspace is: each listing stats every entry
+        (jp_root_dir / f"data-{i:02}.txt").write_text("x")
+    names = [jp_root_dir / "Untitled.ipynb", jp_root_dir / "named.ipynb"]
+    names[0].write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    stop = threading.Event()
+
+    def rename_back_and_forth() -> None:
+        i = 0
+        while not stop.is_set():
+            names[i % 2].rename(names[(i + 1) % 2])
+            i += 1
+
+    renamer = threading.Thread(target=rename_back_and_forth, daemon=True)
+    renamer.start()
+    failures = []
+    try:
+        for _ in range(300):
+            try:
+                response = await jp_fetch("api", "contents", params={"content": "1"}, method="GET")
+            except HTTPClientError as exc:
+                failures.append(exc.code)
+                continue
+            listed = {e["name"] for e in json.loads(response.body)["content"]}
+            assert {f"data-{i:02}.txt" for i in range(40)} <= listed
+    finally:
+        stop.set()
+        renamer.join()
+    assert failures == []
