@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound
 from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
+from .files_record import stored_form
 from .scope import check_scope
 
 FORMAT = 1
@@ -121,6 +122,7 @@ class Manifest:
         return sum(self.objects.values())
 
     def body(self) -> dict[str, Any]:
+        files, objects = stored_form(self.files, self.objects)
         body = {
             "format": FORMAT,
             "id": self.id,
@@ -132,10 +134,10 @@ class Manifest:
             "message": self.message,
             "parent": self.parent,
             "kernels": self.kernels,
-            "files": self.files,
+            "files": files,
             "env": self.env,
             "stats": self.stats,
-            "objects": self.objects,
+            "objects": objects,
             **({"generation": self.generation} if self.generation else {}),
             **({"holder": self.holder} if self.holder else {}),
             **({"requests": list(self.requests)} if self.requests else {}),
