@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,6 +102,15 @@ def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp
     assert [(c["id"], c["source"]) for c in document["cells"]] == [("setup", "import spotwarp"),
                                                                     ("loop", "for i in r: print(i)")]
     assert document["cells"][1]["outputs"] == printed
+
+    # what the restore line of `spotwarp start` and `spotwarp restore` says it brought back
+    out = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "restore", "--project-id", "old",
+                          "--storage", str(tmp_path / "store"), "--workspace-path", str(tmp_path / "host-c")],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path / "h")})
+    assert out.returncode == 0, out.stderr
+    assert (f"no workspace files in snapshot {manifest.id} ({manifest.host}, {manifest.created_iso}): notebook "
+            "runs/train.ipynb rebuilt from its recorded cells") in out.stdout.splitlines()
+    assert "restored 0 files" not in out.stdout
 
 
 def stored_manifest(engine: SnapshotEngine, manifest) -> dict:
