@@ -16,7 +16,10 @@ from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exporte
 from .files_record import stored_form
 from .scope import check_scope
 
-FORMAT = 1
+FORMAT = 1  # files inline
+FORMAT_FILES_RECORD = 2  # files' entries in an object the manifest names (files_record.py): a reader knowing
+# only format 1 refuses it rather than seeing a snapshot without files
+FORMATS = (FORMAT, FORMAT_FILES_RECORD)
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 
 
@@ -124,7 +127,7 @@ class Manifest:
     def body(self) -> dict[str, Any]:
         files, objects = stored_form(self.files, self.objects)
         body = {
-            "format": FORMAT,
+            "format": FORMAT_FILES_RECORD if files is not self.files else FORMAT,
             "id": self.id,
             "project": self.project,
             "created": self.created_iso,
@@ -219,7 +222,7 @@ def _parse(data: bytes, name: str) -> dict[str, Any]:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         raise ManifestError(f"snapshot manifest {name} has an unknown format")
     return doc
 
