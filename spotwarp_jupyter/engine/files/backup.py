@@ -482,12 +482,14 @@ def backup_workspace(
         reuse = cut.clean  # the cut's answer against these very entries
     else:
         reuse = _reusable(seen_all, previous)
-    reused = {c["id"] for e in reuse.values() for c in e["chunks"]}
+    # every file stat-clean: the entries are the previous ones, whose chunk ids are known already
+    whole = previous is not None and len(reuse) == len(seen_all) == len(previous["entries"])
+    reused = set(chunk_ids(previous["entries"])) if whole else {c["id"] for e in reuse.values() for c in e["chunks"]}
     present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
     if len(reuse) == len(seen_all) and len(present) == len(reused) and all(len(e) == 5 for e in reuse.values()):
         # nothing changed: the previous entries themselves, each file having cost its stat
-        entries = reuse
+        entries = previous["entries"] if whole else reuse
         stats.files = stats.files_reused = len(entries)
         stats.objects_reused = sum(len(e["chunks"]) for e in entries.values())
         stats.bytes_total = total

@@ -67,15 +67,19 @@ def with_record(store: Store, files: dict[str, Any], previous: dict[str, Any] | 
     oid = (previous or {}).get(RECORD)
     same = (isinstance(oid, str) and isinstance(prev_entries, dict) and len(prev_entries) == len(entries)
             and isinstance((previous or {}).get("record_size"), int)
-            and all((old := prev_entries.get(p)) is e or old == e for p, e in entries.items()))
+            and (prev_entries is entries
+                 or all((old := prev_entries.get(p)) is e or old == e for p, e in entries.items())))
     if same:
         entries, size = prev_entries, previous["record_size"]
+        total = previous.get("bytes")
     else:
         data = json.dumps(entries, sort_keys=True, separators=(",", ":")).encode()
         oid, size = store.put_object(data)
         _remember(oid, entries)
-    return {**files, "entries": entries, RECORD: oid, "record_size": size, "count": len(entries),
-            "bytes": sum(int(e.get("size", 0)) for e in entries.values())}
+        total = None
+    if not isinstance(total, int):
+        total = sum(int(e.get("size", 0)) for e in entries.values())
+    return {**files, "entries": entries, RECORD: oid, "record_size": size, "count": len(entries), "bytes": total}
 
 
 def stored_form(files: dict[str, Any], objects: dict[str, int]) -> tuple[dict[str, Any], dict[str, int]]:
