@@ -72,15 +72,25 @@ def _resumed_from(result: RestoreResult, now: float | None = None) -> str:
     snap, report = result.snapshot, result.files
     age = max(0.0, (time.time() if now is None else now) - snap.created_ts)
     text = f"spotwarp: restored snapshot {snap.id} of {snap.created} ({format_duration(age)} old, from {snap.host})"
-    if report is not None:
+    if report is not None and snap.files:
         text += (f": {report.files_restored} files, {format_size(report.bytes_restored)} in "
                  f"{format_duration(report.duration_s)}")
     return text
 
 
+def _rebuilt(result: RestoreResult) -> str:
+    names = ", ".join(result.rebuilt)
+    return (f"notebook {names} rebuilt from its recorded cells" if len(result.rebuilt) == 1
+            else f"notebooks {names} rebuilt from their recorded cells")
+
+
 def _restore_summary(result: RestoreResult) -> str:
     report, snap = result.files, result.snapshot
     assert report is not None
+    if not snap.files:
+        # a kernel snapshot taken without a workspace: what came back is the notebooks its kernels ran
+        text = f"no workspace files in snapshot {snap.id} ({snap.host}, {snap.created})"
+        return text + (f": {_rebuilt(result)}" if result.rebuilt else "")
     text = (f"restored {report.files_restored} files ({format_size(report.bytes_restored)}) into {result.workspace} "
             f"from snapshot {snap.id} ({snap.host}, {snap.created}) in "
             f"{format_duration(report.duration_s)}")

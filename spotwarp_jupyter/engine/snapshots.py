@@ -32,6 +32,7 @@ from .files import (
 )
 from .incremental import ReusePlan, StaleBaseline
 from .manifests import (
+    RECORD,
     Manifest,
     ManifestCatalog,
     collect_facts,
@@ -43,6 +44,7 @@ from .manifests import (
     signing_scope,
     trust_warning,
     version_warnings,
+    with_record,
 )
 from .pickling import main_namespace
 from .prune import GcReport, collect_garbage
@@ -255,6 +257,8 @@ class SnapshotEngine:
         # listed under this lock: no gc deletes what it names meanwhile, so its objects are not asked for again
         files, file_objects, fstats = backup_workspace(self.store, cut.root, previous.files if previous else None,
                                                        cut=cut, previous_listed=True)
+        files = with_record(self.store, files, previous.files if previous else None)
+        file_objects[files[RECORD]] = files["record_size"]
         own = {notebook, *(kernel.get("aliases") or ())}
         others = {nb: rec for nb, rec in newest_kernel_records(listing).items() if nb not in own}
         named: dict[str, int] = {}
@@ -442,8 +446,8 @@ class SnapshotEngine:
     ) -> Manifest | None:
         """Back up the workspace (only what changed) and commit one manifest naming it and `kernels`' records.
 
-        With `only_if_changed`, nothing is committed (None is returned) when files and kernel records
-        are the same as in the previous project snapshot.
+        With `only_if_changed`, nothing is committed (None is returned) when the newest snapshot holding files
+        (a project snapshot or a kernel snapshot with its cut) holds the same files and each of `kernels`' records.
         """
         started = time.perf_counter()
         with self.writing() as lock:  # before any presence check of what is reused: gc waits or leaves objects
@@ -456,9 +460,13 @@ class SnapshotEngine:
                 chunk_size=chunk_size, progress=progress,
             )
             kernels = {nb: dict(rec) for nb, rec in (kernels or {}).items()}
+            # unchanged: the same files, and each record already in that snapshot (a kernel snapshot's cut also
+            # holds every other notebook's newest record; one of a notebook no longer open is not a change)
             if only_if_changed and previous is not None and not files_changed(previous.files, files) \
-                    and previous.kernels == kernels:
+                    and all(previous.kernels.get(nb) == rec for nb, rec in kernels.items()):
                 return None
+            files = with_record(self.store, files, previous.files if previous else None)
+            objects[files[RECORD]] = files["record_size"]
             named_by_kernels: dict[str, int] = {}
             for record in kernels.values():
                 named_by_kernels.update(record_objects(record))

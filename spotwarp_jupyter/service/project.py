@@ -171,18 +171,19 @@ class Project:
         if self.workspace is None and kernels is None:  # nothing to bring back here: the kernel restores itself
             return RestoreResult(summary, via, None, None, [], 0.0, journaled=False)
         journaled = not self.engine.fence.candidate
+        rebuilt: list[str] = []
         with self._journal(manifest.id, via, journaled, run) as outcome:
             files = None
             if self.workspace is not None:
                 files = self.engine.restore_files(manifest, self.workspace, progress=progress)
                 outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
                 # cells run but not saved before the snapshot: the notebook holds every cell behind the state
-                bring_back_run_cells(self.workspace, self._records(ref, manifest))
+                rebuilt = bring_back_run_cells(self.workspace, self._records(ref, manifest))
             restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
             if kernels is not None:
                 outcome.update(kernels=len(restored), kernels_failed=sum(1 for k in restored if k.error))
         return RestoreResult(summary, via, self.workspace, files, restored, time.perf_counter() - started,
-                             journaled)
+                             journaled, tuple(rebuilt))
 
     def _restore_kernels(self, ref: str, manifest: Manifest, kernels: KernelRestorer) -> Sequence[KernelRestore]:
         # for `latest` each kernel restores its own notebook's newest state (kernels snapshot more often than files)

@@ -131,6 +131,7 @@ class RestoreResult:
     kernels: list[KernelRestore]
     duration_s: float
     journaled: bool
+    rebuilt: tuple[str, ...] = ()  # notebooks written from the cells their kernels ran (absent or behind)
 
 
 @dataclass(frozen=True)

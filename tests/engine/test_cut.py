@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -100,3 +102,72 @@ def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp
     assert [(c["id"], c["source"]) for c in document["cells"]] == [("setup", "import spotwarp"),
                                                                     ("loop", "for i in r: print(i)")]
     assert document["cells"][1]["outputs"] == printed
+
+    # what the restore line of `spotwarp start` and `spotwarp restore` says it brought back
+    out = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "restore", "--project-id", "old",
+                          "--storage", str(tmp_path / "store"), "--workspace-path", str(tmp_path / "host-c")],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "HOME": str(tmp_path / "h")})
+    assert out.returncode == 0, out.stderr
+    assert (f"no workspace files in snapshot {manifest.id} ({manifest.host}, {manifest.created_iso}): notebook "
+            "runs/train.ipynb rebuilt from its recorded cells") in out.stdout.splitlines()
+    assert "restored 0 files" not in out.stdout
+
+
+def stored_manifest(engine: SnapshotEngine, manifest) -> dict:
+    return json.loads(engine.store.read_manifest(manifest.name))
+
+
+def test_an_unchanged_workspace_names_the_same_files_record_without_writing_it(engine, ws):
+    first = engine.snapshot_kernel({"step": 0}, notebook="train.ipynb", cut=engine.cut_workspace())
+    age(ws)
+    engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace(engine.with_files()))
+    objects_before = set(engine.store.list_objects_with_times())
+    record = engine.with_files().files["record"]
+    again = engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace(engine.with_files()))
+
+    stored = stored_manifest(engine, again)
+    assert stored["files"]["record"] == record and "entries" not in stored["files"]
+    assert stored["files"]["count"] == 4 and record in stored["objects"]
+    assert not {c["id"] for e in first.files["entries"].values() for c in e["chunks"]} & set(stored["objects"])
+    assert set(engine.store.list_objects_with_times()) == objects_before  # no record, no chunk written again
+    # a new reader (another host) sees the entries through the record
+    reader = SnapshotEngine(engine.settings)
+    assert set(reader.get(again.id).files["entries"]) == {"train.log", "metrics.json", "run.bin", "data.csv"}
+    assert reader.verify(again.id).ok
+
+
+def test_verify_finds_a_damaged_files_record_and_gc_keeps_it(engine, ws, tmp_path):
+    manifest = engine.snapshot_kernel({"step": 0}, notebook="train.ipynb", cut=engine.cut_workspace())
+    for step in range(3):
+        engine.snapshot_kernel({"step": step + 1}, notebook="other.ipynb")
+    report = engine.gc(keep=1, grace_s=0)
+    assert report is not None
+    record = manifest.files["record"]
+    assert engine.store.has_object(record)
+    restored = tmp_path / "host-b"
+    SnapshotEngine(engine.settings).restore_files(SnapshotEngine(engine.settings).with_files(), str(restored))
+    assert read_tree(restored) == read_tree(ws)
+
+    path = engine.store.object_path(record)
+    os.chmod(path, 0o644)
+    data = bytearray(Path(path).read_bytes())
+    data[10] ^= 1
+    Path(path).write_bytes(bytes(data))
+    reader = SnapshotEngine(engine.settings)
+    verdict = reader.verify()
+    assert not verdict.ok
+    assert any(record[:12] in p or manifest.id in p for p in verdict.problems), verdict.problems
+
+
+def test_the_timed_backup_commits_nothing_after_a_kernel_snapshot_with_its_cut(tmp_path, ws):
+    engine = SnapshotEngine(Settings.resolve(project="cut", storage=str(tmp_path / "store"), workspace=str(ws),
+                                             env={}))
+    engine.snapshot_kernel({"b": 1}, notebook="closed.ipynb")
+    engine.snapshot_kernel({"a": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
+    newest = engine.manifests()[0]
+    live = {"train.ipynb": newest.kernels["train.ipynb"]}  # what the server's backup passes: the open notebooks
+    for _interval in range(2):
+        assert engine.snapshot_project(str(ws), live, "automatic backup", only_if_changed=True) is None
+    assert engine.manifests()[0].id == newest.id
+    (ws / "data.csv").write_text("a,b\n3,4\n")
+    assert engine.snapshot_project(str(ws), live, "automatic backup", only_if_changed=True) is not None

@@ -22,9 +22,11 @@ from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from ..errors import SpotWarpError
 from ..hashing import fingerprint
+from ..manifests.files_record import chunk_ids
 from ..storage import CHUNK_SIZE, Store
 from .ignore import IgnoreRules
 from .restore import is_valid_entry
+from .temporaries import MARK as _MARK
 from .temporaries import is_temporary
 
 if TYPE_CHECKING:
@@ -45,7 +47,7 @@ __all__ = [
 ]
 
 
-@dataclass
+@dataclass(slots=True)
 class Seen:
     """One file or symbolic link the scan found: its workspace path, its path on disk, its stat."""
 
@@ -55,11 +57,13 @@ class Seen:
 
 
 _name = operator.attrgetter("name")
+_IFMT = 0o170000
 
 
 def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[Seen]:
     """Every file and symlink under `root` that the rules keep, sorted, without following links."""
     stack = [""]
+    ignored = rules.ignored
     while stack:
         reldir = stack.pop()
         absdir = os.path.join(root, reldir) if reldir else root
@@ -70,19 +74,22 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[See
             skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
             continue
         subdirs = []
+        prefix = f"{reldir}/" if reldir else ""
         for entry in entries:
-            rel = f"{reldir}/{entry.name}" if reldir else entry.name
-            if is_temporary(entry.name):
+            name = entry.name
+            rel = prefix + name
+            if _MARK in name and is_temporary(name):
                 continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
             try:
                 st = entry.stat(follow_symlinks=False)
             except OSError:
                 continue  # vanished since listing
-            if stat.S_ISDIR(st.st_mode):
-                if not rules.ignored(rel, True, entry.path, st):
+            kind = st.st_mode & _IFMT
+            if kind == stat.S_IFDIR:
+                if not ignored(rel, True, entry.path, st):
                     subdirs.append(rel)
-            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                if not rules.ignored(rel, False, entry.path, st):
+            elif kind == stat.S_IFREG or kind == stat.S_IFLNK:
+                if not ignored(rel, False, entry.path, st):
                     yield Seen(rel, entry.path, st)
             elif not rules.ignored(rel, False, entry.path, st):
                 skipped[rel] = "not a regular file (device, socket or pipe)"
@@ -283,31 +290,31 @@ class FileBackupStats:
         }
 
 
-_checked: list[tuple[Any, dict[str, Any] | None]] = []  # the last records checked (each cut checks its previous)
+_checked: list[tuple[Any, dict[str, Any]]] = []  # the last entries checked (each cut checks its previous's)
 
 
 def _well_formed(previous: Any) -> dict[str, Any] | None:
     """The previous files record without what a damaged or crafted manifest could break this backup with.
 
-    The answers for the last few records are kept (a record is never changed once committed)."""
-    for record, checked in _checked:
-        if record is previous:
-            return checked
-    checked = _check_previous(previous)
-    _checked[:] = [(previous, checked), *_checked[:3]]
-    return checked
-
-
-def _check_previous(previous: Any) -> dict[str, Any] | None:
+    The answers for the last few `entries` are kept (entries are never changed once committed, and an unchanged
+    workspace's manifests share them)."""
     if not isinstance(previous, dict):
         return None
-    entries = previous.get("entries")
     scanned = previous.get("scanned_at_ns")
-    return {
-        "scanned_at_ns": scanned if isinstance(scanned, int) and not isinstance(scanned, bool) else 0,
-        "entries": {p: e for p, e in entries.items() if is_valid_entry(p, e) and ("link" in e or "mode" in e)}
-        if isinstance(entries, dict) else {},
-    }
+    entries = previous.get("entries")
+    checked = next((c for e, c in _checked if e is entries), None)
+    if checked is None:
+        checked = {p: e for p, e in entries.items() if is_valid_entry(p, e) and ("link" in e or "mode" in e)} \
+            if isinstance(entries, dict) else {}
+        if isinstance(entries, dict) and len(checked) == len(entries):
+            checked = entries  # all well formed: the same object, which a cut's answers were computed against
+        _keep_checked(entries, checked)
+    return {"scanned_at_ns": scanned if isinstance(scanned, int) and not isinstance(scanned, bool) else 0,
+            "entries": checked}
+
+
+def _keep_checked(entries: Any, checked: dict[str, Any]) -> None:
+    _checked[:] = [(entries, checked), *_checked[:3]]
 
 
 def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
@@ -316,14 +323,31 @@ def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str
     prev_scanned = (previous or {}).get("scanned_at_ns") or 0
     if not isinstance(prev_entries, dict) or not isinstance(prev_scanned, int):
         return {}
+    stats = _stat_keys(prev_entries)
+    before = prev_scanned - RACY_WINDOW_NS
     reuse: dict[str, dict[str, Any]] = {}
     for seen in seen_all:
-        old = prev_entries.get(seen.relpath)
-        if (isinstance(old, dict) and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
-                and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
-                and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
-            reuse[seen.relpath] = old
+        st = seen.st
+        key = stats.get(seen.relpath)
+        if (key is not None and key[0] == (st.st_size, st.st_mtime_ns, st.st_ino) and st.st_mtime_ns < before
+                and stat.S_ISREG(st.st_mode)):
+            reuse[seen.relpath] = key[1]
     return reuse
+
+
+_stat_keyed: list[tuple[Any, dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]]]] = []
+
+
+def _stat_keys(entries: dict[str, Any]) -> dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]]:
+    """relpath -> ((size, mtime, inode), entry) of the entries naming chunks; kept for the last few entries (never
+    changed once committed), so each cut compares tuples."""
+    for known, keyed in _stat_keyed:
+        if known is entries:
+            return keyed
+    keyed = {p: ((e.get("size"), e.get("mtime_ns"), e.get("ino")), e) for p, e in entries.items()
+             if isinstance(e, dict) and "chunks" in e}
+    _stat_keyed[:] = [(entries, keyed), *_stat_keyed[:2]]
+    return keyed
 
 
 _REUSED_KEYS = ("size", "mode", "mtime_ns", "ino", "chunks")
@@ -453,20 +477,35 @@ def backup_workspace(
         scanned_at = time.time_ns()
         seen_all = list(scan(root, rules, stats.skipped))
     # stat-clean files are named again without reading, if their chunks are still stored
-    reuse = _reusable(seen_all, previous)
-    reused = {c["id"] for e in reuse.values() for c in e["chunks"]}
+    if cut is not None and previous is not None and cut.clean_against == (id(previous["entries"]), previous["scanned_at_ns"]) \
+            and cut.previous_entries is previous["entries"]:
+        reuse = cut.clean  # the cut's answer against these very entries
+    else:
+        reuse = _reusable(seen_all, previous)
+    # every file stat-clean: the entries are the previous ones, whose chunk ids are known already
+    whole = previous is not None and len(reuse) == len(seen_all) == len(previous["entries"])
+    reused = set(chunk_ids(previous["entries"])) if whole else {c["id"] for e in reuse.values() for c in e["chunks"]}
     present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
-    uploads = Uploads(store, known_chunks(previous), stats, present)
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    backup = _Backup(root, uploads, reuse, chunk_size, total, progress, None if cut is None else cut.held)
-    entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
-    uploads.flush()
-    objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
+    if len(reuse) == len(seen_all) and len(present) == len(reused) and all(len(e) == 5 for e in reuse.values()):
+        # nothing changed: the previous entries themselves, each file having cost its stat
+        entries = previous["entries"] if whole else reuse
+        stats.files = stats.files_reused = len(entries)
+        stats.objects_reused = sum(len(e["chunks"]) for e in entries.values())
+        stats.bytes_total = total
+        if progress is not None and seen_all:
+            progress(total, total, seen_all[-1].relpath)
+    else:
+        uploads = Uploads(store, known_chunks(previous), stats, present)
+        backup = _Backup(root, uploads, reuse, chunk_size, total, progress, None if cut is None else cut.held)
+        entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
+        uploads.flush()
+    objects = dict(chunk_ids(entries))
     files = {"scanned_at_ns": scanned_at, "chunk_size": chunk_size, "entries": entries,
              "skipped": stats.skipped, "unstable": stats.unstable}
     # well formed as built (from checked entries and files read here): the next backup in this process need not
     # check it again
-    _checked[:] = [(files, {"scanned_at_ns": scanned_at, "entries": entries}), *_checked[:3]]
+    _keep_checked(entries, entries)
     return files, objects, stats
 
 

@@ -38,6 +38,9 @@ class Cut:
     held: dict[str, bytes] = field(default_factory=dict)  # relpath -> its content at the instant
     took_s: float = 0.0
     unread_bytes: int = 0  # bytes of changed files the writer has still to read
+    clean: dict[str, dict[str, Any]] = field(default_factory=dict)  # relpath -> its previous entry, stat-clean
+    previous_entries: Any = None  # the entries `clean` was found against, and (their id, that record's scan time)
+    clean_against: tuple[int, Any] | None = None
 
 
 def _read_still(seen: Seen) -> bytes | None:
@@ -86,4 +89,6 @@ def take_cut(root: str, rules: IgnoreRules, previous: dict[str, Any] | None = No
         if data is not None:
             held[seen.relpath] = data
             budget -= len(data)
-    return Cut(root, scanned_at, seen_all, skipped, held, time.perf_counter() - started, unread)
+    entries = previous.get("entries") if isinstance(previous, dict) else None
+    return Cut(root, scanned_at, seen_all, skipped, held, time.perf_counter() - started, unread, clean, entries,
+               (id(entries), previous.get("scanned_at_ns")) if isinstance(previous, dict) else None)

@@ -13,9 +13,13 @@ from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound
 from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
+from .files_record import stored_form
 from .scope import check_scope
 
-FORMAT = 1
+FORMAT = 1  # files inline
+FORMAT_FILES_RECORD = 2  # files' entries in an object the manifest names (files_record.py): a reader knowing
+# only format 1 refuses it rather than seeing a snapshot without files
+FORMATS = (FORMAT, FORMAT_FILES_RECORD)
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 
 
@@ -121,8 +125,9 @@ class Manifest:
         return sum(self.objects.values())
 
     def body(self) -> dict[str, Any]:
+        files, objects = stored_form(self.files, self.objects)
         body = {
-            "format": FORMAT,
+            "format": FORMAT_FILES_RECORD if files is not self.files else FORMAT,
             "id": self.id,
             "project": self.project,
             "created": self.created_iso,
@@ -132,10 +137,10 @@ class Manifest:
             "message": self.message,
             "parent": self.parent,
             "kernels": self.kernels,
-            "files": self.files,
+            "files": files,
             "env": self.env,
             "stats": self.stats,
-            "objects": self.objects,
+            "objects": objects,
             **({"generation": self.generation} if self.generation else {}),
             **({"holder": self.holder} if self.holder else {}),
             **({"requests": list(self.requests)} if self.requests else {}),
@@ -217,7 +222,7 @@ def _parse(data: bytes, name: str) -> dict[str, Any]:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         raise ManifestError(f"snapshot manifest {name} has an unknown format")
     return doc
 
