@@ -128,7 +128,10 @@ def test_status_without_a_project_shows_the_running_servers_project(tmp_path):
         named = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status", "--project-id", "other",
                                 "--storage", str(tmp_path / "store")],
                                capture_output=True, text=True, env=env, timeout=120)
-        assert named.stdout.startswith("project  other\n"), named  # a named project is never replaced
+        # a named project is never replaced by the served one; one the store holds nothing of is a typo until
+        # proven otherwise
+        assert named.returncode == 1 and "project 'other' has no snapshots" in named.stderr, named
+        assert "projects there: demo" in named.stderr and "project  demo" not in named.stdout, named
     finally:
         server.discard()
 

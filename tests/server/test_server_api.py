@@ -151,7 +151,8 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         kernels = {k["kernel_id"]: k for k in status["kernels"]}
         assert kernels[kid]["notebook"] == "nb/train.ipynb"
         assert kernels[kid]["last_snapshot"] == snap["id"]
-        assert kernels[plain_kid] == {"kernel_id": plain_kid, "notebook": "plain.ipynb", "last_snapshot": None}
+        assert kernels[plain_kid] == {"kernel_id": plain_kid, "notebook": "plain.ipynb", "last_snapshot": None,
+                                      "execution_state": "idle"}
 
         await execute(ws, "weights = None\nstep = 0")
         code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
