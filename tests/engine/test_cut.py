@@ -86,6 +86,24 @@ def test_an_unchanged_file_is_not_read_again(engine, ws):
     assert second.stats["file_bytes_written"] == len((ws / "train.log").read_bytes())
 
 
+def test_in_a_nested_tree_the_cut_keeps_every_file_in_order_and_reads_only_the_changed_one(engine, ws):
+    for rel in ("a/z.txt", "a/b/c.txt", "a/b2/d.txt", "__pycache__/m.pyc", ".git/HEAD"):
+        (ws / rel).parent.mkdir(parents=True, exist_ok=True)
+        (ws / rel).write_text(rel)
+    os.symlink("a/z.txt", ws / "ln")
+    age(ws)
+    first = engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
+    with open(ws / "a/b/c.txt", "a") as f:
+        f.write("more")
+    cut = engine.cut_workspace(first)
+    kept = ["data.csv", "ln", "metrics.json", "run.bin", "train.log", "a/z.txt", "a/b/c.txt", "a/b2/d.txt"]
+    assert [s.relpath for s in cut.seen] == kept
+    assert set(cut.held) == {"a/b/c.txt"}
+    assert set(cut.clean) == set(kept) - {"ln", "a/b/c.txt"}
+    second = engine.snapshot_kernel({"step": 2}, notebook="train.ipynb", cut=cut)
+    assert list(second.files["entries"]) == kept and second.stats["files_read"] == 1
+
+
 def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp_path):
     engine = SnapshotEngine(Settings.resolve(project="old", storage=str(tmp_path / "store"), env={}))
     project = Project(engine, str(tmp_path / "empty-host"))

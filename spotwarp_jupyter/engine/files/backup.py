@@ -13,12 +13,11 @@ a restore's temporaries are never backed up, whatever `.spotwarpignore` says.
 from __future__ import annotations
 
 import errno
-import operator
 import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ..errors import SpotWarpError
 from ..hashing import fingerprint
@@ -47,53 +46,84 @@ __all__ = [
 ]
 
 
-@dataclass(slots=True)
-class Seen:
-    """One file or symbolic link the scan found: its workspace path, its path on disk, its stat."""
+class Seen(NamedTuple):
+    """One file or symbolic link the scan found: its workspace path, its path on disk, its stat (a tuple: a scan
+    makes one per file at a cut's instant, and `tuple.__new__` makes it without a Python call)."""
 
     relpath: str
     abspath: str
     st: os.stat_result
 
 
-_name = operator.attrgetter("name")
-_IFMT = 0o170000
+_seen = tuple.__new__
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = _ROOT_FLAGS | getattr(os, "O_NOFOLLOW", 0)  # a folder the scan found: never through a link
+_IFMT, _IFDIR, _IFREG, _IFLNK = 0o170000, stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK
 
 
-def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[Seen]:
-    """Every file and symlink under `root` that the rules keep, sorted, without following links."""
+def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[str, Any] | None = None,
+         clean: dict[str, dict[str, Any]] | None = None) -> list[Seen]:
+    """Every file and symlink under `root` that the rules keep, sorted (a folder's files, then each of its
+    subfolders in turn), without following links. With `clean`, the previous entries of the stat-clean files
+    (`_reusable`'s answer against the files record `previous`) go into it in the same pass: at a cut's instant
+    every entry of a large workspace costs its stat and little more."""
+    found: list[Seen] = []
+    keep = found.append
     stack = [""]
     ignored = rules.ignored
+    answers, excluded = rules.file_answers() or ({}, None)
+    keys, before = ({}, 0) if clean is None else _clean_against(previous)
     while stack:
         reldir = stack.pop()
         absdir = os.path.join(root, reldir) if reldir else root
         try:
-            with os.scandir(absdir) as it:
-                entries = sorted(it, key=_name)
+            # stat by name within the open folder: a shorter lookup than a whole path, and a folder replaced by a
+            # link since it was seen is not followed
+            fd = os.open(absdir, _DIR_FLAGS if reldir else _ROOT_FLAGS)
         except OSError as exc:
             skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
             continue
-        subdirs = []
-        prefix = f"{reldir}/" if reldir else ""
-        for entry in entries:
-            name = entry.name
-            rel = prefix + name
-            if _MARK in name and is_temporary(name):
-                continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
+        try:
             try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # vanished since listing
-            kind = st.st_mode & _IFMT
-            if kind == stat.S_IFDIR:
-                if not ignored(rel, True, entry.path, st):
-                    subdirs.append(rel)
-            elif kind == stat.S_IFREG or kind == stat.S_IFLNK:
-                if not ignored(rel, False, entry.path, st):
-                    yield Seen(rel, entry.path, st)
-            elif not rules.ignored(rel, False, entry.path, st):
-                skipped[rel] = "not a regular file (device, socket or pipe)"
+                names = os.listdir(fd)
+            except OSError as exc:
+                skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+                continue
+            names.sort()
+            subdirs = []
+            prefix = f"{reldir}/" if reldir else ""
+            absprefix = os.path.join(absdir, "")
+            for name in names:
+                if _MARK in name and is_temporary(name):
+                    continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue  # vanished since listing
+                rel = prefix + name
+                kind = st.st_mode & _IFMT
+                if kind == _IFREG:
+                    left_out = answers.get(rel) if excluded is not None and st.st_ino not in excluded else None
+                    if left_out is None:
+                        left_out = ignored(rel, False, absprefix + name, st)
+                    if not left_out:
+                        keep(_seen(Seen, (rel, absprefix + name, st)))
+                        key = keys.get(rel)
+                        if (key is not None and key[0] == (st.st_size, st.st_mtime_ns, st.st_ino)
+                                and st.st_mtime_ns < before):
+                            clean[rel] = key[1]  # type: ignore[index]
+                elif kind == _IFDIR:
+                    if not ignored(rel, True, absprefix + name, st):
+                        subdirs.append(rel)
+                elif kind == _IFLNK:
+                    if not ignored(rel, False, absprefix + name, st):
+                        keep(_seen(Seen, (rel, absprefix + name, st)))
+                elif not ignored(rel, False, absprefix + name, st):
+                    skipped[rel] = "not a regular file (device, socket or pipe)"
+        finally:
+            os.close(fd)
         stack.extend(reversed(subdirs))
+    return found
 
 
 def link_target(root: str, seen: Seen) -> str | None:
@@ -317,15 +347,22 @@ def _keep_checked(entries: Any, checked: dict[str, Any]) -> None:
     _checked[:] = [(entries, checked), *_checked[:3]]
 
 
-def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
-    """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
+def _clean_against(previous: dict[str, Any] | None) -> tuple[dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]], int]:
+    """The previous record's entries by path with their (size, mtime, inode), and the mtime a clean file is older
+    than (not written just before that record's scan, when a later write could keep the same mtime)."""
     prev_entries = (previous or {}).get("entries") or {}
     prev_scanned = (previous or {}).get("scanned_at_ns") or 0
     if not isinstance(prev_entries, dict) or not isinstance(prev_scanned, int):
-        return {}
-    stats = _stat_keys(prev_entries)
-    before = prev_scanned - RACY_WINDOW_NS
+        return {}, 0
+    return _stat_keys(prev_entries), prev_scanned - RACY_WINDOW_NS
+
+
+def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+    """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
+    stats, before = _clean_against(previous)
     reuse: dict[str, dict[str, Any]] = {}
+    if not stats:
+        return reuse
     for seen in seen_all:
         st = seen.st
         key = stats.get(seen.relpath)
@@ -475,7 +512,7 @@ def backup_workspace(
             raise SpotWarpError(f"workspace {root} is not a folder")
         rules = rules or IgnoreRules.for_workspace(root)
         scanned_at = time.time_ns()
-        seen_all = list(scan(root, rules, stats.skipped))
+        seen_all = scan(root, rules, stats.skipped)
     # stat-clean files are named again without reading, if their chunks are still stored
     if cut is not None and previous is not None and cut.clean_against == (id(previous["entries"]), previous["scanned_at_ns"]) \
             and cut.previous_entries is previous["entries"]:

@@ -12,13 +12,14 @@ appended to; one replaced or shrunk since is stored as it is when read, marked `
 
 from __future__ import annotations
 
+import gc
 import os
 import stat
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from .backup import Seen, _reusable, _same_stat, scan
+from .backup import Seen, _same_stat, scan
 from .ignore import IgnoreRules
 
 __all__ = ["HOLD_BYTES", "HOLD_FILE_BYTES", "Cut", "take_cut"]
@@ -72,10 +73,16 @@ def take_cut(root: str, rules: IgnoreRules, previous: dict[str, Any] | None = No
     root = os.path.realpath(root)
     skipped: dict[str, str] = {}
     scanned_at = time.time_ns()
-    seen_all = list(scan(root, rules, skipped))
     # unchecked: a malformed previous record only makes a file be read by the writer instead of now (the writer
     # checks the record it reuses entries of), and checking 10,000 entries would lengthen the kernel's pause
-    clean = _reusable(seen_all, previous if isinstance(previous, dict) else None)
+    clean: dict[str, dict[str, Any]] = {}
+    collecting = gc.isenabled()
+    gc.disable()  # a collection of the whole heap, set off by the many small tuples a scan makes, lengthens the pause
+    try:
+        seen_all = scan(root, rules, skipped, previous if isinstance(previous, dict) else None, clean)
+    finally:
+        if collecting:
+            gc.enable()
     held: dict[str, bytes] = {}
     budget, unread = hold_bytes, 0
     for seen in seen_all:

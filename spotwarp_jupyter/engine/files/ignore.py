@@ -99,7 +99,8 @@ class IgnoreRules:
                 self._excluded_ids = None  # not there yet: compared by resolved path
                 break
             self._excluded_ids.add((st.st_dev, st.st_ino))
-        self._memo: dict[tuple[str, bool], bool] = {}  # the pattern part's answers (the rules never change)
+        # the pattern part's answers, for folders and for files (the rules never change)
+        self._memos: tuple[dict[str, bool], dict[str, bool]] = ({}, {})
 
     @classmethod
     def for_workspace(cls, root: str, excluded_paths: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
@@ -113,6 +114,14 @@ class IgnoreRules:
                 raise ConfigError(f"cannot read {path}: {exc}") from None
         return cls(lines, excluded_paths)
 
+    def file_answers(self) -> tuple[dict[str, bool], frozenset[int]] | None:
+        """The answers `ignored` has given for files, by path, and the inodes of the excluded paths: a file whose
+        inode is not among them is left out exactly when its answer says so. A scan looks a file up there before
+        calling `ignored`, once per file at a cut's instant. None when excluded paths are found by resolved path."""
+        if self._excluded_ids is None:
+            return None
+        return self._memos[False], frozenset(ino for _dev, ino in self._excluded_ids)
+
     def ignored(self, relpath: str, is_dir: bool, abspath: str | None = None, st: os.stat_result | None = None) -> bool:
         """True when `relpath` (posix, relative to the workspace) is left out (`st`: its stat, when known, which
         finds an excluded path without resolving every path)."""
@@ -122,11 +131,11 @@ class IgnoreRules:
                     return True
             elif os.path.realpath(abspath) in self.excluded:
                 return True
-        key = (relpath, is_dir)
-        answer = self._memo.get(key)
+        memo = self._memos[is_dir]
+        answer = memo.get(relpath)
         if answer is None:
             answer = self.spec.match_file(relpath + "/" if is_dir else relpath)
-            if len(self._memo) >= MEMO_SIZE:
-                self._memo.clear()
-            self._memo[key] = answer
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[relpath] = answer
         return answer
