@@ -74,9 +74,12 @@ def _seconds(text: str) -> float:
     return 0.0 if text.strip() == "0" else parse_duration(text)
 
 
-def every(text: str) -> float | None:
-    """A fixed interval between automatic snapshots, or `auto` (None): the adaptive cadence at a loop's steps."""
-    return None if text.strip().lower() == "auto" else parse_duration(text)
+AUTO = "auto"  # the adaptive cadence: a value of its own, so `auto` in a stronger layer beats a duration below it
+
+
+def every(text: str) -> float | str:
+    """A fixed interval between automatic snapshots, or `auto`: the adaptive cadence at a loop's steps."""
+    return AUTO if text.strip().lower() == AUTO else parse_duration(text)
 
 
 def _flag(text: str) -> bool:
@@ -162,7 +165,7 @@ _ALL = (
     Setting("notice_window", "SPOTWARP_NOTICE_WINDOW", _seconds, 25.0),
     Setting("resume_kernels", "SPOTWARP_RESUME_KERNELS", _flag, True),
     # a kernel's automatic-snapshot policy (`c.SpotWarpMagics.*`, `%spotwarp policy`)
-    Setting("every", "SPOTWARP_EVERY", every, None),  # None: adaptive at steps, 5 minutes between cells
+    Setting("every", "SPOTWARP_EVERY", every, AUTO),  # adaptive at steps, 5 minutes between cells
     Setting("max_redo", "SPOTWARP_MAX_REDO", parse_duration, 60.0),
     Setting("after_cell", "SPOTWARP_AFTER_CELL", _flag, True),
     Setting("autosnapshot", "SPOTWARP_AUTOSNAPSHOT", _flag, True),

@@ -11,7 +11,7 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Dict, Int, Unicode
 
 from ..engine import Settings, SpotWarpError
-from ..engine.settings import LOCATION, POLICY, configured, resolve_settings
+from ..engine.settings import AUTO, LOCATION, POLICY, configured, resolve_settings
 from ..engine.settings import every as parse_every
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
 from ..service.wire import kernel_status_text
@@ -153,7 +153,8 @@ class SpotWarpMagics(Magics):
         args = parse_argstring(self._policy, rest)
         p = self.session.policy
         # validate everything before changing anything
-        every_s = parse_every(_unquote(args.every)) if args.every is not None else p.every_s
+        every = parse_every(_unquote(args.every)) if args.every is not None else p.every_s
+        every_s = None if every == AUTO else every
         max_redo = parse_duration(_unquote(args.max_redo)) if args.max_redo is not None else p.max_redo_s
         max_size = parse_size(args.max_var_size) if args.max_var_size is not None else p.max_var_size
         include = _names(args.include, "--include") if args.include is not None else p.include

@@ -13,6 +13,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from ..engine.settings import AUTO
 from ..engine.units import format_duration, format_size
 
 DEFAULT_EVERY_S = 300.0  # between cells and for idle kernels, when no `--every` is set
@@ -43,7 +44,8 @@ class Policy:
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> "Policy":
         """The policy of resolved settings (`engine.settings.POLICY`: every, max_redo, after_cell, autosnapshot, ...)."""
-        return cls(enabled=values["autosnapshot"], every_s=values["every"], after_cell=values["after_cell"],
+        every_s = None if values["every"] == AUTO else values["every"]
+        return cls(enabled=values["autosnapshot"], every_s=every_s, after_cell=values["after_cell"],
                    max_var_size=values["max_var_size"], keep=values["keep"] or None,
                    max_redo_s=values.get("max_redo") or DEFAULT_MAX_REDO_S)
 

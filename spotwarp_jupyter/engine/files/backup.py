@@ -76,20 +76,11 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
     while stack:
         reldir = stack.pop()
         absdir = os.path.join(root, reldir) if reldir else root
-        try:
-            # stat by name within the open folder: a shorter lookup than a whole path, and a folder replaced by a
-            # link since it was seen is not followed
-            fd = os.open(absdir, _DIR_FLAGS if reldir else _ROOT_FLAGS)
-        except OSError as exc:
-            skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+        listed = _open_folder(absdir, reldir, skipped)
+        if listed is None:
             continue
+        fd, names = listed
         try:
-            try:
-                names = os.listdir(fd)
-            except OSError as exc:
-                skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
-                continue
-            names.sort()
             subdirs = []
             prefix = f"{reldir}/" if reldir else ""
             absprefix = os.path.join(absdir, "")
@@ -124,6 +115,25 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
             os.close(fd)
         stack.extend(reversed(subdirs))
     return found
+
+
+def _open_folder(absdir: str, reldir: str, skipped: dict[str, str]) -> tuple[int, list[str]] | None:
+    """The folder open (files are then stat-ed by name within it: a shorter lookup than a whole path, and a folder
+    replaced by a link since it was seen is not followed) and its names sorted; None, noted in `skipped`, when it
+    cannot be read."""
+    try:
+        fd = os.open(absdir, _DIR_FLAGS if reldir else _ROOT_FLAGS)
+    except OSError as exc:
+        skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+        return None
+    try:
+        names = os.listdir(fd)
+    except OSError as exc:
+        os.close(fd)
+        skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+        return None
+    names.sort()
+    return fd, names
 
 
 def link_target(root: str, seen: Seen) -> str | None:
