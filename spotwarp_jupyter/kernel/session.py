@@ -190,6 +190,7 @@ class KernelSession:
         self.arrivals.finish()
         with self._lock:
             started = time.perf_counter()
+            self.last_started_at = time.time()  # the instant of the state this snapshot holds
             options = self.capture_options()
             plan, stats = self.increments.plan(self.namespace, options, full)
             try:
@@ -491,7 +492,8 @@ class KernelSession:
         now = time.time()
         if step and self.policy.every_s is None:
             loop_start = self.loop_started_at or now
-            if max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0) < loop_start:
+            # a snapshot started before the loop holds the state from before it, even when it commits after
+            if (self.last_started_at or 0.0) < loop_start:
                 return now - loop_start >= FIRST_STEP_S
             return now - last >= self.cadence().interval_s
         return now - last >= self.policy.cell_every_s
@@ -503,7 +505,7 @@ class KernelSession:
         ended = self.cell_ended_at
         if ended is None or not (self.policy.enabled and self.policy.after_cell):
             return None
-        if max(self.last_started_at or 0.0, self.last_snapshot_at or 0.0) >= ended:
+        if (self.last_started_at or 0.0) >= ended:
             return None  # a snapshot started at the cell's end, or since, holds what the cell left
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
         return max(0.0, last + self.policy.cell_every_s - time.time())

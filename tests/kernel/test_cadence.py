@@ -119,6 +119,25 @@ def test_with_default_settings_a_loop_is_protected_within_seconds_of_its_start_a
     assert status["cadence"]["text"].startswith("snapshots every ")
 
 
+def test_a_loop_started_while_the_previous_cells_snapshot_is_written_is_protected_within_seconds(
+        start_kernel, store_url):
+    """The previous cell's snapshot holds the state from before the loop, even when it commits after the loop's
+    first step: the loop's own first snapshot still comes seconds after its start, not a whole interval later."""
+    k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
+    # pickling `slow` takes 2 s in the writer, so the first cell's snapshot is still being written as the loop starts
+    k.run("%load_ext spotwarp\nimport spotwarp, time\n" + SESSION + "weights = [0.0]\n"
+          "class Slow:\n    def __getstate__(self):\n        time.sleep(2)\n        return {}\n"
+          "slow = Slow()")
+    k.run(LOOP.format(seconds=12))
+    k.run(WAIT)
+    loop_start = k.value("loop_start")
+    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    cell_end = [m for m in engine.manifests() if m.kernels.get("train.ipynb", {}).get("at") == "cell"]
+    assert cell_end and min(m.created for m in cell_end) > loop_start  # committed once the loop ran
+    first = _step_snapshots(store_url, loop_start)
+    assert first and first[0].created - loop_start <= 10, [(m.created - loop_start, m.stats) for m in first]
+
+
 def test_a_fixed_every_is_not_adapted_and_every_auto_adapts_again(start_kernel, store_url):
     k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
     k.run("%load_ext spotwarp\nimport spotwarp\n" + SESSION + "%spotwarp policy --every 1h\nweights = [0.0]")
