@@ -274,6 +274,24 @@ def notebook_record_path(connection_file: str) -> str:
     return os.path.join(folder, NOTEBOOK_RECORD_PREFIX + name)
 
 
+LOADED_MARK_PREFIX = "spotwarp-loaded-in-"
+
+
+def loaded_mark_path(connection_file: str) -> str:
+    """Where a kernel marks that SpotWarp is loaded in it: beside its connection file
+    (`spotwarp-loaded-in-kernel-<id>.json`, holding `{"pid": <the kernel's pid>}`), written at `%load_ext
+    spotwarp` and removed at unload. The server sends its control requests (a rename) only to kernels so
+    marked: any other kernel logs an ERROR line for a control message it does not know."""
+    folder, name = os.path.split(connection_file)
+    return os.path.join(folder, LOADED_MARK_PREFIX + name)
+
+
+def read_loaded_mark(content: Any) -> int | None:
+    """The pid a mark names, or None when it names none."""
+    pid = content.get("pid") if isinstance(content, dict) else None
+    return pid if isinstance(pid, int) and not isinstance(pid, bool) and pid > 0 else None
+
+
 def read_notebook_record(content: Any) -> str | None:
     """The notebook a record names, or None when it names none."""
     notebook = content.get("notebook") if isinstance(content, dict) else None

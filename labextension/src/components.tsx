@@ -65,7 +65,9 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
             <dd title={status.workspace}>{status.workspace}</dd>
           </>
         )}
-        <dt>Last snapshot</dt>
+        <dt title="The newest snapshot of the project: of any notebook, or a backup of the files">
+          Project&apos;s newest snapshot
+        </dt>
         <dd className="jp-SpotWarp-last">
           {last ? (
             <>
@@ -89,12 +91,13 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
           <ul className="jp-SpotWarp-watchers">{idle.map(watcherItem)}</ul>
         </details>
       )}
-      <h4 className="jp-SpotWarp-subhead">Kernels</h4>
+      <h4 className="jp-SpotWarp-subhead">Kernels: each notebook&apos;s last snapshot</h4>
       {kernels.length ? (
         <ul className="jp-SpotWarp-kernels">
           {kernels.map(k => (
             <li key={k.kernel_id}>
               {k.notebook || k.kernel_id}: {lastOf(k.last_snapshot, now)}
+              {k.execution_state === 'busy' && ' · busy: running a cell (it answers once the cell ends)'}
             </li>
           ))}
         </ul>
@@ -191,7 +194,11 @@ export function Timeline({ snapshots, limit, busy, disabled, onRestore }: ITimel
 
 /** One preemption of the journal's report, in a line. */
 export function describePreemption(e: IReportRow): string {
-  const parts = [`${formatTime(e.notice)}: ${e.host} lost (${e.source ?? 'unknown notice'})`];
+  const parts = [
+    e.with_notice === false
+      ? `${formatTime(e.time)}: ${e.host} lost without notice (found when a new host resumed)`
+      : `${formatTime(e.notice ?? e.time)}: ${e.host} lost (${e.source ?? 'unknown notice'})`
+  ];
   if (e.final_snapshot) {
     parts.push(`final snapshot ${e.final_snapshot}`);
   }
@@ -249,7 +256,8 @@ function describeRedone(row: IResumeRow | undefined): string | null {
   if (row.steps_redone === null || row.steps_redone === undefined) {
     return 'steps redone unknown';
   }
-  return `about ${row.steps_redone} step${row.steps_redone === 1 ? '' : 's'} redone`;
+  const steps = `${row.steps_redone} step${row.steps_redone === 1 ? '' : 's'} redone`;
+  return row.steps_redone_upper_bound ? `at most ${steps}` : `about ${steps}`;
 }
 
 /**

@@ -165,6 +165,11 @@ export interface components {
                 notebook: string | null;
                 /** @description Newest snapshot holding this notebook's state */
                 last_snapshot: string | null;
+                /**
+                 * @description The kernel's state as the server last heard it (busy while a cell runs, idle, starting); a busy
+                 *     kernel answers no request until its cell ends, and is not gone
+                 */
+                execution_state: string | null;
             }[];
             /** @description Preemption watchers */
             watchers: components["schemas"]["Watcher"][];
@@ -217,6 +222,8 @@ export interface components {
             state_restored_s?: number;
             /** @description Seconds from `spotwarp start` to the cell sent again */
             seconds_to_running?: number;
+            /** @description Epoch seconds of the lost host's last heartbeat, when the store holds it */
+            lost_at?: number;
         } & {
             [key: string]: unknown;
         };
@@ -284,6 +291,11 @@ export interface components {
             steps_redone: number | null;
             /** @description One line: how `steps_redone` was estimated, or why it is unknown */
             steps_redone_how: string;
+            /**
+             * @description True when the lost host's end is not known and `steps_redone` counts up to the resuming host's start:
+             *     at most that many
+             */
+            steps_redone_upper_bound: boolean;
         } & {
             [key: string]: unknown;
         };
@@ -319,12 +331,19 @@ export interface components {
         ReportRow: {
             /**
              * Format: date-time
+             * @description When the host was lost (its notice; without one, its last heartbeat when known)
+             */
+            time: string;
+            /** @description False for a loss without notice (a SIGKILL, a lost machine), recorded by the resume that found it */
+            with_notice: boolean;
+            /**
+             * Format: date-time
              * @description When the notice was seen
              */
-            notice: string;
+            notice: string | null;
             /** @description The host that was lost */
             host: string;
-            /** @description sigterm, aws, gcp, azure */
+            /** @description sigterm, aws, gcp, azure; null without notice */
             source: string | null;
             final_snapshot: string | null;
             notice_to_final_s: number | null;

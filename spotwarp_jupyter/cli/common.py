@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any, Callable
 
-from ..engine import ConfigError, Settings, SnapshotEngine
+from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
 from ..engine.units import format_size
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -30,6 +30,42 @@ def _engine(args: argparse.Namespace, create: bool = False, fence: Any = None) -
     settings = Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
                                 workspace=getattr(args, "workspace", None), config=server_config_layer())
     return SnapshotEngine(settings, create=create, fence=fence)
+
+
+# what a project's folder holds once anything of it is stored (snapshots, objects, a host's heartbeat, the
+# journal, the lease); a folder with only `locks` holds nothing of a project
+PROJECT_MARKS = frozenset({"snapshots", "objects", "hosts", "events", "lease", "lease.json"})
+
+
+class UnknownProject(SpotWarpError):
+    """A command that reads a project's snapshots names one the storage holds nothing of (a typo, most often)."""
+
+
+def _stored_engine(args: argparse.Namespace, empty_storage_ok: bool = False) -> SnapshotEngine:
+    """The engine of a project the storage holds, for the commands that read (or prune) what it stored.
+
+    A project id the storage holds nothing of is refused in one line naming the projects there, so a typo
+    (`dmeo` for `demo`) never reads as "no snapshots, my data is gone"; in a storage that holds no project at
+    all, refused too unless `empty_storage_ok` (`status`: where a first project will go). Nothing is created."""
+    engine = _engine(args)
+    store = engine.store
+    if store.entries(store.project) & PROJECT_MARKS:
+        return engine
+    where = engine.settings.storage
+    others = _projects_there(engine)
+    if others:
+        raise UnknownProject(f"project {store.project!r} has no snapshots in {where}; projects there: "
+                             f"{', '.join(others)}")
+    if empty_storage_ok:
+        return engine
+    raise UnknownProject(f"project {store.project!r} has no snapshots in {where}, which holds no project yet "
+                         "(`spotwarp start` or `spotwarp snapshot` creates one)")
+
+
+def _projects_there(engine: SnapshotEngine) -> list[str]:
+    """The other projects the engine's storage holds anything of, by name."""
+    store = engine.store
+    return sorted(name for name in store.entries() if name != store.project and store.entries(name) & PROJECT_MARKS)
 
 
 def _print(args: argparse.Namespace, data: Any, text: str) -> None:

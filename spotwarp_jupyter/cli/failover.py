@@ -11,7 +11,7 @@ from typing import Any
 
 from ..engine import ConfigError, SpotWarpError
 from ..engine.units import format_duration
-from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, command
+from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _projects_there, _stored_engine, command
 
 
 @command("watch")
@@ -125,7 +125,9 @@ def _existing_project(args: argparse.Namespace) -> Any:
         engine = None
     if check and (engine is None or not engine.manifests()):
         settings = engine.settings if engine is not None else _settings(args)
-        raise ConfigError(f"project {settings.project!r} has no snapshot in {settings.storage} (a typo in "
+        others = _projects_there(engine) if engine is not None else []
+        there = f" (projects there: {', '.join(others)})" if others else ""
+        raise ConfigError(f"project {settings.project!r} has no snapshot in {settings.storage}{there} (a typo in "
                           "--project-id or --storage?): take one with `spotwarp snapshot` or `spotwarp start` first, "
                           "or pass --allow-empty to race an empty session")
     return engine
@@ -271,7 +273,7 @@ def cmd_hosts(args: argparse.Namespace) -> int:
     from ..engine.coordination import DamagedLease, Lease, read_lease
     from ..engine.coordination.heartbeats import MAX_HOSTS, heartbeat_ids
 
-    engine = _engine(args)
+    engine = _stored_engine(args)
     damaged = None
     try:
         lease = read_lease(engine.store)

@@ -6,22 +6,23 @@ import argparse
 
 from ..engine.units import format_duration
 from ..service import Project
-from .common import EXIT_OK, _engine, _print, command
+from .common import EXIT_OK, _print, _stored_engine, command
 
 
 @command("report")
 def cmd_report(args: argparse.Namespace) -> int:
-    project = Project(_engine(args))
+    project = Project(_stored_engine(args))
     data = {"project": project.name, **project.report()}
     fmt = lambda s: "-" if s is None else format_duration(s)  # noqa: E731
     lines = [f"project {data['project']}: {data['preemptions_survived']} of {data['preemptions']} preemptions "
              f"survived, work lost {fmt(data['work_lost_s'])}, median time to resume {fmt(data['resume_s_median'])}, "
              f"compute saved {fmt(data['compute_saved_s'])}"]
     if data["events"]:
-        lines.append(f"{'notice (UTC)':<25} {'host':<16} {'source':<8} {'final':<10} {'restored':<10} "
+        lines.append(f"{'lost (UTC)':<25} {'host':<16} {'notice':<8} {'final':<10} {'restored':<10} "
                      f"{'lost':>8} {'resume':>8} {'saved':>8}")
     for r in data["events"]:
-        lines.append(f"{r['notice']:<25} {r['host'][:16]:<16} {r['source'] or '?':<8} {r['final_snapshot'] or '-':<10} "
+        notice = (r["source"] or "?") if r.get("with_notice", True) else "none"  # none: a resume detected the loss
+        lines.append(f"{r.get('time') or r['notice']:<25} {r['host'][:16]:<16} {notice:<8} {r['final_snapshot'] or '-':<10} "
                      f"{r['restored_snapshot'] or '-':<10} {fmt(r['work_lost_s']):>8} {fmt(r['resume_s']):>8} "
                      f"{fmt(r['compute_saved_s']):>8}")
     if data["failovers"]:
@@ -43,7 +44,8 @@ def cmd_report(args: argparse.Namespace) -> int:
                      f"{'start to running':>16} {'redone':>8}  how")
     for r in data.get("resumes") or []:
         steps = ", ".join(f"{name} {n}" for name, n in sorted(r["positions"].items())) or "-"
-        redone = "?" if r.get("steps_redone") is None else f"~{r['steps_redone']}"
+        redone = ("?" if r.get("steps_redone") is None
+                  else f"<={r['steps_redone']}" if r.get("steps_redone_upper_bound") else f"~{r['steps_redone']}")
         lines.append(f"{r['time']:<25} {r['host'][:16]:<16} {(r['notebook'] or '-')[:20]:<20} {r['snapshot'] or '-':<10} "
                      f"{steps[:24]:<24} {fmt(r['start_to_running_s']):>16} {redone:>8}  {r.get('steps_redone_how') or ''}")
     _print(args, data, "\n".join(lines))

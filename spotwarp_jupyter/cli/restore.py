@@ -14,12 +14,22 @@ from ..engine.coordination import Fence
 from ..engine.units import format_duration, format_size
 from ..service import VIA_CLI, VIA_START, Project, RestoreResult
 from ..service.wire import cli_restore_json, start_restore_json
-from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _ProgressBar, _show_held_warnings, _workspace, command
+from .common import (
+    EXIT_FAILURE,
+    EXIT_OK,
+    _engine,
+    _print,
+    _ProgressBar,
+    _show_held_warnings,
+    _stored_engine,
+    _workspace,
+    command,
+)
 
 
 @command("restore")
 def cmd_restore(args: argparse.Namespace) -> int:
-    engine = _engine(args)
+    engine = _stored_engine(args)
     project = Project(engine, engine.settings.workspace)
     result = _restore(project, args.snapshot, VIA_CLI, quiet=args.json)
     assert result is not None  # not files_only: a missing snapshot raised SnapshotNotFound
@@ -56,9 +66,31 @@ def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool
         bar.close()
 
 
+def _resumed_from(result: RestoreResult, now: float | None = None) -> str:
+    """`spotwarp start`'s first word on a new host: the snapshot it resumes from, when it was taken and how old it
+    is, what came back."""
+    snap, report = result.snapshot, result.files
+    age = max(0.0, (time.time() if now is None else now) - snap.created_ts)
+    text = f"spotwarp: restored snapshot {snap.id} of {snap.created} ({format_duration(age)} old, from {snap.host})"
+    if report is not None and snap.files:
+        text += (f": {report.files_restored} files, {format_size(report.bytes_restored)} in "
+                 f"{format_duration(report.duration_s)}")
+    return text
+
+
+def _rebuilt(result: RestoreResult) -> str:
+    names = ", ".join(result.rebuilt)
+    return (f"notebook {names} rebuilt from its recorded cells" if len(result.rebuilt) == 1
+            else f"notebooks {names} rebuilt from their recorded cells")
+
+
 def _restore_summary(result: RestoreResult) -> str:
     report, snap = result.files, result.snapshot
     assert report is not None
+    if not snap.files:
+        # a kernel snapshot taken without a workspace: what came back is the notebooks its kernels ran
+        text = f"no workspace files in snapshot {snap.id} ({snap.host}, {snap.created})"
+        return text + (f": {_rebuilt(result)}" if result.rebuilt else "")
     text = (f"restored {report.files_restored} files ({format_size(report.bytes_restored)}) into {result.workspace} "
             f"from snapshot {snap.id} ({snap.host}, {snap.created}) in "
             f"{format_duration(report.duration_s)}")
@@ -99,6 +131,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         else:
             summary["restored"] = start_restore_json(result)
             if not args.json:
+                print(_resumed_from(result))
                 print(_restore_summary(result))
                 if result.snapshot.notebooks and getattr(args, "no_resume", False):
                     print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "

@@ -12,12 +12,12 @@ from ..engine import ConfigError, Settings, SpotWarpError
 from ..engine.units import format_duration, format_size
 from ..service import Project, SnapshotSummary
 from ..service.wire import cli_status_json, list_json, snapshot_json
-from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _ProgressBar, _workspace, command
+from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _ProgressBar, _stored_engine, _workspace, command
 
 
 @command("list")
 def cmd_list(args: argparse.Namespace) -> int:
-    project = Project(_engine(args))
+    project = Project(_stored_engine(args))
     listing = project.list()
     settings = project.engine.settings
     lines = [f"{'id':<10} {'created (UTC)':<25} {'host':<20} {'size':>10} {'written':>10}  notebooks / message"]
@@ -35,7 +35,8 @@ def cmd_status(args: argparse.Namespace) -> int:
     served = _served_project(args)
     if served is not None:  # no project named anywhere: the one the running server serves, not `default`
         args.project, args.storage = served["project"], args.storage or served["storage"]
-    status = Project(_engine(args)).status(recent_events=5)
+    # the project a running server serves is there even before its first snapshot
+    status = Project(_engine(args) if served else _stored_engine(args, empty_storage_ok=True)).status(recent_events=5)
     data = cli_status_json(status)
     text = [f"project  {status.project}" + (f" (served at {served['url']})" if served else ""),
             f"storage  {status.storage}", f"snapshots {status.snapshots}"]
@@ -165,7 +166,7 @@ def _report_json(report: Any, *keys: str) -> dict[str, Any]:
 
 @command("verify")
 def cmd_verify(args: argparse.Namespace) -> int:
-    report = _engine(args).verify(args.snapshot)
+    report = _stored_engine(args).verify(args.snapshot)
     data = _report_json(report, "ok", "snapshots", "objects_checked", "bytes_checked", "problems")
     if report.ok:
         text = (f"ok: {len(report.snapshots)} snapshots, {report.objects_checked} objects, "
@@ -179,7 +180,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 @command("gc")
 def cmd_gc(args: argparse.Namespace) -> int:
-    report = _engine(args).gc(args.keep)
+    report = _stored_engine(args).gc(args.keep)
     data = _report_json(report, "kept", "dropped", "objects_deleted", "bytes_freed", "objects_left")
     text = (f"kept {len(report.kept)} snapshots, dropped {len(report.dropped)}, "
             f"deleted {report.objects_deleted} objects ({format_size(report.bytes_freed)})")

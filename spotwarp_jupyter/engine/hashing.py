@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import blake3
 import xxhash
 
@@ -24,6 +26,9 @@ def fingerprint(data: Buffer) -> str:
     return xxhash.xxh3_128_hexdigest(data)
 
 
+_OBJECT_ID = re.compile("[0-9a-f]{64}")
+
+
 def is_object_id(text: str) -> bool:
     """True when `text` has the shape of an object id (64 lowercase hex digits)."""
-    return len(text) == 64 and all(c in "0123456789abcdef" for c in text)
+    return len(text) == 64 and _OBJECT_ID.fullmatch(text) is not None

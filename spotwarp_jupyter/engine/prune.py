@@ -15,7 +15,7 @@ from typing import Any
 from .coordination import GC, WRITE, Lock, live_locks, stale_locks
 from .errors import SpotWarpError
 from .hashing import is_object_id
-from .manifests import Manifest, ManifestCatalog
+from .manifests import RECORD, Manifest, ManifestCatalog, record_chunks
 from .storage import TEMPORARY_GRACE_S, Store
 
 
@@ -71,7 +71,7 @@ def collect_garbage(store: Store, catalog: ManifestCatalog, keep: int, grace_s: 
             if unreadable:
                 more = f" nor {len(unreadable) - 1} more" if len(unreadable) > 1 else ""
                 report.objects_left = (f"no object deleted: snapshot manifest {unreadable[0]} cannot be read "
-                                       f"(not valid JSON){more}: gc keeps every object while a manifest might name it")
+                                       f"(not valid JSON, or its files record cannot be read){more}: gc keeps every object while a manifest might name it")
             else:
                 _delete_unnamed(store, live, grace_s, lease, report)
         _clear_leftovers(store, grace_s, lease)
@@ -110,6 +110,14 @@ def _named_by_every_manifest(store: Store) -> tuple[set[str], list[str]]:
             unreadable.append(name)
             continue
         live |= named_objects(doc)
+        record = (doc.get("files") or {}).get(RECORD) if isinstance(doc, dict) and isinstance(doc.get("files"), dict) else None
+        if isinstance(record, str) and is_object_id(record):
+            try:
+                live |= record_chunks(store, record)  # the chunks its files record names
+            except FileNotFoundError:
+                continue  # gone with its manifest (another gc), or never stored: it names nothing to keep
+            except (SpotWarpError, ValueError, UnicodeDecodeError):
+                unreadable.append(name)  # what it names is unknown: keep every object
     return live, unreadable
 
 

@@ -74,6 +74,14 @@ def _seconds(text: str) -> float:
     return 0.0 if text.strip() == "0" else parse_duration(text)
 
 
+AUTO = "auto"  # the adaptive cadence: a value of its own, so `auto` in a stronger layer beats a duration below it
+
+
+def every(text: str) -> float | str:
+    """A fixed interval between automatic snapshots, or `auto`: the adaptive cadence at a loop's steps."""
+    return AUTO if text.strip().lower() == AUTO else parse_duration(text)
+
+
 def _flag(text: str) -> bool:
     word = text.strip().lower()
     if word in ("1", "true", "yes", "on"):
@@ -157,7 +165,8 @@ _ALL = (
     Setting("notice_window", "SPOTWARP_NOTICE_WINDOW", _seconds, 25.0),
     Setting("resume_kernels", "SPOTWARP_RESUME_KERNELS", _flag, True),
     # a kernel's automatic-snapshot policy (`c.SpotWarpMagics.*`, `%spotwarp policy`)
-    Setting("every", "SPOTWARP_EVERY", parse_duration, 300.0),
+    Setting("every", "SPOTWARP_EVERY", every, AUTO),  # adaptive at steps, 5 minutes between cells
+    Setting("max_redo", "SPOTWARP_MAX_REDO", parse_duration, 60.0),
     Setting("after_cell", "SPOTWARP_AFTER_CELL", _flag, True),
     Setting("autosnapshot", "SPOTWARP_AUTOSNAPSHOT", _flag, True),
     Setting("max_var_size", "SPOTWARP_MAX_VAR_SIZE", parse_size, 8 * 10**9),
@@ -168,7 +177,7 @@ LOCATION = ("project", "storage", "storage_options", "workspace")
 SERVER = ("backup_interval", "kernel_timeout", "heartbeat_interval", "restore_on_start", "watchers",
           "aws_metadata_url", "gcp_metadata_url", "azure_metadata_url", "metadata_poll_interval",
           "watcher_max_backoff", "shutdown_grace", "notice_window", "resume_kernels")
-POLICY = ("every", "after_cell", "autosnapshot", "max_var_size", "keep")
+POLICY = ("every", "max_redo", "after_cell", "autosnapshot", "max_var_size", "keep")
 
 
 def _parsed(setting: Setting, value: Any, where: str | None) -> Any:

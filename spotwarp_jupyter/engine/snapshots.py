@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import socket
 import threading
 import time
@@ -18,19 +19,32 @@ from typing import Any, Callable, Iterator, Mapping
 from .coordination import Fence, Fenced, WriteLock
 from .coordination.fence import lease_entry_times
 from .errors import SnapshotNotFound, SpotWarpError, StorageError
-from .files import FileRestoreReport, IgnoreRules, Progress, backup_workspace, files_changed, restore_files
+from .files import (
+    IGNORE_FILE,
+    Cut,
+    FileRestoreReport,
+    IgnoreRules,
+    Progress,
+    backup_workspace,
+    files_changed,
+    restore_files,
+    take_cut,
+)
 from .incremental import ReusePlan, StaleBaseline
 from .manifests import (
+    RECORD,
     Manifest,
     ManifestCatalog,
     collect_facts,
     new_snapshot_id,
+    newest_kernel_records,
     package_versions,
     record_objects,
     signing_key,
     signing_scope,
     trust_warning,
     version_warnings,
+    with_record,
 )
 from .pickling import main_namespace
 from .prune import GcReport, collect_garbage
@@ -79,6 +93,7 @@ class SnapshotEngine:
         self._written_at: dict[str, float | None] = {}  # manifest name -> the store's write time (immutable)
         self._lease_times: tuple[float, dict[int, float | None]] = (0.0, {})
         self._lock = threading.Lock()
+        self._rules: tuple[tuple[Any, ...], IgnoreRules] | None = None  # the workspace's, while its file is unchanged
 
     # -- reading: manifests/catalog.py ---------------------------------------------------------------
     @property
@@ -155,40 +170,60 @@ class SnapshotEngine:
         reuse: ReusePlan | None = None,
         stats: dict[str, Any] | None = None,
         annotations: Mapping[str, Any] | None = None,
+        cut: Cut | None = None,
     ) -> Manifest:
         """Capture and commit the variables of `namespace` as one snapshot, synchronously.
 
         `requests`: ids of the requests (protocol.py) this snapshot answers, recorded in its manifest.
         `annotations`: facts about the kernel kept in its record (`aliases`, `policy`, `positions`: docs/design.md).
+        `cut`: the workspace at this instant (`cut_workspace`), committed in the same manifest.
         """
         started = time.perf_counter()
         with main_namespace(dict(namespace) if not isinstance(namespace, dict) else namespace):
             image = capture_namespace(namespace, hidden, options, extras, lazy=True, reuse=reuse)
             return self.commit_image(image, notebook, message, started=started, stats=stats, requests=requests,
-                                     annotations=annotations)
+                                     annotations=annotations, cut=cut)
+
+    def cut_workspace(self, previous: Manifest | None = None) -> Cut | None:
+        """The workspace now (`settings.workspace`), for a kernel snapshot taken at this instant; None without one.
+
+        `previous`: a snapshot holding files (this kernel's last), against which small changed files are found
+        and read now (engine/files/cut.py); every other file costs one stat here."""
+        workspace = self.settings.workspace
+        if not workspace or not os.path.isdir(workspace):
+            return None
+        return take_cut(workspace, self.ignore_rules(workspace), previous.files if previous is not None else None)
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
                      on_written: Callable[[memoryview], None] | None = None,
-                     requests: list[str] | None = None, annotations: Mapping[str, Any] | None = None) -> Manifest:
+                     requests: list[str] | None = None, annotations: Mapping[str, Any] | None = None,
+                     cut: Cut | None = None) -> Manifest:
         """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers).
 
         `annotations`: facts about the kernel kept in its record: the notebook's former names (`aliases`), its
-        policy, its `resumable` positions (docs/design.md)."""
+        policy, its `resumable` positions (docs/design.md). `cut`: the workspace at the image's instant; the
+        manifest then also holds those files and every other notebook's newest kernel record, so a restore of it
+        gives files and kernel state of one moment."""
         started = time.perf_counter() if started is None else started
         # the manifest's package versions (a metadata scan, ~0.5 s once per process) are learnt while the
         # objects are written, not after them
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         with self._lock, self.writing() as lock:
-            previous = self._previous(notebook)
+            listing = self._listing()
+            previous = [m for m in listing if notebook in m.kernels][:1]
             records = [r for m in previous for r in m.kernels.values()]
             dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
             for name, value in (annotations or {}).items():
                 if value and name not in kernel:  # what persist_image wrote is never replaced
                     kernel[name] = value
+            kernels, files, file_stats = {notebook: kernel}, None, {}
+            if cut is not None:
+                kernels, files, file_stats = self._with_cut(cut, listing, notebook, kernel, objects)
             manifest = self.new_manifest("kernel", message, parent=previous[0].id if previous else None,
-                                         kernels={notebook: kernel}, objects=objects, requests=list(requests or []))
+                                         kernels=kernels, objects=objects, requests=list(requests or []),
+                                         **({"files": files} if files is not None else {}))
             manifest.stats = {
                 "bytes_total": pstats.bytes_total,
                 "bytes_written": pstats.bytes_written,
@@ -201,10 +236,44 @@ class SnapshotEngine:
                 "sync_s": pstats.sync_s,
                 "variables": len(kernel["variables"]),
                 "skipped": len(kernel["skipped"]),
+                **file_stats,
                 **(stats or {}),
                 **({"full_reason": dropped} if dropped else {}),
             }
             return self._commit(lock, manifest, started)
+
+    def _listing(self) -> list[Manifest]:
+        try:
+            return self.manifests()
+        except SpotWarpError:
+            return []
+
+    def _with_cut(self, cut: Cut, listing: list[Manifest], notebook: str, kernel: dict[str, Any],
+                  objects: dict[str, int]) -> tuple[dict[str, Any], dict[str, Any], dict[str, Any]]:
+        """The kernel manifest's other half: the cut's files (only what changed is stored) and the newest record of
+        every other notebook (its former names are this notebook's own); adds what they name to `objects`."""
+        started = time.perf_counter()
+        previous = next((m for m in listing if (m.files or {}).get("entries") is not None), None)
+        # listed under this lock: no gc deletes what it names meanwhile, so its objects are not asked for again
+        files, file_objects, fstats = backup_workspace(self.store, cut.root, previous.files if previous else None,
+                                                       cut=cut, previous_listed=True)
+        files = with_record(self.store, files, previous.files if previous else None)
+        file_objects[files[RECORD]] = files["record_size"]
+        own = {notebook, *(kernel.get("aliases") or ())}
+        others = {nb: rec for nb, rec in newest_kernel_records(listing).items() if nb not in own}
+        named: dict[str, int] = {}
+        for record in others.values():
+            named.update(record_objects(record))
+        # those records come from manifests a gc may have dropped (with their objects) before our lock
+        missing = set(named) - self.store.present(named)
+        if missing:
+            others = {nb: rec for nb, rec in others.items() if not set(record_objects(rec)) & missing}
+            named = {oid: size for rec in others.values() for oid, size in record_objects(rec).items()}
+        objects.update(file_objects)
+        objects.update(named)
+        stats = {**fstats.as_dict(), "cut_s": round(cut.took_s, 4),
+                 "files_s": round(time.perf_counter() - started, 4)}
+        return {**others, notebook: kernel}, files, stats
 
     def _check_reuse_base(self, image: KernelImage, previous: list[Manifest], notebook: str) -> str | None:
         """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
@@ -266,13 +335,6 @@ class SnapshotEngine:
         return Manifest(id=new_snapshot_id(), project=self.settings.project, created=time.time(),
                         host=socket.gethostname(), kind=kind, message=message, env=collect_facts(),
                         scope=self.scope, **fields)
-
-    def _previous(self, notebook: str) -> list[Manifest]:
-        try:
-            mine = self.manifests(notebook)
-        except SpotWarpError:
-            return []
-        return mine[:1]
 
     def restore_kernel(
         self,
@@ -348,17 +410,29 @@ class SnapshotEngine:
         """
         if ref not in ("latest", "", None):
             return self.get(ref)
-        found = next((m for m in self.manifests()
-                      if (m.files or {}).get("entries") is not None and m.kind == PROJECT_KIND), None)
+        found = next((m for m in self.manifests() if (m.files or {}).get("entries") is not None), None)
         # a newer snapshot that fails its checks may be the one with files: refuse rather than fall back past it
         if not past_refused:
             self.refuse_newer_than(found)
         return found
 
     def ignore_rules(self, workspace: str) -> IgnoreRules:
-        """The workspace's rules, plus the local store itself when it lives inside the workspace."""
+        """The workspace's rules, plus the local store itself when it lives inside the workspace.
+
+        The same rules object while `.spotwarpignore` is unchanged: it keeps its answers (a cut at every kernel
+        snapshot asks them for every file)."""
         excluded = [self.store.base] if self.store.local else []
-        return IgnoreRules.for_workspace(workspace, excluded)
+        try:
+            st = os.stat(os.path.join(workspace, IGNORE_FILE), follow_symlinks=False)
+            key: tuple[Any, ...] = (workspace, st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            key = (workspace,)
+        cached = self._rules
+        if cached is not None and cached[0] == key:
+            return cached[1]
+        rules = IgnoreRules.for_workspace(workspace, excluded)
+        self._rules = (key, rules)
+        return rules
 
     def snapshot_project(
         self,
@@ -372,8 +446,8 @@ class SnapshotEngine:
     ) -> Manifest | None:
         """Back up the workspace (only what changed) and commit one manifest naming it and `kernels`' records.
 
-        With `only_if_changed`, nothing is committed (None is returned) when files and kernel records
-        are the same as in the previous project snapshot.
+        With `only_if_changed`, nothing is committed (None is returned) when the newest snapshot holding files
+        (a project snapshot or a kernel snapshot with its cut) holds the same files and each of `kernels`' records.
         """
         started = time.perf_counter()
         with self.writing() as lock:  # before any presence check of what is reused: gc waits or leaves objects
@@ -386,9 +460,13 @@ class SnapshotEngine:
                 chunk_size=chunk_size, progress=progress,
             )
             kernels = {nb: dict(rec) for nb, rec in (kernels or {}).items()}
+            # unchanged: the same files, and each record already in that snapshot (a kernel snapshot's cut also
+            # holds every other notebook's newest record; one of a notebook no longer open is not a change)
             if only_if_changed and previous is not None and not files_changed(previous.files, files) \
-                    and previous.kernels == kernels:
+                    and all(previous.kernels.get(nb) == rec for nb, rec in kernels.items()):
                 return None
+            files = with_record(self.store, files, previous.files if previous else None)
+            objects[files[RECORD]] = files["record_size"]
             named_by_kernels: dict[str, int] = {}
             for record in kernels.values():
                 named_by_kernels.update(record_objects(record))

@@ -7,8 +7,9 @@ from typing import Any
 from .. import safepoints
 from ..training import register_state_providers
 from ..training.resumable import on_resume as resume_hooks
-from . import access_hook, notices
+from . import access_hook, banner_tip, notices
 from . import comm as comm_target
+from . import outputs as cell_outputs
 from . import session as session_module
 from .magics import SpotWarpMagics, cell_id
 from .notebooks import notebook_from_server
@@ -25,12 +26,14 @@ def load_ipython_extension(ipython) -> None:
     ipython.register_magics(magics)
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
+    banner_tip.install()  # a kernel_info (a tab connecting) draws nothing from the notebook's `random`
     safepoints.set_handler(magics.session.at_safe_point)
     access_hook.install(ipython, magics.session.access)  # which variables each cell can touch
     magics.session.arrivals.transform = ipython.transform_cell
     if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
         magics.session.arrivals.running_cell = _cell_source(ipython)
-        magics.session.cell_started(_cell_id(), magics.session.arrivals.running_cell or "")
+        magics.session.cell_started(_cell_id(), magics.session.arrivals.running_cell or "", _request_id())
+    cell_outputs.install(ipython, magics.session.outputs)
     ipython.events.register("post_run_cell", _post_run_cell)
     ipython.events.register("pre_run_cell", _pre_run_cell)
     comm_target.register()
@@ -62,7 +65,14 @@ def _in_a_cell(ipython) -> bool:
 
 
 def _cell_source(ipython) -> str | None:
-    """The source of the cell running now, from IPython's input history."""
+    """The source of the cell running now: as its execute request sent it (the history strips its last newline,
+    and a cell run again on a new host must be the cell as typed), else from IPython's input history."""
+    try:
+        code = ipython.kernel.get_parent("shell").get("content", {}).get("code")
+        if isinstance(code, str):
+            return code
+    except Exception:  # noqa: BLE001 - not in a kernel: the history serves
+        pass
     try:
         return ipython.history_manager.input_hist_raw[-1]
     except Exception:  # noqa: BLE001 - no history: the restore then does not look at its cell
@@ -118,7 +128,7 @@ def _pre_run_cell(info) -> None:
         return
     arrivals = session.arrivals
     raw = getattr(info, "raw_cell", "") or ""
-    session.cell_started(_cell_id(), raw)
+    session.cell_started(_cell_id(), raw, _request_id())
     arrivals.running_cell = raw  # a restore in this cell waits for what the rest of the cell uses
     if arrivals.load is None:
         return
@@ -140,6 +150,17 @@ def _cell_id() -> str | None:
     return cell if isinstance(cell, str) and cell else None
 
 
+def _request_id() -> str | None:
+    """The msg_id of the execute request running now: the parent of the outputs the cell publishes."""
+    try:
+        from IPython import get_ipython
+
+        request = get_ipython().kernel.get_parent("shell").get("header", {}).get("msg_id")
+    except Exception:  # noqa: BLE001 - a terminal IPython: no outputs to keep
+        return None
+    return request if isinstance(request, str) and request else None
+
+
 def unload_ipython_extension(ipython) -> None:
     """Remove the magic and hooks; snapshots already committed stay in storage."""
     magics = _loaded.pop(id(ipython), None)
@@ -156,6 +177,8 @@ def unload_ipython_extension(ipython) -> None:
     _idle["loop"] = None
     safepoints.set_handler(None)
     access_hook.uninstall(ipython)
+    cell_outputs.uninstall(ipython, magics.session.outputs)
     comm_target.unregister()
     notices.uninstall(ipython)
+    banner_tip.uninstall()
     session_module.set_current(None)

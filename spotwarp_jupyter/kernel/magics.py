@@ -11,7 +11,8 @@ from IPython.core.magic_arguments import argument, magic_arguments, parse_argstr
 from traitlets import Bool, Dict, Int, Unicode
 
 from ..engine import Settings, SpotWarpError
-from ..engine.settings import LOCATION, POLICY, configured, resolve_settings
+from ..engine.settings import AUTO, LOCATION, POLICY, configured, resolve_settings
+from ..engine.settings import every as parse_every
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
 from ..service.wire import kernel_status_text
 from . import session as session_module
@@ -74,8 +75,11 @@ class SpotWarpMagics(Magics):
                       help="Storage URL, any fsspec URL ($SPOTWARP_STORAGE overrides it).").tag(config=True)
     storage_options = Dict(default_value=None, allow_none=True,
                            help="fsspec storage options ($SPOTWARP_STORAGE_OPTIONS overrides it).").tag(config=True)
-    every = Unicode(None, allow_none=True, help="Interval between automatic snapshots, e.g. 30s, 5m, 1h "
-                                                "(default 5m; $SPOTWARP_EVERY overrides it).").tag(config=True)
+    every = Unicode(None, allow_none=True, help="A fixed interval between automatic snapshots, e.g. 30s, 5m, 1h, or "
+                                                "auto (the default: adapted at a loop's steps, 5m between cells; "
+                                                "$SPOTWARP_EVERY overrides it).").tag(config=True)
+    max_redo = Unicode(None, allow_none=True, help="The most training a loss redoes with the adaptive cadence, e.g. 60s "
+                                                   "(default 60s; $SPOTWARP_MAX_REDO overrides it).").tag(config=True)
     after_cell = Bool(None, allow_none=True, help="Take automatic snapshots after cells once the interval has passed "
                                                   "(default on; $SPOTWARP_AFTER_CELL overrides it).").tag(config=True)
     autosnapshot = Bool(None, allow_none=True, help="Automatic snapshots on when the extension loads "
@@ -129,7 +133,8 @@ class SpotWarpMagics(Magics):
         print(kernel_status_text(self.session.status_record()))
 
     @magic_arguments()
-    @argument("--every", help="interval between automatic snapshots, e.g. 30s, 5m, 1h")
+    @argument("--every", help="a fixed interval between automatic snapshots, e.g. 30s, 5m, 1h; auto: adapted")
+    @argument("--max-redo", dest="max_redo", help="the most training a loss redoes (adaptive cadence), e.g. 60s")
     @argument("--after-cell", dest="after_cell", action="store_true", default=None, help="snapshot after cells")
     @argument("--no-after-cell", dest="after_cell", action="store_false", help="not after cells")
     @argument("--exclude", help="variables never saved, comma separated")
@@ -148,7 +153,9 @@ class SpotWarpMagics(Magics):
         args = parse_argstring(self._policy, rest)
         p = self.session.policy
         # validate everything before changing anything
-        every = parse_duration(args.every) if args.every is not None else p.every_s
+        every = parse_every(_unquote(args.every)) if args.every is not None else p.every_s
+        every_s = None if every == AUTO else every
+        max_redo = parse_duration(_unquote(args.max_redo)) if args.max_redo is not None else p.max_redo_s
         max_size = parse_size(args.max_var_size) if args.max_var_size is not None else p.max_var_size
         include = _names(args.include, "--include") if args.include is not None else p.include
         exclude = _names(args.exclude, "--exclude") if args.exclude is not None else p.exclude
@@ -159,7 +166,8 @@ class SpotWarpMagics(Magics):
             keep = int(args.keep)
         if args.project is not None or args.storage is not None:
             self.session.configure(project=_unquote(args.project), storage=_unquote(args.storage))
-        p.every_s, p.max_var_size, p.include, p.exclude, p.keep = every, max_size, include, exclude, keep
+        p.every_s, p.max_var_size, p.include, p.exclude, p.keep = every_s, max_size, include, exclude, keep
+        p.max_redo_s = max_redo
         if args.after_cell is not None:
             p.after_cell = args.after_cell
         if args.resume is not None:

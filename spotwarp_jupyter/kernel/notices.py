@@ -29,6 +29,7 @@ from ..protocol import (
     NoticeRequest,
     RenameRequest,
     echoed_id,
+    loaded_mark_path,
     one_line,
     rename_answer,
 )
@@ -146,6 +147,7 @@ def install(ipython: Any) -> bool:
         return False
     handlers[NOTICE_REQUEST] = lambda stream, idents, msg: _on_notice(kernel, stream, idents, msg)
     handlers[RENAME_REQUEST] = lambda stream, idents, msg: _on_rename(kernel, stream, idents, msg)
+    _mark_loaded(True)
     return True
 
 
@@ -155,6 +157,26 @@ def uninstall(ipython: Any) -> None:
     if handlers is not None:
         handlers.pop(NOTICE_REQUEST, None)
         handlers.pop(RENAME_REQUEST, None)
+        _mark_loaded(False)
+
+
+def _mark_loaded(loaded: bool) -> None:
+    """Tell the server, through a small file beside the connection file, whether this kernel handles SpotWarp's
+    control requests (protocol.loaded_mark_path); other kernels are sent none. One local write, never a wait."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        path = loaded_mark_path(get_connection_file())
+        if not loaded:
+            os.remove(path)
+            return
+        temporary = f"{path}.{os.getpid()}.tmp"
+        with open(temporary, "w", encoding="utf-8") as f:
+            f.write(f'{{"pid": {os.getpid()}}}')
+        os.replace(temporary, path)
+    except (ImportError, RuntimeError, OSError) as exc:  # not a kernel app, or a runtime folder we cannot write
+        if loaded:
+            log.info("SpotWarp: could not mark this kernel as having SpotWarp loaded: %s", exc)
 
 
 def training_resumed(name: str, position: int) -> None:

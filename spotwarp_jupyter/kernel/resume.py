@@ -31,10 +31,13 @@ def restore_for_resume(ref: str = "latest") -> None:
         _outcome = {"error": f"{type(exc).__name__}: {exc}"}
         return
     _outcome = {"snapshot": manifest.id, "host": manifest.host, "created": manifest.created_iso,
-                "notebook": session.notebook, "at": record.get("at"), "running": record.get("running"),
+                "created_ts": manifest.created, "notebook": session.notebook, "at": record.get("at"), "running": record.get("running"),
                 "positions": record.get("positions") or {}, "resume": session.policy.resume,
                 "restored": len(result.restored), "warnings": list(result.warnings)}
     session.resumed = resumed_facts(_outcome)
+    running = record.get("running") if isinstance(record.get("running"), dict) else {}
+    if isinstance(running.get("outputs"), list):  # what the cell printed up to the snapshot leads its run again
+        session.carried_outputs = (running.get("id"), [o for o in running["outputs"] if isinstance(o, dict)])
 
 
 def resumed_facts(outcome: dict[str, Any]) -> dict[str, Any]:
@@ -44,7 +47,7 @@ def resumed_facts(outcome: dict[str, Any]) -> dict[str, Any]:
     line = f"on this host from snapshot {outcome['snapshot']} ({outcome['host']}, {outcome['created']})"
     steps = ", ".join(f"step {n} of loop {name!r}" for name, n in sorted(outcome["positions"].items()))
     if running is None:
-        line += ": no cell was running"
+        line += ": no cell was running when it was taken"
     elif rerun:
         line += f" at {steps or 'its start'}: cell {running.get('id')} run again by the server"
     else:

@@ -16,6 +16,7 @@ from typing import Any, Callable, Mapping
 
 from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
+from ..engine.files import Cut
 from ..engine.incremental import ReusePlan, StaleBaseline
 from ..engine.manifests import package_versions
 from ..engine.variables import LoadResult
@@ -36,7 +37,8 @@ from .busy import cell_started as busy_cell_started
 from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
-from .policy import Policy
+from .outputs import CellOutputs
+from .policy import FIRST_STEP_S, Cadence, LoopMeter, Policy
 from .retention import Pruner
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -44,6 +46,7 @@ StateProvider = tuple[Callable[[], Any], Callable[[Any], None]]
 STATE_PROVIDERS: dict[str, StateProvider] = {}
 
 _current: "KernelSession | None" = None
+URGENT_FILE_BYTES = 64 * 1024 * 1024  # changed files a notice's kernel snapshot stores itself, at most
 
 
 def current() -> "KernelSession":
@@ -74,6 +77,9 @@ class KernelSession:
         self._known_names: set[str] = set()  # former names read from snapshots (a rename on another host)
         self.cells_run: dict[str, str] = {}  # cell id -> source, of the notebook's cells this kernel ran
         self.running: tuple[str | None, str] | None = None  # (cell id, source as sent) of the cell running now
+        self.outputs = CellOutputs()  # what the running cell has published so far (kernel/outputs.py)
+        # (cell id, outputs) of the cell a restored snapshot was taken in: they lead its outputs when it runs again
+        self.carried_outputs: tuple[str | None, list[dict[str, Any]]] | None = None
         self.last: Manifest | None = None
         self.last_restore: tuple[Manifest, LoadResult] | None = None
         self.arrivals = Arrivals(namespace)  # large variables of the last restore, still loading
@@ -124,8 +130,23 @@ class KernelSession:
         return {"aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
-                "running": None if running is None else {"id": running[0], "source": running[1]},
+                "running": None if running is None else self._running_record(running),
                 "at": "cell" if running is None else ("step" if at == "step" else "call")}
+
+    def cut(self) -> Cut | None:
+        """The workspace at this instant, committed with the snapshot taken now (engine/files/cut.py): a stat of
+        every file, and the small files changed since this kernel's last snapshot read now; None without a
+        workspace (SPOTWARP_WORKSPACE, which the server gives its kernels) or when it cannot be read."""
+        try:
+            return self.engine.cut_workspace(self.last if self.last is not None and self.last.files else None)
+        except (OSError, SpotWarpError) as exc:
+            self.last_error = f"workspace files not in this snapshot: {type(exc).__name__}: {exc}"
+            return None
+
+    def _running_record(self, running: tuple[str | None, str]) -> dict[str, Any]:
+        """The running cell's id and source as sent, with what it has printed and displayed so far."""
+        outputs = self.outputs.items()
+        return {"id": running[0], "source": running[1], **({"outputs": outputs} if outputs else {})}
 
     def cell_ran(self, cell_id: str | None, source: str) -> None:
         """A notebook cell ran (JupyterLab's cell id): its source is kept with the next snapshot (service/run_cells.py)."""
@@ -133,15 +154,20 @@ class KernelSession:
             self.cells_run.pop(cell_id, None)  # in the order they were last run
             self.cells_run[cell_id] = source
 
-    def cell_started(self, cell_id: str | None, source: str) -> None:
+    def cell_started(self, cell_id: str | None, source: str, request_id: str | None = None) -> None:
         """A cell starts running: recorded as run, and as the running cell of snapshots taken until it ends
-        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py)."""
+        (a new host re-runs it from there when the snapshot was at a resumable step: server/resume.py), with the
+        outputs its execute request (`request_id`) publishes meanwhile."""
         self.cell_ran(cell_id, source)
+        carried, self.carried_outputs = self.carried_outputs, None
+        self.outputs.start(request_id, carried[1] if carried is not None and carried[0] == cell_id else None)
         self.running = (cell_id, source)
+        self._new_cell()
         busy_cell_started()
 
     def cell_ended(self) -> None:
         self.running = None
+        self._new_cell()
         busy_cell_ended()
 
     def capture_options(self) -> CaptureOptions:
@@ -164,12 +190,13 @@ class KernelSession:
         self.arrivals.finish()
         with self._lock:
             started = time.perf_counter()
+            self.last_started_at = time.time()  # the instant of the state this snapshot holds
             options = self.capture_options()
             plan, stats = self.increments.plan(self.namespace, options, full)
             try:
                 manifest = self.engine.snapshot_kernel(
                     self.namespace, self.notebook, message, self.hidden, options, self.extras(), reuse=plan, stats=stats,
-                    requests=requests, annotations=self.annotations(at),
+                    requests=requests, annotations=self.annotations(at), cut=self.cut(),
                 )
             except Exception as exc:
                 self.last_error = f"{type(exc).__name__}: {exc}"
@@ -328,6 +355,7 @@ class KernelSession:
             in_flight=self.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
             changed=self.changed(), last_error=self.last_error, restore=restore,
             imports=self._saved_imports(), resumed=self.resumed,
+            cadence=self.cadence().as_dict() if self.policy.enabled else None,
         )
 
     def _saved_imports(self) -> dict[str, str]:
@@ -350,6 +378,21 @@ class KernelSession:
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
+        self.meter = LoopMeter()  # what snapshots at steps cost the loop: the cadence adapts to it
+        self.loop_started_at: float | None = None  # the first step's safe point in the running cell
+        self._cadence: tuple[tuple, Cadence] | None = None
+
+    def _new_cell(self) -> None:
+        self.meter.new_cell()
+        self.loop_started_at = None
+
+    def cadence(self) -> Cadence:
+        """How often snapshots are taken at a loop's steps now, from the policy and their measured cost
+        (computed again only when a snapshot was measured or the policy changed: due() asks at every step)."""
+        key = (self.meter.measured, self.policy.max_redo_s, self.policy.every_s)
+        if self._cadence is None or self._cadence[0] != key:
+            self._cadence = (key, self.meter.cadence(self.policy.max_redo_s, self.policy.every_s))
+        return self._cadence[1]
 
     def snapshot_in_background(self, message: str | None = None, requests: list[str] | None = None,
                                urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:
@@ -366,8 +409,12 @@ class KernelSession:
             if self.in_flight is not None:
                 return None
             engine, notebook = self.engine, self.notebook
-            annotations = self.annotations("step" if in_loop else "call")
             started = time.perf_counter()
+            annotations = self.annotations("step" if in_loop else "call")
+            cut = self.cut()
+            if urgent and cut is not None and cut.unread_bytes > URGENT_FILE_BYTES:
+                # a notice's window is short: the server's final project snapshot, right after, holds the files
+                cut = None
             self.last_started_at = time.time()
             self._flight_done.clear()
             options = self.capture_options()
@@ -376,7 +423,7 @@ class KernelSession:
             def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
-                                           annotations=annotations)
+                                           annotations=annotations, cut=cut)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
             try:
@@ -399,6 +446,7 @@ class KernelSession:
 
     def _background_done(self, job: BackgroundSnapshot) -> None:
         """Runs in the reaper thread once the child has exited."""
+        self.meter.written(time.perf_counter())
         try:
             result = job.result
             if result is not None and result.ok and result.snapshot_id:
@@ -424,8 +472,11 @@ class KernelSession:
         """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
         return self._flight_done.wait(timeout)
 
-    def due(self, reasons: list[str], cell_end: bool = False) -> bool:
-        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed."""
+    def due(self, reasons: list[str], cell_end: bool = False, step: bool = False) -> bool:
+        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed.
+
+        At a loop's `step` with no fixed `--every`: FIRST_STEP_S after the loop's first step when nothing was
+        snapshotted since, then at the interval the cadence adapts to the measured cost of the last ones."""
         if reasons:
             return True
         if not self.policy.enabled:
@@ -438,7 +489,14 @@ class KernelSession:
             if never and not self._first_cell_waits():
                 return True
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
-        return time.time() - last >= self.policy.every_s
+        now = time.time()
+        if step and self.policy.every_s is None:
+            loop_start = self.loop_started_at or now
+            # a snapshot started before the loop holds the state from before it, even when it commits after
+            if (self.last_started_at or 0.0) < loop_start:
+                return now - loop_start >= FIRST_STEP_S
+            return now - last >= self.cadence().interval_s
+        return now - last >= self.policy.cell_every_s
 
     def idle_snapshot_in(self) -> float | None:
         """Seconds until the automatic snapshot the last cell's end did not take (its interval had not passed)
@@ -447,10 +505,10 @@ class KernelSession:
         ended = self.cell_ended_at
         if ended is None or not (self.policy.enabled and self.policy.after_cell):
             return None
-        if max(self.last_started_at or 0.0, self.last_snapshot_at or 0.0) >= ended:
+        if (self.last_started_at or 0.0) >= ended:
             return None  # a snapshot started at the cell's end, or since, holds what the cell left
         last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
-        return max(0.0, last + self.policy.every_s - time.time())
+        return max(0.0, last + self.policy.cell_every_s - time.time())
 
     def holds_state(self) -> bool:
         """Whether the kernel holds anything a snapshot would save as a variable (not only imported modules)."""
@@ -473,13 +531,18 @@ class KernelSession:
 
         `urgent`: the caller holds the kernel here until the snapshot commits (snapshot_in_background).
         """
+        step_at = 0.0
         if where == "cell":
             self.cell_ended_at = time.time()
         elif where == "step":
+            step_at = time.perf_counter()
+            self.meter.step(step_at, writing=self.in_flight is not None)
+            if self.loop_started_at is None:
+                self.loop_started_at = time.time()
             still_busy()  # a tab connecting while the loop runs shows the kernel busy
         if where in ("cell", "idle") and not reasons and not self.policy.after_cell:
             return
-        if not self.due(reasons, cell_end=where == "cell"):
+        if not self.due(reasons, cell_end=where == "cell", step=where == "step"):
             return
         if self.arrivals.load is not None:
             if not reasons:
@@ -491,7 +554,9 @@ class KernelSession:
         message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
         requests, self._requests = self._requests, []
         try:
-            self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
+            job = self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
+            if job is not None and where == "step":
+                self.meter.started(step_at, self.last_pause_s or 0.0)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._requests[:0] = requests  # the next one answers them

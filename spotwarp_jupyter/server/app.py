@@ -20,6 +20,7 @@ from .async_project import AsyncProject
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
+from .listings import list_through_renames
 from .renames import follow_renames
 from .resume import Resumer
 from .saved_widgets import drop_widget_views
@@ -153,6 +154,8 @@ class SpotWarpApp(ExtensionApp):
         self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
         # a renamed or moved notebook: its kernel learns the new name (its snapshots stay its own)
         follow_renames(serverapp.session_manager, serverapp.kernel_manager, self.service.notebook_of)
+        # a folder listed while a file in it is renamed (a first save) is listed, never "Directory not found"
+        list_through_renames(serverapp.contents_manager)
         # a saved notebook keeps the status widget as text: reopened, it shows no "model not found"
         register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)
         if register is not None:

@@ -146,6 +146,13 @@ class AsyncProject:
         notebooks = {s["kernel"]["id"]: self.notebook_of(s["path"]) for s in sessions if s.get("kernel")}
         return [{"kernel_id": kid, "notebook": notebooks.get(kid)} for kid in self.kernel_manager.list_kernel_ids()]
 
+    def execution_state(self, kernel_id: str) -> str | None:
+        """What the server last heard of the kernel (its IOPub status): no message is sent to the kernel."""
+        try:
+            return getattr(self.kernel_manager.get_kernel(kernel_id), "execution_state", None)
+        except KeyError:
+            return None
+
     async def _ask_all(self, kernels: list[dict[str, Any]], request: KernelRequest) -> list[dict[str, Any] | str]:
         async def one(k: dict[str, Any]) -> dict[str, Any] | str:
             try:
@@ -160,7 +167,8 @@ class AsyncProject:
     # -- REST operations ----------------------------------------------------------------------
     async def status(self) -> tuple[ProjectStatus, ServerFacts]:
         """The project with its report and live kernels, and what this server knows of itself."""
-        live = [LiveKernel(k["kernel_id"], k["notebook"]) for k in await self.live_kernels()]
+        live = [LiveKernel(k["kernel_id"], k["notebook"], execution_state=self.execution_state(k["kernel_id"]))
+                for k in await self.live_kernels()]
         status = await self.run(self.project.status, 0, True, live)
         failover = self.heartbeat.describe() if self.heartbeat is not None else \
             {"role": self.role, "generation": self.engine.fence.generation, "candidate": self.engine.fence.candidate}

@@ -1,17 +1,54 @@
-"""Asking a live kernel something over the `spotwarp` comm, from the server, without blocking the event loop."""
+"""Asking a live kernel something over the `spotwarp` comm, from the server, without blocking the event loop.
+
+Nothing here sends `kernel_info_request`: IPython draws its banner tip from the global `random` at each one,
+so every client that asked it would move the notebook's random stream (`wait_until_served` asks `comm_info`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
 import time
 import uuid
 from queue import Empty
 from typing import Any
 
-from ..protocol import COMM_TARGET, KernelRequest, ProtocolError, read_kernel_answer
+from ..protocol import COMM_TARGET, KernelRequest, ProtocolError, loaded_mark_path, read_kernel_answer, read_loaded_mark
 
 
 class KernelUnavailable(Exception):
     """The kernel did not answer: SpotWarp not loaded, busy past the timeout, or gone."""
+
+
+async def spotwarp_loaded(kernel_manager: Any, kernel_id: str) -> bool:
+    """Whether SpotWarp is loaded in the kernel: marked so beside its connection file by a live process
+    (protocol.loaded_mark_path; a restarted kernel's old mark names a dead pid). True for a kernel the server
+    cannot see through files (a gateway's remote kernel), which is asked and may not answer."""
+    try:
+        connection_file = kernel_manager.get_kernel(kernel_id).connection_file
+    except (KeyError, AttributeError):
+        return False
+    if not connection_file or not os.path.isabs(connection_file):
+        return True
+    return await asyncio.to_thread(_marked_by_a_live_process, loaded_mark_path(connection_file))
+
+
+def _marked_by_a_live_process(path: str) -> bool:
+    try:
+        with open(path, encoding="utf-8") as f:
+            pid = read_loaded_mark(json.load(f))
+    except (OSError, ValueError):
+        return False
+    if pid is None:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # alive, another user's
+        return True
+    return True
 
 
 async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, content: dict[str, Any],
@@ -41,6 +78,35 @@ async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, conten
         client.stop_channels()
 
 
+async def wait_until_served(client: Any, timeout: float) -> None:
+    """Wait until the kernel serves this client's shell requests (between cells) and its iopub messages reach
+    the client, as `wait_for_ready` does, with `comm_info_request`, which leaves the kernel's state as it is."""
+    deadline = time.monotonic() + timeout
+    while True:
+        request = client.session.msg("comm_info_request", {"target_name": COMM_TARGET})
+        client.shell_channel.send(request)
+        sent = request["header"]["msg_id"]
+        while True:  # the reply comes once the running cell, if any, has ended
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise KernelUnavailable(f"busy or not responding (no answer within {timeout:g} s)")
+            try:
+                reply = await client.shell_channel.get_msg(timeout=remaining)
+            except Empty:
+                continue
+            if reply.get("parent_header", {}).get("msg_id") == sent:
+                break
+        # the request's busy/idle status on iopub says the subscription is live; missed: ask again, now quick
+        heard_until = time.monotonic() + min(0.5, max(0.0, deadline - time.monotonic()))
+        while (remaining := heard_until - time.monotonic()) > 0:
+            try:
+                msg = await client.get_iopub_msg(timeout=remaining)
+            except Empty:
+                break
+            if msg.get("parent_header", {}).get("msg_id") == sent:
+                return
+
+
 async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest, timeout: float) -> dict[str, Any]:
     """Open a `spotwarp` comm on the kernel with `request`; its answer (a dict with `ok` and the request's id)."""
     try:
@@ -51,11 +117,7 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     deadline = time.monotonic() + timeout
     try:
-        try:
-            # a kernel answers kernel_info only between cells, so this also waits out a running cell
-            await client.wait_for_ready(timeout=timeout)
-        except RuntimeError as exc:
-            raise KernelUnavailable(f"busy or not responding ({exc})") from None
+        await wait_until_served(client, timeout)  # between cells: this also waits out a running cell
         comm_id = uuid.uuid4().hex
         msg = client.session.msg("comm_open", {"comm_id": comm_id, "target_name": COMM_TARGET,
                                                "data": request.to_message()})

@@ -22,8 +22,8 @@ import logging
 import os
 from typing import Any, Callable
 
-from ..protocol import NOTEBOOK_RECORD_PREFIX, RENAME_REQUEST, RenameRequest, notebook_record_path
-from .kernel_link import KernelUnavailable, ask_control
+from ..protocol import LOADED_MARK_PREFIX, NOTEBOOK_RECORD_PREFIX, RENAME_REQUEST, RenameRequest, notebook_record_path
+from .kernel_link import KernelUnavailable, ask_control, spotwarp_loaded
 
 log = logging.getLogger("spotwarp")
 ANSWER_TIMEOUT_S = 10.0
@@ -76,8 +76,9 @@ def record_notebook(connection_file: str, notebook: str) -> None:
         json.dump({"notebook": notebook}, f)
     os.replace(temporary, path)
     for name in os.listdir(folder):
-        if name.startswith(NOTEBOOK_RECORD_PREFIX) and not os.path.exists(
-                os.path.join(folder, name[len(NOTEBOOK_RECORD_PREFIX):])):
+        prefix = next((p for p in (NOTEBOOK_RECORD_PREFIX, LOADED_MARK_PREFIX) if name.startswith(p)), None)
+        if prefix is not None and name.endswith(".json") and not os.path.exists(
+                os.path.join(folder, name[len(prefix):])):
             try:
                 os.remove(os.path.join(folder, name))  # its kernel's connection file is gone: the kernel is
             except FileNotFoundError:
@@ -86,6 +87,11 @@ def record_notebook(connection_file: str, notebook: str) -> None:
 
 async def tell_kernel(kernel_manager: Any, kernel_id: str, old: str, new: str) -> bool:
     """Tell one kernel its notebook is now `new`; True when it took the name."""
+    if not await spotwarp_loaded(kernel_manager, kernel_id):
+        # a kernel without SpotWarp would log an ERROR for a control message it does not know; the record
+        # beside its connection file gives it the name if it loads SpotWarp later
+        log.debug("SpotWarp: kernel %s has no SpotWarp loaded: %s is now %s, recorded for it", kernel_id, old, new)
+        return False
     request = RenameRequest.new(new)
     try:
         answer = await ask_control(kernel_manager, kernel_id, RENAME_REQUEST, request.to_message(), ANSWER_TIMEOUT_S)

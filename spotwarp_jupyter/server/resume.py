@@ -27,8 +27,18 @@ from typing import Any
 from jupyter_core.utils import ensure_async
 
 from ..engine import Manifest, SnapshotEngine, SpotWarpError
-from ..engine.journal import KERNEL_RESUMED
+from ..engine.coordination import HOLDER, SERVING
+from ..engine.coordination.heartbeats import read_heartbeats, stale_after
+from ..engine.journal import (
+    FINAL_SNAPSHOT_COMMITTED,
+    HOST_LOST,
+    KERNEL_RESUMED,
+    PREEMPTION_DETECTED,
+    loss_without_notice,
+)
+from ..engine.units import format_duration
 from .cell_outputs import Outputs, open_outputs, private_missing
+from .kernel_link import wait_until_served
 
 log = logging.getLogger("spotwarp")
 RESTORE_TIMEOUT_S = 600.0
@@ -94,6 +104,53 @@ def _text(source: Any) -> str:
     return "".join(source) if isinstance(source, list) else str(source or "")
 
 
+def the_loss(service: Any, snapshot_id: str, own_id: str | None) -> dict[str, Any]:
+    """What is known of the loss of the host this one resumes from (blocking: reads the store), and, when a host
+    served the project after the snapshot and stopped with no notice or final snapshot recorded, a
+    `preemption_detected` event in the journal: the report and the panel count it.
+
+    Its end is the orchestrator's `host_lost`, else the newest heartbeat of another serving host around the
+    snapshot (a heartbeat is written every few seconds: the host ran until then, at least)."""
+    engine = service.engine
+    try:
+        began = float(os.environ.get("SPOTWARP_STARTED_AT") or 0) or time.time()
+    except ValueError:
+        began = time.time()
+    manifest = next((m for m in engine.manifests() if m.id == snapshot_id), None)
+    events = service.journal.events()
+    finals = {e.snapshot for e in events if e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True)}
+    loss: dict[str, Any] = {"finals": sorted(f for f in finals if f)}
+    since = manifest.created if manifest is not None else began
+    beats = [d for d in read_heartbeats(engine.store) if d.get("id") != own_id and d.get("state") in (SERVING, HOLDER)
+             and float(d.get("time") or 0) >= since - stale_after(d)]
+    if beats:
+        lost = max(beats, key=lambda d: float(d["time"]))
+        loss.update(host=str(lost.get("host") or lost["id"]), lost_at=float(lost["time"]),
+                    run_began=lost.get("started_at") or lost.get("ready_at"))
+    orchestrated = [e for e in events if e.event == HOST_LOST and isinstance(e.details.get("lost_at"), (int, float))
+                    and e.time >= since]
+    if orchestrated:
+        loss["lost_at"] = float(orchestrated[-1].details["lost_at"])
+    run_began = loss.get("run_began") if isinstance(loss.get("run_began"), (int, float)) else None
+    loss["with_notice"] = not loss_without_notice(events, began, run_began)
+    if not loss["with_notice"] and "lost_at" in loss:  # a host served after the snapshot, and is gone
+        service.journal.record(PREEMPTION_DETECTED, snapshot_id, lost_host=loss.get("host"),
+                               lost_at=loss.get("lost_at"), started_at=began)
+    return loss
+
+
+def idle_words(snapshot_id: str, created: float | None, loss: dict[str, Any]) -> str:
+    """What a restored snapshot taken between cells says of the lost host: no cell ran when it was taken, and what
+    is known of the time after it."""
+    if snapshot_id in (loss.get("finals") or ()):
+        return "no cell was running at its final snapshot, taken on notice"
+    lost_at = loss.get("lost_at")
+    if lost_at is not None and created is not None:
+        return (f"no cell was running when it was taken, {format_duration(max(0.0, lost_at - created))} before "
+                f"{loss.get('host') or 'the lost host'}'s last heartbeat: what ran after it is in no snapshot")
+    return "no cell was running when it was taken: what ran after it on the lost host is not known"
+
+
 class Resumer:
     """Resumes the notebooks of one restore; what happened to each is in `service.resumed` (status) and the log."""
 
@@ -105,6 +162,7 @@ class Resumer:
         self.tasks: set[asyncio.Task] = set()
         # notebook -> (its plan, the cell interrupted outside a resumable loop): what POST resume/run runs
         self.interrupted: dict[str, tuple[Plan, dict[str, Any]]] = {}
+        self.loss: dict[str, Any] = {}  # what is known of the lost host's end (the_loss)
         service.resumer = self
 
     def say(self, notebook: str, state: str, line: str, **facts: Any) -> dict[str, Any]:
@@ -117,6 +175,11 @@ class Resumer:
 
     async def resume(self, snapshot_id: str, ref: str = "latest") -> None:
         """Resume every notebook of the snapshot `snapshot_id` the files were restored from."""
+        heartbeat = getattr(self.service, "heartbeat", None)
+        try:
+            self.loss = await self.service.run(the_loss, self.service, snapshot_id, getattr(heartbeat, "id", None))
+        except Exception as exc:  # noqa: BLE001 - the resume goes on; the report misses this loss
+            log.warning("SpotWarp resume: the lost host's end not known: %s", exc)
         try:
             names = await kernel_names(self.service, self.serverapp)
             plans = await self.service.run(plan_resume, self.service.engine, self.service.workspace,
@@ -213,7 +276,11 @@ class Resumer:
         running = outcome.get("running") if isinstance(outcome.get("running"), dict) else None
         where = f"restored from snapshot {outcome['snapshot']} ({outcome.get('host')}, {outcome.get('created')})"
         if running is None:
-            self.say(plan.notebook, "restored", f"{where}; no cell was running", **facts)
+            created = outcome.get("created_ts") if isinstance(outcome.get("created_ts"), (int, float)) else None
+            if self.loss.get("lost_at") is not None:
+                facts["lost_at"] = self.loss["lost_at"]
+            self.say(plan.notebook, "restored", f"{where}; {idle_words(outcome['snapshot'], created, self.loss)}",
+                     **facts)
             return
         cell = running.get("id") or "(a cell without id)"
         if outcome.get("at") != "step" or not outcome.get("resume", True):
@@ -285,7 +352,7 @@ async def _run_asked(resumer: Resumer, km: Any, kernel_id: str, plan: Plan, runn
     client = km.client()
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     try:
-        await client.wait_for_ready(timeout=RESTORE_TIMEOUT_S)
+        await wait_until_served(client, RESTORE_TIMEOUT_S)  # no kernel_info: the restored `random` stays as it is
         status = await CellRun(resumer, client, kernel_id, plan, running).run()
     except asyncio.CancelledError:
         raise
@@ -379,10 +446,17 @@ class CellRun:
         self.cell_id: str | None = running.get("id")
         self.source: str = running["source"]
         self.outputs = Outputs()
+        earlier = running.get("outputs") if isinstance(running.get("outputs"), list) else []
+        # what the cell printed up to the snapshot: the run goes on after it, as the loop does
+        self.earlier = [json.loads(json.dumps(o)) for o in earlier
+                        if isinstance(o, dict) and isinstance(o.get("output_type"), str)]
 
     async def run(self) -> str:
         """Execute the cell as JupyterLab would (its id in the request's metadata); 'ok' or why it ended."""
         target = await open_outputs(self.resumer.serverapp, self.plan.api_path, self.cell_id, self.source)
+        if self.earlier:
+            self.outputs.items.extend(self.earlier)
+            await target.apply(self.outputs, [("add", o) for o in self.earlier])
         getattr(self.resumer.serverapp, "log", log).info(
             "SpotWarp resume: %s: outputs of cell %s go %s", self.plan.notebook, self.cell_id,
             "live into the notebook's shared document" if target.live else "into the notebook file")

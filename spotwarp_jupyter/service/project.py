@@ -57,7 +57,7 @@ class Project:
             recent = self.journal.events(limit=recent_events) if recent_events > 0 else []
         last = SnapshotSummary.of(listing[0]) if listing else None
         kernels = [LiveKernel(k.kernel_id, k.notebook, next(
-            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None)) for k in live]
+            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None), k.execution_state) for k in live]
         return ProjectStatus(
             project=self.name, storage=self.engine.settings.storage, workspace=self.workspace,
             snapshots=len(listing), last_snapshot=last, age_s=None if last is None else last.age_s(),
@@ -115,9 +115,10 @@ class Project:
             log.warning("SpotWarp catch-up: snapshot %s restored at start was pruned; newest files %s restored, "
                         "files it dropped are left in the workspace", restored, manifest.id)
         self.engine.restore_files(manifest, workspace)
-        bring_back_run_cells(workspace, manifest.kernels)
+        bring_back_run_cells(workspace, self._records("latest", manifest))
         root = os.path.realpath(workspace)
-        for relpath in sorted(set(_entries(before)) - set(_entries(manifest))):
+        dropped = set(_entries(before)) - set(_entries(manifest)) if manifest.files else set()
+        for relpath in sorted(dropped):
             named = os.path.join(root, *relpath.split("/"))
             path = os.path.realpath(named)
             if path.startswith(root + os.sep) and not os.path.islink(named) and os.path.isfile(path):
@@ -132,11 +133,22 @@ class Project:
     # -- restores -----------------------------------------------------------------------------
     def choose(self, ref: str = "latest", files_only: bool = False) -> Manifest | None:
         """The snapshot a restore of `ref` uses: for `latest` with a workspace, the newest holding files
-        (refusing a newer one that fails its checks), else `ref` itself; None only with `files_only`."""
+        (refusing a newer one that fails its checks), else `ref` itself. Committed kernel state is never ignored:
+        with no snapshot holding files (a loss before the first, an older store), the newest snapshot, whose
+        notebooks are rebuilt from the cells their kernels ran. None only with `files_only` and no snapshot."""
         manifest = self.engine.with_files(ref) if self.workspace else None
-        if manifest is None and not files_only:
+        if manifest is None and (not files_only or (self.workspace and ref in ("latest", "", None))):
+            if files_only and not self.engine.manifests():
+                return None
             manifest = self.engine.get(ref)
         return manifest
+
+    def _records(self, ref: str, manifest: Manifest) -> dict[str, Any]:
+        """The kernel records whose cells go into the restored notebooks: for `latest`, every notebook's newest
+        (what its kernel restores), else the snapshot's own."""
+        if (ref or "").strip() in ("latest", ""):
+            return newest_kernel_records(self.engine.manifests())
+        return dict(manifest.kernels)
 
     def restore(self, ref: str = "latest", *, via: str, files_only: bool = False, chosen: Manifest | None = None,
                 progress: Progress | None = None, kernels: KernelRestorer | None = None,
@@ -159,18 +171,19 @@ class Project:
         if self.workspace is None and kernels is None:  # nothing to bring back here: the kernel restores itself
             return RestoreResult(summary, via, None, None, [], 0.0, journaled=False)
         journaled = not self.engine.fence.candidate
+        rebuilt: list[str] = []
         with self._journal(manifest.id, via, journaled, run) as outcome:
             files = None
             if self.workspace is not None:
                 files = self.engine.restore_files(manifest, self.workspace, progress=progress)
                 outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
                 # cells run but not saved before the snapshot: the notebook holds every cell behind the state
-                bring_back_run_cells(self.workspace, manifest.kernels)
+                rebuilt = bring_back_run_cells(self.workspace, self._records(ref, manifest))
             restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
             if kernels is not None:
                 outcome.update(kernels=len(restored), kernels_failed=sum(1 for k in restored if k.error))
         return RestoreResult(summary, via, self.workspace, files, restored, time.perf_counter() - started,
-                             journaled)
+                             journaled, tuple(rebuilt))
 
     def _restore_kernels(self, ref: str, manifest: Manifest, kernels: KernelRestorer) -> Sequence[KernelRestore]:
         # for `latest` each kernel restores its own notebook's newest state (kernels snapshot more often than files)

@@ -67,6 +67,7 @@ class LiveKernel:
     kernel_id: str
     notebook: str | None
     last_snapshot: str | None = None
+    execution_state: str | None = None  # as the server last heard it: "busy" while a cell runs, "idle", ...
 
 
 @dataclass(frozen=True)
@@ -130,6 +131,7 @@ class RestoreResult:
     kernels: list[KernelRestore]
     duration_s: float
     journaled: bool
+    rebuilt: tuple[str, ...] = ()  # notebooks written from the cells their kernels ran (absent or behind)
 
 
 @dataclass(frozen=True)
@@ -162,3 +164,4 @@ class KernelStatus:
     read_at: float = field(default_factory=time.time)  # when these facts were read: ages count from here
     imports: dict[str, str] = field(default_factory=dict)  # modules the last snapshot saved by name: name -> import path
     resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py): what it did
+    cadence: dict[str, Any] | None = None  # snapshots at a loop's steps: interval_s, redo_window_s, overhead_pct, ...

@@ -66,8 +66,8 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
     return {
         "version": server.version, "project": status.project, "storage": status.storage,
         "workspace": status.workspace, "last_snapshot": _last_snapshot(status),
-        "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot}
-                    for k in status.kernels],
+        "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot,
+                     "execution_state": k.execution_state} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
         "failover": server.failover, "resume": [dict(e) for e in server.resume],
     }
@@ -141,6 +141,7 @@ def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
         "skipped": dict(k.skipped), "changed": dict(k.changed), "last_error": k.last_error,
         "restore": None if k.restore is None else restore_progress_json(k.restore),
         "imports": dict(k.imports), "resumed": None if k.resumed is None else dict(k.resumed),
+        "cadence": None if k.cadence is None else dict(k.cadence),
     }
 
 
@@ -149,6 +150,8 @@ def kernel_status_text(k: KernelStatus) -> str:
     s = kernel_status_json(k)
     lines = [f"SpotWarp: project {s['project']} · notebook {s['notebook']}", f"  storage   {s['storage']}",
              f"  policy    {k.policy_text}"]
+    if k.cadence:
+        lines.append(f"  cadence   {k.cadence['text']}")
     last = s["last_snapshot"]
     if last:
         pause = f" · paused the kernel {format_duration(last['pause_s'])}" if last.get("pause_s") is not None else ""

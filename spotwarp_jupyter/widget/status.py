@@ -23,6 +23,7 @@ from ..protocol import WIDGET_TEXT, ProtocolError, WidgetAction, echoed_id
 
 HERE = Path(__file__).parent
 WATCH_INTERVAL_S = 1.0
+BUSY_BEAT_S = 3.0  # while a cell runs, the watcher thread says so this often (the browser's silence is 10 s)
 # format.js (formatSize, formatDuration: shared with the JupyterLab panel, which bundles the same file)
 # comes first, then widget.js, which uses them: anywidget loads a single module and it cannot import.
 ESM_PARTS = ("format.js", "widget.js")
@@ -42,6 +43,7 @@ class SessionView(Protocol):
     last: Any
     last_error: str | None
     last_restore: Any
+    running: Any  # the cell running now, None between cells
 
     @property
     def engine(self) -> Any: ...
@@ -106,6 +108,9 @@ class StatusWidget(anywidget.AnyWidget):
     notice_kind = traitlets.Unicode("", help="'ok' or 'error'.").tag(sync=True)
     answered = traitlets.Unicode("", help="The request id of the last action answered (set after its outcome).").tag(
         sync=True)
+    cell_running = traitlets.Float(0.0, help="While a cell runs, the time the kernel's watcher thread last said so "
+                                   "(every BUSY_BEAT_S: the kernel is there, though its main thread answers nothing "
+                                   "until the cell ends); 0 between cells.").tag(sync=True)
 
     def __init__(self, session: SessionView, **kwargs: Any):
         self._session = session
@@ -200,23 +205,31 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _start_watcher(widget: StatusWidget) -> None:
-    """Push changes made elsewhere (automatic snapshots at safe points, magics) while a cell runs."""
+    """Push changes made elsewhere (automatic snapshots at safe points, magics) while a cell runs, and say that a
+    cell runs (`cell_running`): a busy kernel's main thread answers no refresh, and its silence is no loss."""
     ref = weakref.ref(widget)
     stop = widget._stop
     seen = [widget._fingerprint()]
 
     def watch() -> None:
+        said = 0.0
         while not stop.wait(WATCH_INTERVAL_S):
             w = ref()
             if w is None or w.comm is None:
                 return
             now = w._fingerprint()
-            if now != seen[0] and not w.busy:
-                seen[0] = now
-                try:
+            try:
+                if now != seen[0] and not w.busy:
+                    seen[0] = now
                     w.refresh()
-                except Exception:  # noqa: BLE001 - a display helper never breaks the kernel
-                    pass
+                if getattr(w._session, "running", None) is not None:
+                    if time.monotonic() - said >= BUSY_BEAT_S:
+                        said = time.monotonic()
+                        w.cell_running = time.time()
+                elif w.cell_running:
+                    said, w.cell_running = 0.0, 0.0
+            except Exception:  # noqa: BLE001 - a display helper never breaks the kernel
+                pass
             del w
 
     threading.Thread(target=watch, name="spotwarp-widget", daemon=True).start()

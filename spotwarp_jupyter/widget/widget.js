@@ -4,10 +4,10 @@
 // The kernel owns the state (`status`, `newer`, `busy`, `notice`); buttons send custom messages
 // (spotwarp_jupyter/protocol.py WidgetAction), each with a request id the kernel echoes in `answered`.
 
-function formatAge(iso) {
+function formatAge(iso, now = Date.now()) {
   const t = Date.parse(iso);
   if (Number.isNaN(t)) return "";
-  const s = Math.max(0, (Date.now() - t) / 1000);
+  const s = Math.max(0, (now - t) / 1000);
   if (s < 60) return `${Math.floor(s)} s ago`;
   if (s < 3600) return `${Math.floor(s / 60)} min ago`;
   if (s < 86400) return `${Math.floor(s / 3600)} h ${Math.floor((s % 3600) / 60)} min ago`;
@@ -49,12 +49,25 @@ function row(label, value, className) {
 
 const REFRESH_MS = 15000; // ask the kernel now and then (a newer snapshot from another host; is it still there)
 const SILENT_MS = 10000; // a refresh unanswered this long: the kernel or its server is gone
+// The widget's snapshot is this kernel's; the SpotWarp panel's "Project's newest snapshot" may be another
+// notebook's, or a files backup.
+const LAST_LABEL = "This notebook's last snapshot";
 
 // Why the widget can no longer vouch for the session: a refresh unanswered for SILENT_MS (the browser lost
 // its server, the kernel died), or "" while answers come.
 function silence(askedAt, now) {
   if (askedAt === null || now - askedAt < SILENT_MS) return "";
   return `no answer from the kernel for ${Math.round((now - askedAt) / 1000)} s: its server may be gone`;
+}
+
+// The state next to the dot: [protected, words]. A cell running keeps the kernel's main thread from answering a
+// refresh; its watcher thread says `cell_running` meanwhile (`busyHeard`: when the browser last heard it), so a busy
+// kernel reads "busy, protected <age of this notebook's last snapshot>", never silence.
+function headline(s, silent, busyHeard, now) {
+  if (!s.protected || silent) return [false, `not protected: ${silent || s.protection || "?"}`];
+  if (busyHeard === null || now - busyHeard >= SILENT_MS) return [true, "protected"];
+  const last = s.last_snapshot;
+  return [true, last ? `busy, protected ${formatAge(last.created, now)}` : "busy, protected"];
 }
 
 let requests = 0;
@@ -75,10 +88,20 @@ function render({ model, el }) {
     return id;
   };
   let askedAt = null; // when the oldest unanswered refresh was sent
+  let busyHeard = null; // when the kernel last said a cell runs (model `cell_running`), null between cells
   let silent = "";
   const root = node("div", "spotwarp-widget");
   el.append(root);
   let ageEl = null;
+  let stateEl = null;
+  let dotEl = null;
+
+  function drawState() {
+    const [ok, words] = headline(model.get("status") || {}, silent, busyHeard, Date.now());
+    root.dataset.protected = ok ? "yes" : "no";
+    if (dotEl) dotEl.className = "spotwarp-w-dot " + (ok ? "is-ok" : "is-warn");
+    if (stateEl) stateEl.textContent = words;
+  }
 
   function draw() {
     const s = model.get("status") || {};
@@ -86,14 +109,14 @@ function render({ model, el }) {
     const busy = model.get("busy");
     const last = s.last_snapshot;
     root.replaceChildren();
-    const ok = s.protected && !silent;
-    root.dataset.protected = ok ? "yes" : "no";
 
     const head = node("div", "spotwarp-w-head");
-    head.append(node("span", "spotwarp-w-dot " + (ok ? "is-ok" : "is-warn")));
+    dotEl = node("span", "spotwarp-w-dot");
+    head.append(dotEl);
     head.append(node("span", "spotwarp-w-title", "SpotWarp"));
-    const why = silent || s.protection || "?";
-    head.append(node("span", "spotwarp-w-state", ok ? "protected" : `not protected: ${why}`));
+    stateEl = node("span", "spotwarp-w-state");
+    head.append(stateEl);
+    drawState();
     head.append(node("span", "spotwarp-w-where", `${s.project || "?"} · ${s.notebook || "?"}`));
     root.append(head);
 
@@ -105,12 +128,13 @@ function render({ model, el }) {
       v.append(document.createTextNode(
         ` · ${formatSize(last.size)} · wrote ${formatSize(last.bytes_written)} in ${formatDuration(last.duration_s)}`
       ));
-      root.append(row("Last snapshot", v, "spotwarp-w-last"));
+      root.append(row(LAST_LABEL, v, "spotwarp-w-last"));
     } else {
       ageEl = null;
-      root.append(row("Last snapshot", "none from this kernel yet", "spotwarp-w-last"));
+      root.append(row(LAST_LABEL, "none from this kernel yet", "spotwarp-w-last"));
     }
     root.append(row("Policy", s.policy_text || "", "spotwarp-w-policy"));
+    if (s.cadence && s.cadence.text) root.append(row("Cadence", s.cadence.text, "spotwarp-w-cadence"));
     root.append(row("Storage", s.storage || "", "spotwarp-w-storage"));
     if (s.last_error) root.append(row("Error", s.last_error, "spotwarp-w-error"));
 
@@ -152,11 +176,23 @@ function render({ model, el }) {
     if (now !== silent) {
       silent = now;
       draw();
+    } else {
+      drawState(); // the busy line's age, and its end when the kernel stops saying a cell runs
     }
   }
 
   draw();
   for (const name of ["status", "newer", "busy", "notice", "notice_kind"]) model.on(`change:${name}`, draw);
+  model.on("change:cell_running", () => {
+    askedAt = null; // the kernel's watcher thread speaks: it is there, running a cell (0: between cells)
+    busyHeard = model.get("cell_running") ? Date.now() : null;
+    if (silent) {
+      silent = "";
+      draw();
+    } else {
+      drawState();
+    }
+  });
   model.on("change:answered", () => {
     askedAt = null; // the kernel answers: it is there
     if (silent) {
@@ -178,5 +214,5 @@ function render({ model, el }) {
   };
 }
 
-export { offerWhat, offerDetails, silence };
+export { offerWhat, offerDetails, silence, headline, LAST_LABEL };
 export default { render };

@@ -119,3 +119,41 @@ def test_storage_that_is_a_file_is_refused(tmp_path):
     blocker.write_text("not a folder")
     with pytest.raises(StorageError, match="unreachable|not writable|exist"):
         SnapshotEngine(Settings(project="p", storage=str(blocker / "store")))
+
+
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_project_id_the_storage_holds_nothing_of_is_named_and_nothing_is_created(kind, request, tmp_path):
+    """`dmeo` for `demo` after a preemption must not read as "no snapshots": one line naming the projects there."""
+    import os
+
+    from storage_servers import make_target
+
+    target = make_target(kind, request, tmp_path)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": os.pathsep.join(sys.path),
+           **target.kernel_env()}
+    workspace = tmp_path / "ws"
+    workspace.mkdir()
+    (workspace / "a.txt").write_text("a")
+    if kind == "local":
+        os.makedirs(target.url)  # an empty store, as an empty bucket is
+    empty = cli("list", "--project-id", "demo", env=env)
+    assert empty.returncode == 1 and "holds no project yet" in empty.stderr, empty
+    for project in ("demo", "train"):
+        assert cli("snapshot", "--project-id", project, "--workspace-path", str(workspace), env=env).returncode == 0
+    fs = target.filesystem()
+    root = target.url.split("://", 1)[-1]
+
+    def stored() -> set[str]:
+        return set(fs.find(root, withdirs=True))
+
+    before = stored()
+    for command in (["list"], ["status"], ["report"], ["hosts"], ["verify"], ["gc", "--keep", "1"], ["restore"]):
+        result = cli(*command, "--project-id", "dmeo", env=env)
+        assert result.returncode == 1, (command, result)
+        assert f"spotwarp {command[0]}: project 'dmeo' has no snapshots in {target.url}; projects there: demo, train" \
+            == result.stderr.strip(), (command, result.stderr)
+    launch = cli("launch", "--project-id", "dmeo", "--provider", "local", "--workspace-path", str(workspace), env=env)
+    assert launch.returncode == 1 and "(projects there: demo, train)" in launch.stderr, launch
+    for command in (["list"], ["status"], ["report"], ["hosts"], ["verify"]):  # read-only: nothing written
+        assert cli(*command, "--project-id", "demo", env=env).returncode == 0, command
+    assert stored() == before

@@ -1,9 +1,9 @@
 """Issue 22: what resuming on a new host must not do.
 
 A cell running outside a `resumable` loop is not run again (it may have side effects): the kernel's state comes
-back and the status names the cell. `spotwarp start --no-resume` starts no kernel. A notebook no longer in the
-workspace, a kernelspec this host lacks, a notebook whose policy says `--no-resume`, and a damaged newest snapshot
-each give one line in the status and the log, and run nothing.
+back and the status names the cell. `spotwarp start --no-resume` starts no kernel. A kernelspec this host lacks, a
+notebook whose policy says `--no-resume`, and a damaged newest snapshot each give one line in the status and the
+log, and run nothing. A notebook absent from the workspace comes back rebuilt from the cells its kernel ran.
 """
 
 from __future__ import annotations
@@ -88,14 +88,17 @@ def test_only_what_may_be_resumed_is_and_nothing_runs_again(lost_host, hosts):
     slow = entries["slow.ipynb"]
     assert slow["state"] == "restored" and slow["interrupted_cell"] == "slow", slow
     assert "cell slow was running (outside a resumable loop): not run again" in slow["line"]
-    assert entries["gone.ipynb"]["state"] == "skipped" and "not in the workspace" in entries["gone.ipynb"]["line"]
+    # its file never was in the workspace: rebuilt from the cell its kernel ran, its state restored
+    assert entries["gone.ipynb"]["state"] == "restored" and "no cell was running" in entries["gone.ipynb"]["line"]
+    assert [c["id"] for c in json.loads((b.workspace / "gone.ipynb").read_text())["cells"]] == ["setup"]
     assert entries["gpu.ipynb"]["state"] == "skipped" and "'py-gpu' is not installed" in entries["gpu.ipynb"]["line"]
     assert entries["optout.ipynb"]["state"] == "skipped" and "--no-resume" in entries["optout.ipynb"]["line"]
     for entry in entries.values():
         assert entry["line"] in b.log() and "\n" not in entry["line"]
     code, sessions = b.request("GET", "api/sessions")
-    assert [s["path"] for s in sessions] == ["slow.ipynb"]
-    assert not (b.workspace / "side_effect").exists()  # the interrupted cell did not run again
+    assert sorted(s["path"] for s in sessions) == ["gone.ipynb", "slow.ipynb"]
+    # as the snapshot inside the cell found it: the interrupted cell did not run again
+    assert (b.workspace / "side_effect").read_text() == "ran\n"
     assert b.open_notebook("slow.ipynb").value("x") == 42  # the state as the snapshot inside the cell had it
     assert b.request("DELETE", f"api/kernels/{slow['kernel_id']}")[0] == 204
     code, answer = b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"})
@@ -126,7 +129,7 @@ def test_a_damaged_newest_snapshot_restores_nothing_and_runs_nothing(lost_host, 
     slow = entries["slow.ipynb"]
     assert slow["state"] == "failed" and "state not restored, nothing run" in slow["line"], slow
     assert slow["line"] in b.log() and "\n" not in slow["line"]
-    assert not (b.workspace / "side_effect").exists()
+    assert (b.workspace / "side_effect").read_text() == "ran\n"
 
 
 def test_the_interrupted_cell_runs_in_its_resumed_kernel_once_asked(lost_host, hosts):
@@ -142,11 +145,12 @@ def test_the_interrupted_cell_runs_in_its_resumed_kernel_once_asked(lost_host, h
         code, answer = b.request("POST", "spotwarp/api/resume/run", body)
         assert (code, "\n" in answer["message"]) == (want, False) and words in answer["message"], (body, answer)
     assert b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"}, token=None)[0] == 403
-    assert not (b.workspace / "side_effect").exists()
+    assert (b.workspace / "side_effect").read_text() == "ran\n"
     code, answer = b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"})
     assert code == 202 and answer["state"] == "running" and answer["cell"] == "slow", answer
     assert "interrupted_cell" not in answer and answer["kernel_id"] == entries["slow.ipynb"]["kernel_id"]
-    wait_for(lambda: (b.workspace / "side_effect").exists(), 60, "the interrupted cell running again", b)
+    wait_for(lambda: (b.workspace / "side_effect").read_text() == "ran\nran\n", 60, "the interrupted cell running again",
+             b)
     code, answer = b.request("POST", "spotwarp/api/resume/run", {"notebook": "slow.ipynb"})
     assert code == 409 and "no interrupted cell waits to run (state running)" in answer["message"], answer
     assert b.request("POST", f"api/kernels/{entries['slow.ipynb']['kernel_id']}/interrupt")[0] == 204

@@ -69,7 +69,7 @@ def lose_host_a(tmp_path, hosts: list, store: str) -> int:
                           if m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 120, "snapshots inside the loop", a)
     kill_host(a, kernel_pid)
     newest = _newest_record(store)
-    assert newest["at"] == "step" and newest["running"] == {"id": "loop", "source": LOOP}
+    assert newest["at"] == "step" and (newest["running"]["id"], newest["running"]["source"]) == ("loop", LOOP)
     done_on_a = completed(newest["positions"])
     assert 0 < done_on_a < TOTAL - 12, newest["positions"]  # B has steps left to run
     return done_on_a
@@ -93,9 +93,14 @@ def test_the_interrupted_loop_continues_on_a_new_host_with_nobody_at_the_keyboar
     (row,) = report["resumes"]
     assert (row["notebook"], row["snapshot"], row["cell"]) == ("train.ipynb", entry["snapshot"], "loop")
     assert row["positions"] == entry["positions"] and row["start_to_running_s"] == entry["seconds_to_running"] > 0
-    # no failover watch recorded A's last heartbeat: counted up to B's start, an upper bound
-    assert row["steps_redone"] >= 0 and "to the resuming host's start (an upper bound)" in row["steps_redone_how"]
-    assert "the notebook's cell differs from what ran: the recorded source is run" in entry["line"]
+    # A left no notice: B's resume found its last heartbeat in the store, counted the loss, and estimated up to it
+    assert row["steps_redone"] >= 0 and "to its last heartbeat" in row["steps_redone_how"], row
+    assert row["steps_redone_upper_bound"] is False
+    (loss,) = report["events"]
+    assert loss["with_notice"] is False and loss["survived"] is True and loss["restored_on"], loss
+    assert (report["preemptions"], report["preemptions_survived"]) == (1, 1)
+    # the file held an older draft; the restored notebook holds the source that ran, which runs again
+    assert "differs from what ran" not in entry["line"]
     cells = json.loads((b.workspace / "train.ipynb").read_text())["cells"]
     assert ["".join(c["source"]) for c in cells if c["id"] == "loop"] == [LOOP]  # the cell shows what ran, with its outputs
 
@@ -111,8 +116,12 @@ def test_a_second_loss_during_the_resumed_run_resumes_again_on_a_third_host(tmp_
                           and m["kernels"]["train.ipynb"].get("at") == "step"]) >= 3, 120, "B's snapshots in the loop", b)
     kill_host(b, *kernel_pids(b.workspace))
     newest = _newest_record(store, after=started_b)
-    assert newest["running"] == {"id": "loop", "source": LOOP}
+    assert (newest["running"]["id"], newest["running"]["source"]) == ("loop", LOOP)
     c = start_host(tmp_path, "c", store, PYTHONHASHSEED="0")
     hosts.append(c)
     entry = finished_on(c, reference)
     assert completed(entry["positions"]) >= completed(newest["positions"])  # from B's newest, not A's
+    report = json.loads(subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "report", "--project-id", "proj",
+                                        "--storage", store, "--json"], capture_output=True, text=True, check=True).stdout)
+    # two losses without notice, each found by the resume after it
+    assert [(e["with_notice"], e["survived"]) for e in report["events"]] == [(False, True), (False, True)], report

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,7 +62,8 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
                              capture_output=True, text=True, env=env_a, timeout=300)
         assert out.returncode == 0, out.stderr
         second = json.loads(out.stdout)
-        assert second["notebooks"] == ["train.ipynb"] and second["parent"] == first["id"]
+        # built on the newest snapshot holding files: the first, or a kernel snapshot since (they hold files too)
+        assert second["notebooks"] == ["train.ipynb"] and second["parent"] is not None
     finally:
         a.kill()  # host A vanishes: server, and (below) its kernel, with no chance to clean up
         if kernel_pid:
@@ -77,6 +79,10 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
     try:
         b.wait_ready()
         assert f"from snapshot {second['id']}" in b.log() and "restored 6 files" in b.log()
+        # its first line names the snapshot it resumed from, when it was taken, its age and what came back
+        said = re.search(rf"spotwarp: restored snapshot {second['id']} of {re.escape(second['created'])} "
+                         r"\([^()]+ old, from [^)]+\): 6 files, ", b.log())
+        assert said, b.log()
         expected = {k: v for k, v in tree(ws_a).items() if not k.startswith(("scratch/", ".ipynb_checkpoints/"))}
         assert tree(ws_b) == expected  # byte-identical, ignored files left out
         assert (ws_b / "configs" / "deep" / "run.yaml").read_text() == "lr: 0.005\nepochs: 4\n"
@@ -122,7 +128,10 @@ def test_status_without_a_project_shows_the_running_servers_project(tmp_path):
         named = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status", "--project-id", "other",
                                 "--storage", str(tmp_path / "store")],
                                capture_output=True, text=True, env=env, timeout=120)
-        assert named.stdout.startswith("project  other\n"), named  # a named project is never replaced
+        # a named project is never replaced by the served one; one the store holds nothing of is a typo until
+        # proven otherwise
+        assert named.returncode == 1 and "project 'other' has no snapshots" in named.stderr, named
+        assert "projects there: demo" in named.stderr and "project  demo" not in named.stdout, named
     finally:
         server.discard()
 

@@ -265,7 +265,8 @@ def test_malformed_entries_are_refused(engine, ws, tmp_path):
 def test_project_snapshot_and_cli_restore_refuse_a_tampered_manifest(engine, ws, tmp_path):
     manifest = engine.snapshot_project(str(ws), message="first", chunk_size=CHUNK)
     assert engine.with_files().id == manifest.id and manifest.kind == "project"
-    assert set(manifest.objects) == {c["id"] for e in manifest.files["entries"].values() for c in e.get("chunks", [])}
+    assert set(manifest.objects) == {c["id"] for e in manifest.files["entries"].values()
+                                     for c in e.get("chunks", [])} | {manifest.files["record"]}
     assert engine.verify(manifest.id).ok
     # nothing changed: no new manifest when asked only for changes
     age(ws)

@@ -28,6 +28,7 @@ from new_hosts import (
     kernel_manifests,
     notebook,
     reference_run,
+    resume_entry,
     wait_for,
 )
 
@@ -94,3 +95,51 @@ def _check_steps_redone(store: str, entry: dict, seen_redone: int) -> None:
     (row,) = report["resumes"]
     assert row["snapshot"] == entry["snapshot"] and "to its last heartbeat" in row["steps_redone_how"], row
     assert seen_redone >= 0 and abs(row["steps_redone"] - seen_redone) <= 8, (row, seen_redone)
+
+
+NEW_SETUP = "%load_ext spotwarp\n%spotwarp policy --every 0.2s --no-after-cell\nimport os, time, spotwarp"
+NEW_LOOP = """for i in spotwarp.resumable(range(1, 61), name="steps"):
+    with open("steps.log", "a") as log:
+        log.write(f"step {i}\\n")
+    print(f"step {i}", flush=True)
+    time.sleep(0.1)
+print("done")
+"""
+
+
+def test_a_notebook_created_after_the_last_file_backup_resumes_on_the_promoted_holder(tmp_path):
+    store = str(tmp_path / "store")
+    origin = tmp_path / "origin"
+    origin.mkdir()
+    (origin / "data.csv").write_text("a,b\n1,2\n")
+    engine_for(store).snapshot_project(str(origin))
+    launch = Launch(tmp_path, store, "--candidates", "1", "--watch", "--dead-after", "4s",
+                    env=env_for(tmp_path, OMP_NUM_THREADS="1", PYTHONPATH=os.environ.get("PYTHONPATH", "")))
+    try:
+        first = launch.next("promoted")
+        holder = attach(first["url"], tmp_path / "first.log")
+        wait_for(lambda: any(m.kind == "project" and m.generation == first["generation"]
+                             for m in engine_for(store).manifests()), 60, "the promotion snapshot")
+        # created after the promotion snapshot, the last file backup (the default interval is 300 s)
+        (tmp_path / "candidates" / first["candidate"] / "ws" / "new.ipynb").write_text(json.dumps(notebook([])))
+        nb = holder.open_notebook("new.ipynb")
+        kernel_pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
+        nb.run(NEW_SETUP, cell_id="setup")
+        nb.send(NEW_LOOP, cell_id="loop")
+        wait_for(lambda: len([m for m in kernel_manifests(store, "fo")
+                              if m["kernels"]["new.ipynb"].get("at") == "step"]) >= 3, 120, "snapshots in the loop")
+        launch.next("failover_finished")  # the first race's row
+        os.killpg(read_heartbeat(engine_for(store).store, first["candidate"])["pid"], signal.SIGKILL)
+        os.kill(kernel_pid, signal.SIGKILL)
+        second = launch.next("promoted", timeout=120)
+        new = attach(second["url"], tmp_path / "second.log")
+        ws = tmp_path / "candidates" / second["candidate"] / "ws"
+        entry = wait_for(lambda: resume_entry(new, "new.ipynb").get("state") in ("finished", "failed")
+                         and resume_entry(new, "new.ipynb"), 180, "the resumed loop to end on the promoted holder")
+        assert entry["state"] == "finished" and entry["cell"] == "loop", entry
+        cells = {c["id"]: "".join(c["source"]).rstrip() for c in json.loads((ws / "new.ipynb").read_text())["cells"]}
+        assert cells == {"setup": NEW_SETUP, "loop": NEW_LOOP.rstrip()}
+        assert (ws / "steps.log").read_text() == "".join(f"step {i}\n" for i in range(1, 61))
+    finally:
+        launch.stop()
+        cleanup(store, tmp_path)

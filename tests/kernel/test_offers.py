@@ -76,7 +76,7 @@ def test_a_new_notebook_reusing_a_renamed_notebooks_old_name_is_offered_nothing(
 
 def test_a_restored_kernel_keeps_its_policy_and_is_protected_at_once(start_kernel, store_url):
     a = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
-    a.run("%load_ext spotwarp\n%spotwarp policy --every 45s --exclude junk --no-after-cell --no-resume\n"
+    a.run("%load_ext spotwarp\n%spotwarp policy --every 45s --max-redo 90s --exclude junk --no-after-cell --no-resume\n"
           "weights = [1, 2, 3]\njunk = 1\n%spotwarp snapshot")
     a.kill()
     b = start_kernel("host-b", JPY_SESSION_NAME="train.ipynb")
@@ -86,6 +86,6 @@ def test_a_restored_kernel_keeps_its_policy_and_is_protected_at_once(start_kerne
     b.run("%spotwarp restore latest")
     assert b.value("s.policy.as_dict()") == {"enabled": True, "every_s": 45.0, "after_cell": False, "include": None,
                                              "exclude": ["junk"], "max_var_size": 8 * 10**9, "keep": None,
-                                             "resume": False}
+                                             "resume": False, "max_redo_s": 90.0}
     assert b.value("protection(s.status())") == [True, f"protected: restored from {_engine(store_url).manifests()[0].id}"]
     assert b.value("s.due([])") is False  # the restored state is stored: the next snapshot is an interval away

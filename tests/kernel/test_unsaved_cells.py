@@ -64,7 +64,9 @@ def test_a_damaged_or_linked_notebook_is_left_as_it_is(tmp_path):
     outside.write_text(json.dumps(ON_DISK))
     (ws / "linked.ipynb").symlink_to(outside)
     record = {"cells": [{"id": "new", "source": "x = 1"}]}
+    # a notebook with no file is rebuilt from its cells; never one outside the workspace
     assert bring_back_run_cells(str(ws), {"broken.ipynb": record, "linked.ipynb": record, "gone.ipynb": record,
-                                          "../outside.ipynb": record}) == []
+                                          "../outside.ipynb": record}) == ["gone.ipynb"]
+    assert [c["source"] for c in json.loads((ws / "gone.ipynb").read_text())["cells"]] == ["x = 1"]
     assert (ws / "broken.ipynb").read_text() == "{not json"
     assert json.loads(outside.read_text()) == ON_DISK

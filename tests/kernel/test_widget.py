@@ -164,6 +164,25 @@ while _t.monotonic() < _deadline and (_widget.status['last_snapshot'] or {}).get
     assert any((s["last_snapshot"] or {}).get("id") == new_id and s["protected"] for s in pushed)
 
 
+def test_a_running_cell_tells_the_widget_the_kernel_is_busy_and_there(start_kernel, nb_env):
+    """A cell's main thread answers no refresh until it ends: the widget's watcher thread says a cell runs."""
+    k = start_kernel("host-a", **nb_env)
+    comm_id, state = widget_open(execute(k, "%load_ext spotwarp"))
+    assert state["cell_running"] == 0
+    msgs = execute(k, """
+import time as _t
+from ipywidgets.widgets.widget import _instances as _w
+_widget = [w for w in _w.values() if type(w).__name__ == 'StatusWidget'][0]
+_deadline = _t.monotonic() + 30
+while _t.monotonic() < _deadline and not _widget.cell_running:
+    _t.sleep(0.05)
+""")
+    said = [m["content"]["data"]["state"]["cell_running"] for m in msgs
+            if m["msg_type"] == "comm_msg" and m["content"]["comm_id"] == comm_id
+            and "cell_running" in m["content"]["data"].get("state", {})]
+    assert said and said[0] > 0, "sent while the cell ran, before its end"
+
+
 def test_unusable_storage_is_one_line_in_the_widget(start_kernel, tmp_path, nb_env):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the store should be")
@@ -204,6 +223,28 @@ def test_widget_module_parses_and_formats(tmp_path):
     out = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout) == ["function", "?", "-1.5 KB", "2m 0s", "?"]
+
+
+@pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
+def test_a_busy_kernel_reads_busy_and_protected_never_gone(tmp_path):
+    """While the kernel says a cell runs, its unanswered refreshes are no silence: "busy, protected <age>"."""
+    from spotwarp_jupyter.widget.status import StatusWidget
+
+    module = tmp_path / "widget.mjs"
+    module.write_text(str(StatusWidget._esm))
+    status = {"protected": True, "protection": "protected", "last_snapshot": {"created": "2026-12-07T09:00:00Z"}}
+    now = "Date.parse('2026-12-07T09:00:25Z')"
+    script = (f"import * as m from {json.dumps(module.as_uri())}; const s = {json.dumps(status)}; const now = {now};"
+              "console.log(JSON.stringify([m.headline(s, '', now - 2000, now), m.headline(s, '', null, now),"
+              " m.headline(s, '', now - 11000, now), m.headline({...s, last_snapshot: null}, '', now, now),"
+              " m.headline(s, m.silence(now - 12000, now), null, now), m.LAST_LABEL]))")
+    out = subprocess.run(["node", "--input-type=module", "-e", script], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    busy, idle, stale, resumed, gone, label = json.loads(out.stdout)
+    assert busy == [True, "busy, protected 25 s ago"] and idle == [True, "protected"] and stale == idle
+    assert resumed == [True, "busy, protected"]
+    assert gone == [False, "not protected: no answer from the kernel for 12 s: its server may be gone"]
+    assert label == "This notebook's last snapshot"  # the panel's other one is the project's newest
 
 
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")

@@ -139,3 +139,86 @@ def test_the_notebook_record_is_replaced_whole_and_records_of_gone_kernels_are_r
         "kernel-live.json", "spotwarp-notebook-of-kernel-live.json"]  # no temporary left, the gone kernel's removed
     for bad in ({}, {"notebook": ""}, {"notebook": 3}, [], {"notebook": "a\0b"}):
         assert read_notebook_record(bad) is None
+
+
+async def test_a_rename_in_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_ws_fetch, jp_root_dir, caplog, capfd):
+    """Only kernels with SpotWarp loaded handle its control requests; any other logs an ERROR line for one."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="spotwarp")
+    (jp_root_dir / "Untitled.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                            "nbformat_minor": 5}))
+    kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "Untitled.ipynb")
+    try:
+        assert (await execute(ws, "print('plain')")).strip() == "plain"
+        await _rename(jp_fetch, "Untitled.ipynb", "plain.ipynb")
+
+        async def handled():  # the server is done with the rename: told the kernel, or left it the record
+            return any(kid in r.getMessage() and "plain.ipynb" in r.getMessage() for r in caplog.records)
+        await _wait_for(handled, what="the server handling the rename")
+        assert (await execute(ws, "print('still plain')")).strip() == "still plain"
+    finally:
+        ws.close()
+        await jp_fetch("api", "kernels", kid, method="DELETE")
+    logged = capfd.readouterr()
+    assert "spotwarp_rename_request" not in logged.err + logged.out
+
+
+async def test_a_notice_to_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_ws_fetch, jp_root_dir, jp_serverapp,
+                                                                     capfd):
+    """A preemption notice asks only kernels with SpotWarp loaded to snapshot; any other would log an ERROR line
+    for the control message it does not know."""
+    from spotwarp_jupyter.protocol import NoticeRequest
+    from spotwarp_jupyter.server.watchers.final import request_safe_point_snapshot
+
+    (jp_root_dir / "plain.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                         "nbformat_minor": 5}))
+    kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "plain.ipynb")
+    try:
+        assert (await execute(ws, "print('plain')")).strip() == "plain"
+        answer = await request_safe_point_snapshot(jp_serverapp.kernel_manager, kid, 5.0, NoticeRequest.new())
+        assert answer == "SpotWarp is not loaded in this kernel"
+        assert (await execute(ws, "print('still plain')")).strip() == "still plain"  # the kernel served on
+    finally:
+        ws.close()
+        await jp_fetch("api", "kernels", kid, method="DELETE")
+    logged = capfd.readouterr()
+    assert "spotwarp_notice_request" not in logged.err + logged.out
+
+
+async def test_a_folder_listed_while_a_notebook_in_it_is_renamed_is_listed(jp_fetch, jp_root_dir):
+    """JupyterLab's first save renames Untitled.ipynb while its file browser lists the folder: an entry that
+    vanishes between the listing's stat and its model must not turn the folder into a 404 ("Directory not
+    found"), nor must SpotWarp's own atomic replacements of files in the workspace."""
+    import threading
+
+    from tornado.httpclient import HTTPClientError
+
+    for i in range(40):  # a folder of some size, as a workspace is: each listing stats every entry
+        (jp_root_dir / f"data-{i:02}.txt").write_text("x")
+    names = [jp_root_dir / "Untitled.ipynb", jp_root_dir / "named.ipynb"]
+    names[0].write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
+    stop = threading.Event()
+
+    def rename_back_and_forth() -> None:
+        i = 0
+        while not stop.is_set():
+            names[i % 2].rename(names[(i + 1) % 2])
+            i += 1
+
+    renamer = threading.Thread(target=rename_back_and_forth, daemon=True)
+    renamer.start()
+    failures = []
+    try:
+        for _ in range(300):
+            try:
+                response = await jp_fetch("api", "contents", params={"content": "1"}, method="GET")
+            except HTTPClientError as exc:
+                failures.append(exc.code)
+                continue
+            listed = {e["name"] for e in json.loads(response.body)["content"]}
+            assert {f"data-{i:02}.txt" for i in range(40)} <= listed
+    finally:
+        stop.set()
+        renamer.join()
+    assert failures == []

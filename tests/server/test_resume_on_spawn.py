@@ -4,10 +4,12 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine.coordination import write_heartbeat
 
 from jupyter_api import call
 from server_config import spotwarp_server_config
@@ -23,6 +25,9 @@ def jp_server_config(store_dir, tmp_path, monkeypatch) -> dict:
     engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
     kernel = engine.snapshot_kernel({"weights": [0.5, 1.5], "step": 7}, "train.ipynb")
     engine.snapshot_project(str(origin), kernels={"train.ipynb": kernel.kernels["train.ipynb"]})
+    # the host that took it served 30 s longer, then vanished (no notice): its last heartbeat stays in the store
+    write_heartbeat(engine.store, {"id": "lost-host-8888", "generation": 0, "state": "serving", "host": "lost-host",
+                                   "time": kernel.created + 30.0, "started_at": kernel.created - 60.0})
     config = spotwarp_server_config(store_dir, monkeypatch)
     config["SpotWarp"].update(restore_on_start="if-empty", heartbeat_interval=0)
     monkeypatch.delenv("SPOTWARP_START_RESTORE", raising=False)
@@ -38,6 +43,12 @@ async def test_a_restore_on_spawn_resumes_the_notebooks_kernel(jp_fetch, jp_serv
     code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
     (entry,) = status["resume"]
     assert entry["notebook"] == "train.ipynb" and entry["state"] == "restored", entry
-    assert entry["line"].endswith("no cell was running")
+    # no cell ran when the snapshot was taken; what ran in the lost host's last 30 s is in no snapshot
+    assert re.search(r"; no cell was running when it was taken, (29\.\d|30\.0) s before lost-host's last heartbeat: "
+                     r"what ran after it is in no snapshot$", entry["line"]), entry["line"]
+    # the loss came without a notice: the resume records it, and the report counts it
+    (loss,) = status["report"]["events"]
+    assert loss["with_notice"] is False and loss["host"] == "lost-host" and loss["survived"] is True, loss
+    assert status["report"]["preemptions"] == 1 and 29.9 < loss["work_lost_s"] < 31
     code, sessions = await call(jp_fetch, "GET", "api", "sessions")
     assert [s["path"] for s in sessions] == ["train.ipynb"] and sessions[0]["kernel"]["id"] == entry["kernel_id"]

@@ -151,7 +151,8 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         kernels = {k["kernel_id"]: k for k in status["kernels"]}
         assert kernels[kid]["notebook"] == "nb/train.ipynb"
         assert kernels[kid]["last_snapshot"] == snap["id"]
-        assert kernels[plain_kid] == {"kernel_id": plain_kid, "notebook": "plain.ipynb", "last_snapshot": None}
+        assert kernels[plain_kid] == {"kernel_id": plain_kid, "notebook": "plain.ipynb", "last_snapshot": None,
+                                      "execution_state": "idle"}
 
         await execute(ws, "weights = None\nstep = 0")
         code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
@@ -163,8 +164,9 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         await execute(ws, "step = 8\n%spotwarp snapshot")
         await execute(ws, "step = 0")
         code, latest = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
-        assert code == 200 and latest["id"] == snap["id"]  # files: the newest snapshot holding files
-        assert latest["kernels"][0]["id"] != snap["id"]
+        # the kernel's snapshot holds the workspace files of its instant: it is the newest snapshot holding files
+        assert code == 200 and latest["id"] != snap["id"]
+        assert latest["kernels"][0]["id"] == latest["id"]
         assert (await execute(ws, "print(step)")).strip() == "8"
     finally:
         ws.close()
@@ -328,6 +330,9 @@ class TestBusyKernel:
             assert snap["stats"]["kernels_stale"] == ["busy.ipynb"] and snap["stats"]["kernels_fresh"] == []
             assert "busy.ipynb" in snap["stats"]["kernels_missing"]
             assert snap["notebooks"] == ["busy.ipynb"] and "epoch" in snap["variables"]
+            # the status says why it did not answer: busy (the server heard it), not gone
+            _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+            assert [k["execution_state"] for k in status["kernels"] if k["notebook"] == "busy.ipynb"] == ["busy"]
             flag.write_text("go")
             await execute(ws, "epoch = 0")
             code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")

@@ -41,6 +41,8 @@ export function emptyReport(): IReport {
 /** One preemption as the journal's report lists it: spot-a lost to an AWS notice, resumed on spot-b. */
 export function preemption(over: Partial<IReportRow> = {}): IReportRow {
   return {
+    time: '2026-12-02T10:30:00.000Z',
+    with_notice: true,
     notice: '2026-12-02T10:30:00.000Z',
     host: 'spot-a',
     source: 'aws',
@@ -77,7 +79,9 @@ export class FakeServer {
       storage: 'gs://bucket/spotwarp',
       workspace: '/work/ws',
       last_snapshot: this.snapshots[0] ? { ...this.snapshots[0], age_s: 12 } : null,
-      kernels: [{ kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0]?.id ?? null }],
+      kernels: [
+        { kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0]?.id ?? null, execution_state: 'idle' }
+      ],
       watchers: [
         { name: 'sigterm', state: 'watching', endpoint: null, last_notice: null },
         {

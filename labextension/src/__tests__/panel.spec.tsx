@@ -67,6 +67,21 @@ describe('StatusView, EventsView, ServerNotice', () => {
     render(<StatusView status={server.status()} error={null} now={Date.parse('2026-12-02T10:05:00Z')} />);
     expect(screen.getByText('gs://bucket/spotwarp')).toBeTruthy();
     expect(document.querySelector('.jp-SpotWarp-last')?.textContent).toBe('a1b2c3d4 · 5 min ago · 1.5 MB · 420 ms');
+    // the project's newest (any notebook, or a files backup) is named apart from each notebook's own, the widget's
+    expect(document.querySelector('.jp-SpotWarp-last')?.previousElementSibling?.textContent).toBe(
+      "Project's newest snapshot"
+    );
+    expect(screen.getByText("Kernels: each notebook's last snapshot")).toBeTruthy();
+    expect(document.querySelector('.jp-SpotWarp-kernels li')?.textContent).toBe('train.ipynb: a1b2c3d4');
+  });
+
+  it('says a kernel running a cell is busy, not gone', () => {
+    const status = new FakeServer().status();
+    status.kernels = [{ ...status.kernels[0], last_snapshot: 'a1b2c3d4', execution_state: 'busy' }];
+    render(<StatusView status={status} error={null} />);
+    expect(document.querySelector('.jp-SpotWarp-kernels li')?.textContent).toBe(
+      'train.ipynb: a1b2c3d4 · busy: running a cell (it answers once the cell ends)'
+    );
     // what watches this host first; watchers of other clouds (diagnostics) behind a closed disclosure
     const watchers = [...document.querySelectorAll('.jp-SpotWarp-watcher')];
     expect(watchers.map(w => w.className)).toEqual([
@@ -116,6 +131,21 @@ describe('StatusView, EventsView, ServerNotice', () => {
     expect(items[1]).toMatch(/spot-b lost \(sigterm\) · not resumed yet$/);
   });
 
+  it('counts a loss without notice that a resume found, saying so', () => {
+    const lost = preemption({
+      time: '2026-12-02T11:00:00.000Z',
+      with_notice: false,
+      notice: null,
+      source: null,
+      final_snapshot: null,
+      resume_s: 8
+    });
+    render(<EventsView report={{ ...emptyReport(), preemptions: 1, preemptions_survived: 1, events: [lost] }} />);
+    expect(document.body.textContent).not.toContain('No preemptions recorded yet');
+    const item = document.querySelector('.jp-SpotWarp-eventlist li')?.textContent ?? '';
+    expect(item).toMatch(/spot-a lost without notice \(found when a new host resumed\) · resumed on spot-b in 8\.0 s/);
+  });
+
   it('says when no preemption is recorded, counting non-fatal notices', () => {
     render(<EventsView report={{ ...emptyReport(), warnings: 2 }} />);
     expect(document.body.textContent).toContain('No preemptions recorded yet (2 non-fatal notices).');
@@ -139,7 +169,8 @@ describe('ResumeView', () => {
     positions: { train: 5 },
     start_to_running_s: 4.2,
     steps_redone: 12,
-    steps_redone_how: 'estimated'
+    steps_redone_how: 'estimated',
+    steps_redone_upper_bound: false
   };
 
   it('says where a re-run notebook resumed from, steps redone and seconds to running again', () => {
@@ -149,6 +180,9 @@ describe('ResumeView', () => {
     );
     expect(describeResume(rerun(), [{ ...row, steps_redone: null, steps_redone_how: 'unknown: no rate' }])).toContain(
       "loop 'train' · steps redone unknown · running again 4.2 s after start"
+    );
+    expect(describeResume(rerun(), [{ ...row, steps_redone_upper_bound: true }])).toContain(
+      "loop 'train' · at most 12 steps redone · running again"
     );
     expect(describeResume(rerun({ state: 'finished' }), [])).toBe(
       "train.ipynb: resumed on this host from snapshot k7m2qx9a at step 5 of loop 'train' · running again 4.2 s after start · the cell has finished"

@@ -17,14 +17,19 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ..errors import SpotWarpError
 from ..hashing import fingerprint
+from ..manifests.files_record import chunk_ids
 from ..storage import CHUNK_SIZE, Store
 from .ignore import IgnoreRules
 from .restore import is_valid_entry
+from .temporaries import MARK as _MARK
 from .temporaries import is_temporary
+
+if TYPE_CHECKING:
+    from .cut import Cut
 
 __all__ = [
     "BATCH_BYTES",
@@ -41,45 +46,94 @@ __all__ = [
 ]
 
 
-@dataclass
-class Seen:
-    """One file or symbolic link the scan found: its workspace path, its path on disk, its stat."""
+class Seen(NamedTuple):
+    """One file or symbolic link the scan found: its workspace path, its path on disk, its stat (a tuple: a scan
+    makes one per file at a cut's instant, and `tuple.__new__` makes it without a Python call)."""
 
     relpath: str
     abspath: str
     st: os.stat_result
 
 
-def scan(root: str, rules: IgnoreRules, skipped: dict[str, str]) -> Iterator[Seen]:
-    """Every file and symlink under `root` that the rules keep, sorted, without following links."""
+_seen = tuple.__new__
+_ROOT_FLAGS = os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0)
+_DIR_FLAGS = _ROOT_FLAGS | getattr(os, "O_NOFOLLOW", 0)  # a folder the scan found: never through a link
+_IFMT, _IFDIR, _IFREG, _IFLNK = 0o170000, stat.S_IFDIR, stat.S_IFREG, stat.S_IFLNK
+
+
+def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[str, Any] | None = None,
+         clean: dict[str, dict[str, Any]] | None = None) -> list[Seen]:
+    """Every file and symlink under `root` that the rules keep, sorted (a folder's files, then each of its
+    subfolders in turn), without following links. With `clean`, the previous entries of the stat-clean files
+    (`_reusable`'s answer against the files record `previous`) go into it in the same pass: at a cut's instant
+    every entry of a large workspace costs its stat and little more."""
+    found: list[Seen] = []
+    keep = found.append
     stack = [""]
+    ignored = rules.ignored
+    answers, excluded = rules.file_answers() or ({}, None)
+    keys, before = ({}, 0) if clean is None else _clean_against(previous)
     while stack:
         reldir = stack.pop()
         absdir = os.path.join(root, reldir) if reldir else root
-        try:
-            with os.scandir(absdir) as it:
-                entries = sorted(it, key=lambda e: e.name)
-        except OSError as exc:
-            skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+        listed = _open_folder(absdir, reldir, skipped)
+        if listed is None:
             continue
-        subdirs = []
-        for entry in entries:
-            rel = f"{reldir}/{entry.name}" if reldir else entry.name
-            if is_temporary(entry.name):
-                continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
-            try:
-                st = entry.stat(follow_symlinks=False)
-            except OSError:
-                continue  # vanished since listing
-            if stat.S_ISDIR(st.st_mode):
-                if not rules.ignored(rel, True, entry.path):
-                    subdirs.append(rel)
-            elif stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode):
-                if not rules.ignored(rel, False, entry.path):
-                    yield Seen(rel, entry.path, st)
-            elif not rules.ignored(rel, False, entry.path):
-                skipped[rel] = "not a regular file (device, socket or pipe)"
+        fd, names = listed
+        try:
+            subdirs = []
+            prefix = f"{reldir}/" if reldir else ""
+            absprefix = os.path.join(absdir, "")
+            for name in names:
+                if _MARK in name and is_temporary(name):
+                    continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
+                try:
+                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                except OSError:
+                    continue  # vanished since listing
+                rel = prefix + name
+                kind = st.st_mode & _IFMT
+                if kind == _IFREG:
+                    left_out = answers.get(rel) if excluded is not None and st.st_ino not in excluded else None
+                    if left_out is None:
+                        left_out = ignored(rel, False, absprefix + name, st)
+                    if not left_out:
+                        keep(_seen(Seen, (rel, absprefix + name, st)))
+                        key = keys.get(rel)
+                        if (key is not None and key[0] == (st.st_size, st.st_mtime_ns, st.st_ino)
+                                and st.st_mtime_ns < before):
+                            clean[rel] = key[1]  # type: ignore[index]
+                elif kind == _IFDIR:
+                    if not ignored(rel, True, absprefix + name, st):
+                        subdirs.append(rel)
+                elif kind == _IFLNK:
+                    if not ignored(rel, False, absprefix + name, st):
+                        keep(_seen(Seen, (rel, absprefix + name, st)))
+                elif not ignored(rel, False, absprefix + name, st):
+                    skipped[rel] = "not a regular file (device, socket or pipe)"
+        finally:
+            os.close(fd)
         stack.extend(reversed(subdirs))
+    return found
+
+
+def _open_folder(absdir: str, reldir: str, skipped: dict[str, str]) -> tuple[int, list[str]] | None:
+    """The folder open (files are then stat-ed by name within it: a shorter lookup than a whole path, and a folder
+    replaced by a link since it was seen is not followed) and its names sorted; None, noted in `skipped`, when it
+    cannot be read."""
+    try:
+        fd = os.open(absdir, _DIR_FLAGS if reldir else _ROOT_FLAGS)
+    except OSError as exc:
+        skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+        return None
+    try:
+        names = os.listdir(fd)
+    except OSError as exc:
+        os.close(fd)
+        skipped[reldir or "."] = f"cannot list: {exc.strerror or exc}"
+        return None
+    names.sort()
+    return fd, names
 
 
 def link_target(root: str, seen: Seen) -> str | None:
@@ -154,6 +208,29 @@ def read_file(seen: Seen, uploads: Uploads, chunk_size: int,
             return chunks, after, True
         st = after
     return chunks, st, False
+
+
+def read_prefix(seen: Seen, size: int, uploads: Uploads, chunk_size: int,
+                on_chunk: Callable[[int], None]) -> list[dict[str, Any]] | None:
+    """Chunk refs of the first `size` bytes of the file `seen` names (the same inode); None when it is another
+    file now or holds fewer bytes."""
+    fd = os.open(seen.abspath, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_ino != seen.st.st_ino:
+            return None
+        chunks, offset = [], 0
+        while offset < size:
+            data = os.pread(fd, min(chunk_size, size - offset), offset)
+            if not data:
+                return None
+            offset += len(data)
+            uploads.stats.bytes_read += len(data)
+            chunks.append(uploads.add(data))
+            on_chunk(len(data))
+        return chunks
+    finally:
+        os.close(fd)
 
 
 BATCH_BYTES = 256 * 1024 * 1024
@@ -253,39 +330,83 @@ class FileBackupStats:
         }
 
 
+_checked: list[tuple[Any, dict[str, Any]]] = []  # the last entries checked (each cut checks its previous's)
+
+
 def _well_formed(previous: Any) -> dict[str, Any] | None:
-    """The previous files record without what a damaged or crafted manifest could break this backup with."""
+    """The previous files record without what a damaged or crafted manifest could break this backup with.
+
+    The answers for the last few `entries` are kept (entries are never changed once committed, and an unchanged
+    workspace's manifests share them)."""
     if not isinstance(previous, dict):
         return None
-    entries = previous.get("entries")
     scanned = previous.get("scanned_at_ns")
-    return {
-        "scanned_at_ns": scanned if isinstance(scanned, int) and not isinstance(scanned, bool) else 0,
-        "entries": {p: e for p, e in entries.items() if is_valid_entry(p, e) and ("link" in e or "mode" in e)}
-        if isinstance(entries, dict) else {},
-    }
+    entries = previous.get("entries")
+    checked = next((c for e, c in _checked if e is entries), None)
+    if checked is None:
+        checked = {p: e for p, e in entries.items() if is_valid_entry(p, e) and ("link" in e or "mode" in e)} \
+            if isinstance(entries, dict) else {}
+        if isinstance(entries, dict) and len(checked) == len(entries):
+            checked = entries  # all well formed: the same object, which a cut's answers were computed against
+        _keep_checked(entries, checked)
+    return {"scanned_at_ns": scanned if isinstance(scanned, int) and not isinstance(scanned, bool) else 0,
+            "entries": checked}
+
+
+def _keep_checked(entries: Any, checked: dict[str, Any]) -> None:
+    _checked[:] = [(entries, checked), *_checked[:3]]
+
+
+def _clean_against(previous: dict[str, Any] | None) -> tuple[dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]], int]:
+    """The previous record's entries by path with their (size, mtime, inode), and the mtime a clean file is older
+    than (not written just before that record's scan, when a later write could keep the same mtime)."""
+    prev_entries = (previous or {}).get("entries") or {}
+    prev_scanned = (previous or {}).get("scanned_at_ns") or 0
+    if not isinstance(prev_entries, dict) or not isinstance(prev_scanned, int):
+        return {}, 0
+    return _stat_keys(prev_entries), prev_scanned - RACY_WINDOW_NS
 
 
 def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
-    prev_entries = (previous or {}).get("entries") or {}
-    prev_scanned = int((previous or {}).get("scanned_at_ns") or 0)
+    stats, before = _clean_against(previous)
     reuse: dict[str, dict[str, Any]] = {}
+    if not stats:
+        return reuse
     for seen in seen_all:
-        old = prev_entries.get(seen.relpath)
-        if (old and "chunks" in old and stat.S_ISREG(seen.st.st_mode) and old.get("size") == seen.st.st_size
-                and old.get("mtime_ns") == seen.st.st_mtime_ns and old.get("ino") == seen.st.st_ino
-                and seen.st.st_mtime_ns < prev_scanned - RACY_WINDOW_NS):
-            reuse[seen.relpath] = old
+        st = seen.st
+        key = stats.get(seen.relpath)
+        if (key is not None and key[0] == (st.st_size, st.st_mtime_ns, st.st_ino) and st.st_mtime_ns < before
+                and stat.S_ISREG(st.st_mode)):
+            reuse[seen.relpath] = key[1]
     return reuse
+
+
+_stat_keyed: list[tuple[Any, dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]]]] = []
+
+
+def _stat_keys(entries: dict[str, Any]) -> dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]]:
+    """relpath -> ((size, mtime, inode), entry) of the entries naming chunks; kept for the last few entries (never
+    changed once committed), so each cut compares tuples."""
+    for known, keyed in _stat_keyed:
+        if known is entries:
+            return keyed
+    keyed = {p: ((e.get("size"), e.get("mtime_ns"), e.get("ino")), e) for p, e in entries.items()
+             if isinstance(e, dict) and "chunks" in e}
+    _stat_keyed[:] = [(entries, keyed), *_stat_keyed[:2]]
+    return keyed
+
+
+_REUSED_KEYS = ("size", "mode", "mtime_ns", "ino", "chunks")
 
 
 class _Backup:
     """One backup in progress: the entry of each file seen, reused, read or skipped, and how far it has got."""
 
     def __init__(self, root: str, uploads: Uploads, reuse: dict[str, dict[str, Any]], chunk_size: int,
-                 total: int, progress: Progress | None):
+                 total: int, progress: Progress | None, held: dict[str, bytes] | None = None):
         self.root, self.uploads, self.reuse, self.chunk_size = root, uploads, reuse, chunk_size
+        self.held = held  # a cut's: the bytes read at its instant; None: files are read as they are now
         self.stats = uploads.stats
         self.total, self.done, self.progress = total, 0, progress
 
@@ -300,12 +421,13 @@ class _Backup:
             return self._link(seen)
         old = self.reuse.get(seen.relpath)
         if old is not None and all(c["id"] in self.uploads.present for c in old["chunks"]):
-            entry = {k: old[k] for k in ("size", "mode", "mtime_ns", "ino", "chunks")}
+            # the previous entry itself when it holds exactly these (records are never changed once committed)
+            entry = old if len(old) == 5 else {k: old[k] for k in _REUSED_KEYS}
             self.stats.files_reused += 1
             self.stats.objects_reused += len(old["chunks"])
             self.advance(entry["size"], seen.relpath)
         else:
-            entry = self._read(seen)
+            entry = self._read(seen) if self.held is None else self._as_at_cut(seen)
             if entry is None:
                 return None
         self.stats.files += 1
@@ -318,6 +440,39 @@ class _Backup:
             self.stats.skipped[seen.relpath] = "symbolic link to a path outside the workspace (not followed)"
             return None
         return {"link": target, "size": 0}
+
+    def _as_at_cut(self, seen: Seen) -> dict[str, Any] | None:
+        """The entry of a file as it was at the cut's instant: held bytes, the same file, the part of it that existed
+        then (it was appended to since), or, replaced or shrunk since, as it is now and marked unstable."""
+        data = self.held.get(seen.relpath) if self.held is not None else None
+        if data is not None:
+            chunks = [self.uploads.add(data[i:i + self.chunk_size]) for i in range(0, len(data), self.chunk_size)]
+            self.stats.bytes_read += len(data)
+            self.advance(len(data), seen.relpath)
+            self.stats.files_read += 1
+            return {"size": len(data), "mode": stat.S_IMODE(seen.st.st_mode), "mtime_ns": seen.st.st_mtime_ns,
+                    "ino": seen.st.st_ino, "chunks": chunks}
+        try:
+            now = os.stat(seen.abspath, follow_symlinks=False)
+        except OSError:
+            return None  # deleted since the instant: its content then is nowhere to read
+        if _same_stat(now, seen.st):
+            return self._read(seen)
+        if stat.S_ISREG(now.st_mode) and now.st_ino == seen.st.st_ino and now.st_size >= seen.st.st_size:
+            try:
+                chunks = read_prefix(seen, seen.st.st_size, self.uploads, self.chunk_size,
+                                     lambda n, rel=seen.relpath: self.advance(n, rel))
+            except OSError:
+                chunks = None
+            if chunks is not None:
+                self.stats.files_read += 1
+                return {"size": seen.st.st_size, "mode": stat.S_IMODE(seen.st.st_mode),
+                        "mtime_ns": seen.st.st_mtime_ns, "ino": seen.st.st_ino, "chunks": chunks}
+        entry = self._read(Seen(seen.relpath, seen.abspath, now))
+        if entry is not None and not entry.get("unstable"):
+            entry["unstable"] = True
+            self.stats.unstable.append(seen.relpath)
+        return entry
 
     def _read(self, seen: Seen) -> dict[str, Any] | None:
         try:
@@ -348,27 +503,56 @@ def backup_workspace(
     rules: IgnoreRules | None = None,
     chunk_size: int = CHUNK_SIZE,
     progress: Progress | None = None,
+    cut: Cut | None = None,
+    previous_listed: bool = False,
 ) -> tuple[dict[str, Any], dict[str, int], FileBackupStats]:
-    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks."""
-    root = os.path.realpath(root)
-    if not os.path.isdir(root):
-        raise SpotWarpError(f"workspace {root} is not a folder")
-    rules = rules or IgnoreRules.for_workspace(root)
+    """Back up `root`: (the manifest's `files` record, objects it names, stats). Writes only new chunks.
+
+    `cut`: the workspace as `take_cut` saw it at a kernel snapshot's instant; the files are stored as they were
+    then (cut.py), not as they are now. `previous_listed`: `previous` belongs to a manifest listed under the
+    write lock this backup holds, whose objects no gc deletes (engine/prune.py): they are not asked for again."""
     previous = _well_formed(previous)
     stats = FileBackupStats()
-    scanned_at = time.time_ns()
-    seen_all = list(scan(root, rules, stats.skipped))
+    if cut is not None:
+        root, scanned_at, seen_all = cut.root, cut.scanned_at_ns, cut.seen
+        stats.skipped.update(cut.skipped)
+    else:
+        root = os.path.realpath(root)
+        if not os.path.isdir(root):
+            raise SpotWarpError(f"workspace {root} is not a folder")
+        rules = rules or IgnoreRules.for_workspace(root)
+        scanned_at = time.time_ns()
+        seen_all = scan(root, rules, stats.skipped)
     # stat-clean files are named again without reading, if their chunks are still stored
-    reuse = _reusable(seen_all, previous)
-    present = store.present({c["id"] for e in reuse.values() for c in e["chunks"]})  # a gc may have dropped some
-    uploads = Uploads(store, known_chunks(previous), stats, present)
+    if cut is not None and previous is not None and cut.clean_against == (id(previous["entries"]), previous["scanned_at_ns"]) \
+            and cut.previous_entries is previous["entries"]:
+        reuse = cut.clean  # the cut's answer against these very entries
+    else:
+        reuse = _reusable(seen_all, previous)
+    # every file stat-clean: the entries are the previous ones, whose chunk ids are known already
+    whole = previous is not None and len(reuse) == len(seen_all) == len(previous["entries"])
+    reused = set(chunk_ids(previous["entries"])) if whole else {c["id"] for e in reuse.values() for c in e["chunks"]}
+    present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
     total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    backup = _Backup(root, uploads, reuse, chunk_size, total, progress)
-    entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
-    uploads.flush()
-    objects = {c["id"]: c["size"] for e in entries.values() for c in e.get("chunks", [])}
+    if len(reuse) == len(seen_all) and len(present) == len(reused) and all(len(e) == 5 for e in reuse.values()):
+        # nothing changed: the previous entries themselves, each file having cost its stat
+        entries = previous["entries"] if whole else reuse
+        stats.files = stats.files_reused = len(entries)
+        stats.objects_reused = sum(len(e["chunks"]) for e in entries.values())
+        stats.bytes_total = total
+        if progress is not None and seen_all:
+            progress(total, total, seen_all[-1].relpath)
+    else:
+        uploads = Uploads(store, known_chunks(previous), stats, present)
+        backup = _Backup(root, uploads, reuse, chunk_size, total, progress, None if cut is None else cut.held)
+        entries = {seen.relpath: entry for seen in seen_all if (entry := backup.entry(seen)) is not None}
+        uploads.flush()
+    objects = dict(chunk_ids(entries))
     files = {"scanned_at_ns": scanned_at, "chunk_size": chunk_size, "entries": entries,
              "skipped": stats.skipped, "unstable": stats.unstable}
+    # well formed as built (from checked entries and files read here): the next backup in this process need not
+    # check it again
+    _keep_checked(entries, entries)
     return files, objects, stats
 
 

@@ -78,6 +78,9 @@ DEFAULT_PATTERNS = (
 )
 
 
+MEMO_SIZE = 1_000_000  # answers kept per rules object (a path's answer costs a few dozen regex matches)
+
+
 class IgnoreRules:
     """gitignore-style rules for one workspace, plus absolute paths (such as a local store) never backed up."""
 
@@ -88,6 +91,16 @@ class IgnoreRules:
         except Exception as exc:  # noqa: BLE001 - pathspec raises several types for a bad pattern
             raise ConfigError(f"{IGNORE_FILE}: bad pattern: {exc}") from None
         self.excluded = {os.path.realpath(p) for p in excluded_paths if p}
+        self._excluded_ids: set[tuple[int, int]] | None = set()
+        for path in self.excluded:
+            try:
+                st = os.stat(path)
+            except OSError:
+                self._excluded_ids = None  # not there yet: compared by resolved path
+                break
+            self._excluded_ids.add((st.st_dev, st.st_ino))
+        # the pattern part's answers, for folders and for files (the rules never change)
+        self._memos: tuple[dict[str, bool], dict[str, bool]] = ({}, {})
 
     @classmethod
     def for_workspace(cls, root: str, excluded_paths: list[str] | tuple[str, ...] = ()) -> "IgnoreRules":
@@ -101,8 +114,28 @@ class IgnoreRules:
                 raise ConfigError(f"cannot read {path}: {exc}") from None
         return cls(lines, excluded_paths)
 
-    def ignored(self, relpath: str, is_dir: bool, abspath: str | None = None) -> bool:
-        """True when `relpath` (posix, relative to the workspace) is left out."""
-        if abspath is not None and self.excluded and os.path.realpath(abspath) in self.excluded:
-            return True
-        return self.spec.match_file(relpath + "/" if is_dir else relpath)
+    def file_answers(self) -> tuple[dict[str, bool], frozenset[int]] | None:
+        """The answers `ignored` has given for files, by path, and the inodes of the excluded paths: a file whose
+        inode is not among them is left out exactly when its answer says so. A scan looks a file up there before
+        calling `ignored`, once per file at a cut's instant. None when excluded paths are found by resolved path."""
+        if self._excluded_ids is None:
+            return None
+        return self._memos[False], frozenset(ino for _dev, ino in self._excluded_ids)
+
+    def ignored(self, relpath: str, is_dir: bool, abspath: str | None = None, st: os.stat_result | None = None) -> bool:
+        """True when `relpath` (posix, relative to the workspace) is left out (`st`: its stat, when known, which
+        finds an excluded path without resolving every path)."""
+        if abspath is not None and self.excluded:
+            if st is not None and self._excluded_ids is not None:
+                if (st.st_dev, st.st_ino) in self._excluded_ids:
+                    return True
+            elif os.path.realpath(abspath) in self.excluded:
+                return True
+        memo = self._memos[is_dir]
+        answer = memo.get(relpath)
+        if answer is None:
+            answer = self.spec.match_file(relpath + "/" if is_dir else relpath)
+            if len(memo) >= MEMO_SIZE:
+                memo.clear()
+            memo[relpath] = answer
+        return answer

@@ -31,7 +31,7 @@ _NO_LOCKS = {errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL, errno.E
 
 def is_temporary(name: str) -> bool:
     """True when `name` (a file name, no folder) is a restore's temporary, this version's or an earlier one's."""
-    return bool(_NAME.fullmatch(name) or _EARLIER_NAME.fullmatch(name))
+    return MARK in name and bool(_NAME.fullmatch(name) or _EARLIER_NAME.fullmatch(name))
 
 
 def new_name() -> str:

@@ -10,6 +10,7 @@ from .events import (
     HOST_LOST,
     KERNEL_RESUMED,
     NOTICE_SEEN,
+    PREEMPTION_DETECTED,
     PROMOTED,
     RACE_STARTED,
     TRAINING_RESUMED,
@@ -17,10 +18,10 @@ from .events import (
     Journal,
     restoring,
 )
-from .report import capture_time, failover_rows, report, resume_rows
+from .report import capture_time, failover_rows, loss_without_notice, report, resume_rows
 
 __all__ = [
     "CANDIDATE_READY", "capture_time", "Event", "FAILOVER_FINISHED", "failover_rows", "FINAL_SNAPSHOT_COMMITTED",
-    "HOST_LOST", "Journal", "KERNEL_RESUMED", "NOTICE_SEEN", "PROMOTED", "RACE_STARTED", "report", "restoring",
+    "HOST_LOST", "Journal", "KERNEL_RESUMED", "loss_without_notice", "NOTICE_SEEN", "PREEMPTION_DETECTED", "PROMOTED", "RACE_STARTED", "report", "restoring",
     "resume_rows", "TRAINING_RESUMED",
 ]

@@ -32,6 +32,8 @@ RESTORE_STARTED = "restore_started"
 RESTORE_FINISHED = "restore_finished"
 TRAINING_RESUMED = "training_resumed"
 KERNEL_RESUMED = "kernel_resumed"  # a new host's server re-ran an interrupted cell by itself (docs/resume.md)
+# a new host resumed from a host that stopped with no fatal notice recorded (a SIGKILL, a host lost): a preemption
+PREEMPTION_DETECTED = "preemption_detected"
 # failover (written by the orchestrator, `spotwarp launch`; see docs/failover.md)
 HOST_LOST = "host_lost"
 RACE_STARTED = "race_started"
@@ -39,7 +41,7 @@ CANDIDATE_READY = "candidate_ready"
 PROMOTED = "promoted"
 FAILOVER_FINISHED = "failover_finished"
 EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED, KERNEL_RESUMED,
-          HOST_LOST, RACE_STARTED, CANDIDATE_READY, PROMOTED, FAILOVER_FINISHED)
+          PREEMPTION_DETECTED, HOST_LOST, RACE_STARTED, CANDIDATE_READY, PROMOTED, FAILOVER_FINISHED)
 EVENTS_DIR = "events"
 _REFUSED: set[tuple[str, str]] = set()  # (events folder, name) of events refused in this process: read and said once
 

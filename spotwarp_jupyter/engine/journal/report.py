@@ -15,11 +15,15 @@ from .events import (
     HOST_LOST,
     KERNEL_RESUMED,
     NOTICE_SEEN,
+    PREEMPTION_DETECTED,
     RESTORE_FINISHED,
     RESTORE_STARTED,
     TRAINING_RESUMED,
     Event,
+    _iso,
 )
+
+RECOVERIES = (RESTORE_STARTED, KERNEL_RESUMED, PREEMPTION_DETECTED)  # each begins a new host's run of a project
 
 
 def capture_time(manifests: Sequence[Manifest], snapshot_id: str | None, notebook: str | None) -> float | None:
@@ -90,34 +94,87 @@ def _totals(rows: list[dict[str, Any]], events: Sequence[Event]) -> dict[str, An
     }
 
 
+def loss_without_notice(events: Sequence[Event], started_at: float, lost_run_began: float | None = None) -> bool:
+    """Whether the host a new host resumes from stopped with neither a fatal notice nor a final snapshot recorded
+    (a SIGKILL, a lost machine).
+
+    A fatal notice ends its host's run, and a final snapshot (a notice's, or one `spotwarp launch --replace` asked
+    for) precedes a planned end, so one recorded since that run began (the newest restore, resume or detected loss
+    before `started_at`, this host's start, or `lost_run_began` when its heartbeat says) was that host's; none means
+    the loss came without one."""
+    began = max((e.time for e in events if e.event in RECOVERIES and e.time < started_at),
+                default=float("-inf"))
+    if lost_run_began is not None:
+        began = max(began, lost_run_began)
+    return not any(e.time > began and (e.event == FINAL_SNAPSHOT_COMMITTED
+                                       or (e.event == NOTICE_SEEN and e.details.get("fatal", True))) for e in events)
+
+
+def _lost_at(event: Event) -> float | None:
+    value = event.details.get("lost_at")
+    return float(value) if isinstance(value, (int, float)) else None
+
+
+def _losses(events: Sequence[Event]) -> list[tuple[float, Event, Event | None]]:
+    """Every preemption, by when it happened: (time, its notice or detection, the final snapshot on notice)."""
+    noticed = [(n.time, n, final) for n, final in _first_fatal_notice_per_run(events)]
+    detected = [(_lost_at(e) or e.time, e, None) for e in events if e.event == PREEMPTION_DETECTED]
+    return sorted(noticed + detected, key=lambda loss: loss[0])
+
+
+def _detected_recovery(loss: Event, events: Sequence[Event], until: float) -> tuple[Event | None, Event | None]:
+    """The restore that began the resume which detected `loss` (on the detecting host, before it), and the first
+    sign of the training running again after that restore."""
+    start = next((r for r in reversed(events) if r.event == RESTORE_STARTED and r.host == loss.host
+                  and r.time <= loss.time), None)
+    since = start.time if start is not None else loss.time
+    running = next((e for e in events if e.event in (TRAINING_RESUMED, KERNEL_RESUMED) and since <= e.time < until),
+                   None)
+    finished = next((e for e in events if e.event == RESTORE_FINISHED and start is not None and e.host == start.host
+                     and since <= e.time < until and e.details.get("ok", True)), None)
+    return start, running or finished or loss
+
+
 def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, Any]:
-    """Per project: preemptions survived, work lost per event, time to resume, compute saved (see docs/preemption.md)."""
+    """Per project: preemptions survived (with a notice, or without one as a resume detected it), work lost per
+    event, time to resume, compute saved (see docs/preemption.md)."""
     events = sorted(events, key=lambda e: e.time)
-    preemptions = _first_fatal_notice_per_run(events)
+    losses = _losses(events)
     restores = [e for e in events if e.event == RESTORE_STARTED]
     rows: list[dict[str, Any]] = []
     embodied = 0.0  # compute held by the restored state: what restarting from scratch would have to redo
     work_since = _work_origin(manifests)  # when the current run's work started
     used: set[int] = set()
-    for index, (notice, final) in enumerate(preemptions):
-        next_notice = preemptions[index + 1][0].time if index + 1 < len(preemptions) else float("inf")
-        start, finished, resumed = _recovery(notice, next_notice, restores, used, events)
-        restored_id = (resumed.snapshot if resumed and resumed.snapshot else None) or (start.snapshot if start else None)
-        captured = capture_time(manifests, restored_id, resumed.notebook if resumed else None)
-        alive_until = final.time if final is not None else notice.time
-        running_again = resumed or finished
+    for index, (when, notice, final) in enumerate(losses):
+        next_loss = losses[index + 1][0] if index + 1 < len(losses) else float("inf")
+        if notice.event == PREEMPTION_DETECTED:
+            start, running_again = _detected_recovery(notice, events, next_loss)
+            restored_id, notebook = notice.snapshot, notice.notebook
+            lost_at = _lost_at(notice)
+            host = str(notice.details.get("lost_host") or "?")
+            resumed = running_again if running_again is not None and running_again.event == TRAINING_RESUMED else None
+        else:
+            start, finished, resumed = _recovery(notice, next_loss, restores, used, events)
+            restored_id = (resumed.snapshot if resumed and resumed.snapshot else None) or (start.snapshot if start else None)
+            notebook = resumed.notebook if resumed else None
+            lost_at = final.time if final is not None else notice.time
+            host = notice.host
+            running_again = resumed or finished
+        captured = capture_time(manifests, restored_id, notebook)
         saved = None
         if running_again is not None and captured is not None and work_since is not None:
             embodied += max(0.0, captured - work_since)
             saved = round(embodied, 3)
             work_since = running_again.time
         rows.append({
-            "notice": notice.as_dict()["time"], "host": notice.host, "source": notice.details.get("source"),
+            "time": _iso(when), "with_notice": notice.event == NOTICE_SEEN,
+            "notice": notice.as_dict()["time"] if notice.event == NOTICE_SEEN else None, "host": host,
+            "source": notice.details.get("source") if notice.event == NOTICE_SEEN else None,
             "final_snapshot": final.snapshot if final else None,
             "notice_to_final_s": final.details.get("notice_to_commit_s") if final else None,
             "restored_snapshot": restored_id, "restored_on": start.host if start else (resumed.host if resumed else None),
             "survived": running_again is not None,
-            "work_lost_s": None if captured is None else round(max(0.0, alive_until - captured), 3),
+            "work_lost_s": None if captured is None or lost_at is None else round(max(0.0, lost_at - captured), 3),
             "resume_s": round(running_again.time - start.time, 3) if running_again and start else None,
             "compute_saved_s": saved,
             "resumed_at_step": resumed.details.get("position") if resumed else None,
@@ -154,7 +211,7 @@ def resume_rows(events: Sequence[Event], manifests: Sequence[Manifest] = ()) -> 
         rows.append({"time": e.as_dict()["time"], "host": e.host, "notebook": e.notebook, "snapshot": e.snapshot,
                      "cell": e.details.get("cell"), "positions": dict(e.details.get("positions") or {}),
                      "start_to_running_s": e.details.get("start_to_running_s"), "steps_redone": redone,
-                     "steps_redone_how": how})
+                     "steps_redone_how": how, "steps_redone_upper_bound": "(an upper bound)" in how})
     return rows
 
 
@@ -163,8 +220,9 @@ def steps_redone(resumed: Event, events: Sequence[Event], manifests: Sequence[Ma
 
     Nothing records the lost host's last step, so it is estimated: its step rate over its newest snapshots taken at
     a loop's step (since an inner loop last started over; the loop that moved most), times the seconds from the
-    snapshot's capture to its last sign of life (the `host_lost` event's last heartbeat change), or, without one, to the start of the host that
-    resumed (so at most that). None when the rate or the snapshot is not known."""
+    snapshot's capture to the host's end. That end is the commit of its final snapshot on notice (its kernels stop
+    there), else its last sign of life (a `host_lost` or `preemption_detected` event's last heartbeat), else the
+    start of the host that resumed: an upper bound, said so. None when the rate or the snapshot is not known."""
     captured = capture_time(manifests, resumed.snapshot, resumed.notebook)
     if captured is None:
         return None, "unknown: the snapshot it continued from is not in the listing"
@@ -174,10 +232,17 @@ def steps_redone(resumed: Event, events: Sequence[Event], manifests: Sequence[Ma
         return None, "unknown: fewer than two snapshots at a loop's step before it (no step rate)"
     loop, per_s = rate
     started = resumed.time - float(resumed.details.get("start_to_running_s") or 0.0)
+    finals = [e.time for e in events if e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True)
+              and captured <= e.time <= started]
     # the loss recorded after the capture (its last heartbeat change may come before it: then nothing was redone)
-    lost = [max(captured, float(e.details["lost_at"])) for e in events if e.event == HOST_LOST
-            and isinstance(e.details.get("lost_at"), (int, float)) and captured <= e.time <= resumed.time]
-    end, until = (lost[-1], "its last heartbeat") if lost else (started, "the resuming host's start (an upper bound)")
+    lost = [max(captured, lost_at) for e in events if e.event in (HOST_LOST, PREEMPTION_DETECTED)
+            and (lost_at := _lost_at(e)) is not None and captured <= e.time <= resumed.time]
+    if finals:
+        end, until = finals[0], "the final snapshot's commit on notice (its kernels stopped there)"
+    elif lost:
+        end, until = lost[-1], "its last heartbeat"
+    else:
+        end, until = started, "the resuming host's start (an upper bound)"
     steps = max(0, round(per_s * (end - captured)))
     return steps, (f"estimated: {per_s:.2f} steps/s of loop {loop!r} x {max(0.0, end - captured):.1f} s from the "
                    f"snapshot to {until}")

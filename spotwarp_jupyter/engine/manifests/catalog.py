@@ -13,6 +13,7 @@ from typing import Any, Callable
 from ..errors import ManifestError, SnapshotNotFound
 from ..settings import Settings
 from ..storage import Store
+from .files_record import resolve
 from .manifest import Manifest
 
 log = logging.getLogger("spotwarp")
@@ -72,6 +73,7 @@ class ManifestCatalog:
         try:
             manifest = Manifest.from_bytes(self.store.read_manifest(name), name, self.key,
                                            require_signature=bool(self.key), scope=self.scope)
+            manifest.files = resolve(self.store, manifest.files, manifest.objects, name)
         except FileNotFoundError:
             return None  # dropped by a concurrent gc
         except ManifestError as exc:

@@ -13,9 +13,13 @@ from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound
 from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
+from .files_record import stored_form
 from .scope import check_scope
 
-FORMAT = 1
+FORMAT = 1  # files inline
+FORMAT_FILES_RECORD = 2  # files' entries in an object the manifest names (files_record.py): a reader knowing
+# only format 1 refuses it rather than seeing a snapshot without files
+FORMATS = (FORMAT, FORMAT_FILES_RECORD)
 _ID_ALPHABET = "abcdefghijkmnpqrstuvwxyz23456789"
 
 
@@ -47,7 +51,24 @@ def trust_warning(key: bytes | None) -> str | None:
 def _canonical(body: dict[str, Any]) -> bytes:
     # a file name that is not UTF-8 arrives as lone surrogates (os.fsdecode): "surrogatepass" gives them bytes
     # of their own; every other string encodes exactly as plain UTF-8, so existing checksums still hold
-    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+    return _canonical_text(body).encode("utf-8", "surrogatepass")
+
+
+def _canonical_text(body: dict[str, Any]) -> str:
+    return json.dumps(body, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+INDENTED_BELOW = 256 * 1024  # a larger manifest (a workspace of many files) is stored as its compact canonical
+# text: indenting runs json's pure-Python encoder, 30x slower than the compact one on a 10,000-file manifest
+
+
+def _plain_utf8(text: str) -> bool:
+    """No lone surrogates (a file name that is not UTF-8), which the stored document writes as \\u escapes."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
 
 
 def _document(doc: dict[str, Any]) -> bytes:
@@ -104,8 +125,9 @@ class Manifest:
         return sum(self.objects.values())
 
     def body(self) -> dict[str, Any]:
+        files, objects = stored_form(self.files, self.objects)
         body = {
-            "format": FORMAT,
+            "format": FORMAT_FILES_RECORD if files is not self.files else FORMAT,
             "id": self.id,
             "project": self.project,
             "created": self.created_iso,
@@ -115,10 +137,10 @@ class Manifest:
             "message": self.message,
             "parent": self.parent,
             "kernels": self.kernels,
-            "files": self.files,
+            "files": files,
             "env": self.env,
             "stats": self.stats,
-            "objects": self.objects,
+            "objects": objects,
             **({"generation": self.generation} if self.generation else {}),
             **({"holder": self.holder} if self.holder else {}),
             **({"requests": list(self.requests)} if self.requests else {}),
@@ -130,13 +152,16 @@ class Manifest:
     def to_bytes(self, key: bytes | None = None) -> bytes:
         """Serialized manifest with a checksum (catches truncation) and, with a key, an HMAC."""
         body = self.body()
-        payload = _canonical(body)
-        doc = dict(body)
-        doc["checksum"] = hashlib.sha256(payload).hexdigest()
+        text = _canonical_text(body)
+        payload = text.encode("utf-8", "surrogatepass")
+        seals = {"checksum": hashlib.sha256(payload).hexdigest()}
         if key:
-            doc["signature"] = hmac.new(key, payload, hashlib.sha256).hexdigest()
-            doc["key_id"] = key_id(key)
-        return _document(doc)
+            seals["signature"] = hmac.new(key, payload, hashlib.sha256).hexdigest()
+            seals["key_id"] = key_id(key)
+        if len(text) >= INDENTED_BELOW and _plain_utf8(text):
+            # large (a workspace of many files): the canonical text itself, the seals put in front, one encoding
+            return json.dumps(seals, sort_keys=True)[:-1].encode() + b"," + payload[1:]
+        return _document({**body, **seals})
 
     @classmethod
     def from_bytes(cls, data: bytes, name: str = "?", key: bytes | None = None, require_signature: bool = False,
@@ -197,7 +222,7 @@ def _parse(data: bytes, name: str) -> dict[str, Any]:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
         raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT:
+    if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
         raise ManifestError(f"snapshot manifest {name} has an unknown format")
     return doc
 

@@ -483,6 +483,18 @@ class Store:
         if hasher.hexdigest() != oid:
             raise DamagedObjectError(oid, "content does not match its hash")
 
+    def entries(self, folder: str = "") -> set[str]:
+        """The names directly under `folder` of the storage URL ("" is the URL itself, where each project has
+        its folder), files and folders alike; empty when nothing is there. Reads only: creates nothing."""
+        path = posixpath.join(self.base, folder) if folder else self.base
+        self.fs.invalidate_cache(path)
+        try:
+            listing = self._call("listing the storage", self.fs.ls, path, detail=False)
+        except (FileNotFoundError, NotADirectoryError):
+            return set()
+        names = {posixpath.basename(str(n).rstrip("/")) for n in listing}
+        return {n for n in names if n and TMP_MARK not in n}
+
     def list_objects_with_times(self) -> dict[str, tuple[int, float | None]]:
         """Every stored object id with its size and modification time (epoch seconds, if known)."""
         out: dict[str, tuple[int, float | None]] = {}

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 from ...engine import Manifest, SpotWarpError
 from ...engine.journal import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
 from ...protocol import NOTICE_REQUEST, NoticeAnswer, NoticeRequest, ProtocolError, answers_request
+from ..kernel_link import spotwarp_loaded
 from .base import Notice
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeo
         km = kernel_manager.get_kernel(kernel_id)
     except KeyError:
         return "no such kernel"
+    if not await spotwarp_loaded(kernel_manager, kernel_id):
+        # a kernel without SpotWarp would log an ERROR for a control message it does not know
+        return "SpotWarp is not loaded in this kernel"
     client = km.client()
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
