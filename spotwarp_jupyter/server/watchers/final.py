@@ -16,13 +16,12 @@ import asyncio
 import logging
 import secrets
 import time
-from queue import Empty
 from typing import TYPE_CHECKING, Any
 
 from ...engine import Manifest, SpotWarpError
 from ...engine.journal import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
 from ...protocol import NOTICE_REQUEST, NoticeAnswer, NoticeRequest, ProtocolError, answers_request
-from ..kernel_link import spotwarp_loaded
+from ..kernel_link import KernelUnavailable, ask_control, spotwarp_loaded
 from .base import Notice
 
 if TYPE_CHECKING:
@@ -36,35 +35,18 @@ POLL_S = 0.1
 async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeout: float,
                                       notice: NoticeRequest) -> NoticeAnswer | str:
     """Ask one kernel over its control channel to snapshot at its next safe point; its answer, or why none came."""
-    try:
-        km = kernel_manager.get_kernel(kernel_id)
-    except KeyError:
-        return "no such kernel"
     if not await spotwarp_loaded(kernel_manager, kernel_id):
         # a kernel without SpotWarp would log an ERROR for a control message it does not know
         return "SpotWarp is not loaded in this kernel"
-    client = km.client()
-    client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
-        msg = client.session.msg(NOTICE_REQUEST, notice.to_message())
-        client.control_channel.send(msg)
-        deadline = time.monotonic() + timeout
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                return f"no answer within {timeout:g} s (SpotWarp not loaded in this kernel?)"
-            try:
-                reply = await client.control_channel.get_msg(timeout=remaining)
-            except Empty:
-                continue
-            if reply.get("parent_header", {}).get("msg_id") == msg["header"]["msg_id"]:
-                try:
-                    answer = NoticeAnswer.from_message(reply.get("content"), notice)
-                except ProtocolError as exc:
-                    return f"unreadable answer: {exc}"
-                return answer if answer.ok else str(answer.error)
-    finally:
-        client.stop_channels()
+        content = await ask_control(kernel_manager, kernel_id, NOTICE_REQUEST, notice.to_message(), timeout)
+    except KernelUnavailable as exc:
+        return str(exc)
+    try:
+        answer = NoticeAnswer.from_message(content, notice)
+    except ProtocolError as exc:
+        return f"unreadable answer: {exc}"
+    return answer if answer.ok else str(answer.error)
 
 
 def _preemption_snapshot(manifests: list[Manifest], notebook: str, request_id: str) -> Manifest | None:
