@@ -12,12 +12,11 @@ and the cell's outputs then hold every step exactly once.
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from lab_server import LabServer, host_env
-from new_hosts import kernel_manifests, kill_host, notebook, resume_entry, wait_for
+from lab_server import LabServer
+from new_hosts import kernel_manifests, kill_host, new_user_host, notebook, resume_entry, wait_for
 
 pytestmark = pytest.mark.slow  # two real servers, one killed with its kernel
 
@@ -33,17 +32,6 @@ print("done")
 EVERY_STEP = "".join(f"step {i}\n" for i in range(1, STEPS + 1))
 
 
-def start(tmp_path, name: str, store: str, **env: str) -> LabServer:
-    """`spotwarp start` with nothing configured but the project: the default file backup interval."""
-    home = tmp_path / f"home-{name}"
-    home.mkdir()
-    server = LabServer(tmp_path / f"ws-{name}", store, "proj",
-                       host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **env),
-                       tmp_path / f"{name}.log")
-    server.wait_ready()
-    return server
-
-
 @pytest.fixture
 def hosts():
     started: list[LabServer] = []
@@ -54,7 +42,7 @@ def hosts():
 
 def test_a_loss_before_any_file_backup_resumes_with_files_of_the_restored_step(tmp_path, hosts):
     store = str(tmp_path / "store")
-    a = start(tmp_path, "a", store, STEP_PAUSE="0.1")
+    a = new_user_host(tmp_path, "a", store, STEP_PAUSE="0.1")
     hosts.append(a)
     (a.workspace / "train.ipynb").write_text(json.dumps(notebook([])))
     nb = a.open_notebook("train.ipynb")
@@ -70,7 +58,7 @@ def test_a_loss_before_any_file_backup_resumes_with_files_of_the_restored_step(t
     done_on_a = newest["positions"]["steps"]
     assert 0 < done_on_a < STEPS
 
-    b = start(tmp_path, "b", store)
+    b = new_user_host(tmp_path, "b", store)
     hosts.append(b)
     assert "has no snapshot yet" not in b.log()
     entry = wait_for(lambda: resume_entry(b).get("state") in ("finished", "failed") and resume_entry(b), 180,

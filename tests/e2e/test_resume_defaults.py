@@ -10,15 +10,14 @@ of an uninterrupted run.
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
 import pytest
 
 from kernels import Kernel
-from lab_server import LabServer, host_env
-from new_hosts import kernel_manifests, kill_host, notebook, resume_entry, wait_for
+from lab_server import LabServer
+from new_hosts import kernel_manifests, kill_host, new_user_host, notebook, resume_entry, wait_for
 
 pytestmark = pytest.mark.slow  # two real servers, one killed 75 s into its loop
 
@@ -63,17 +62,6 @@ _result = {"weights": _d.hexdigest(), "losses": [repr(x) for x in losses], "afte
 """
 
 
-def new_host(tmp_path: Path, name: str, store: str, **env: str) -> LabServer:
-    """`spotwarp start` as a new user runs it: nothing SpotWarp-specific in the environment."""
-    home = tmp_path / f"home-{name}"
-    home.mkdir()
-    server = LabServer(tmp_path / f"ws-{name}", store, "proj",
-                       host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-                                PYTHONHASHSEED="0", **env), tmp_path / f"{name}.log")
-    server.wait_ready()
-    return server
-
-
 def reference_run(root: Path) -> dict:
     kernel = Kernel(root / "host", {"HOME": str(root / "home"), "SPOTWARP_STORAGE": str(root / "store"),
                                      "SPOTWARP_PROJECT": "ref", "OMP_NUM_THREADS": "1", "PYTHONHASHSEED": "0"})
@@ -105,7 +93,7 @@ def test_a_loop_lost_75_s_in_with_default_settings_resumes_by_itself_bit_for_bit
     reference = reference_run(tmp_path / "reference")
     store = str(tmp_path / "store")
     log_a = tmp_path / "steps-a.log"
-    a = new_host(tmp_path, "a", store, STEP_PAUSE="0.15", STEP_LOG=str(log_a))
+    a = new_user_host(tmp_path, "a", store, PYTHONHASHSEED="0", STEP_PAUSE="0.15", STEP_LOG=str(log_a))
     hosts.append(a)
     # the notebook on disk holds empty cells: what runs is typed in JupyterLab and never saved
     (a.workspace / "train.ipynb").write_text(json.dumps(notebook([("setup", ""), ("loop", "")])))
@@ -120,7 +108,7 @@ def test_a_loop_lost_75_s_in_with_default_settings_resumes_by_itself_bit_for_bit
     assert done_on_a[-1][0] < TOTAL - 20, "host A finished before it was lost: nothing left to resume"
     assert any(m["kernels"]["train.ipynb"].get("at") == "step" for m in kernel_manifests(store, "proj"))
 
-    b = new_host(tmp_path, "b", store)
+    b = new_user_host(tmp_path, "b", store, PYTHONHASHSEED="0")
     hosts.append(b)
     entry = wait_for(lambda: resume_entry(b).get("state") == "finished" and resume_entry(b), 600,
                      "the resumed loop to finish on host B", b)

@@ -93,11 +93,16 @@ def kill_host(server: LabServer, *kernel_pids: int) -> None:
 
 
 def start_host(tmp_path: Path, name: str, store: str, *start_args: str, **env: str) -> LabServer:
+    """A host whose timed file backup is off: the files it commits are those its snapshots take."""
+    return new_user_host(tmp_path, name, store, *start_args, SPOTWARP_BACKUP_INTERVAL="0", **env)
+
+
+def new_user_host(tmp_path: Path, name: str, store: str, *start_args: str, **env: str) -> LabServer:
+    """`spotwarp start` as a new user runs it: nothing configured but the project and `env`."""
     home = tmp_path / f"home-{name}"
     home.mkdir()
     server = LabServer(tmp_path / f"ws-{name}", store, "proj",
-                       host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1",
-                                SPOTWARP_BACKUP_INTERVAL="0", **env),
+                       host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **env),
                        tmp_path / f"{name}.log", start_args=start_args)
     server.wait_ready()
     return server
