@@ -6,11 +6,13 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine.files.cut import take_cut
 from spotwarp_jupyter.service import VIA_START, Project
 
 
@@ -102,6 +104,52 @@ def test_in_a_nested_tree_the_cut_keeps_every_file_in_order_and_reads_only_the_c
     assert set(cut.clean) == set(kept) - {"ln", "a/b/c.txt"}
     second = engine.snapshot_kernel({"step": 2}, notebook="train.ipynb", cut=cut)
     assert list(second.files["entries"]) == kept and second.stats["files_read"] == 1
+
+
+def test_cuts_after_one_that_found_a_folder_unchanged_see_every_change_in_it(engine, ws, tmp_path):
+    for folder in ("runs", "logs"):
+        (ws / folder).mkdir()
+        for i in range(5):
+            (ws / folder / f"r{i}.txt").write_text(f"run {i}")
+    age(ws)
+    first = engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
+    second = engine.snapshot_kernel({"step": 2}, notebook="train.ipynb", cut=engine.cut_workspace(first))
+    assert second.stats["files_read"] == 0
+    # in folders the last cut found as the one before it: a rewrite of the same size (the same names), a deletion
+    # and a new file
+    (ws / "runs" / "r2.txt").write_text("RUN 2")
+    (ws / "logs" / "r4.txt").unlink()
+    (ws / "logs" / "r5.txt").write_text("run 5")
+    at_instant = read_tree(ws)
+    cut = engine.cut_workspace(second)
+    assert set(cut.held) == {"runs/r2.txt", "logs/r5.txt"}
+    third = engine.snapshot_kernel({"step": 3}, notebook="train.ipynb", cut=cut)
+    restored = tmp_path / "host-b"
+    engine.restore_files(third, str(restored))
+    assert read_tree(restored) == at_instant
+
+    # the same folders, against a record that names one file otherwise: that file is not taken as clean
+    age(ws)
+    fourth = engine.snapshot_kernel({"step": 4}, notebook="train.ipynb", cut=engine.cut_workspace(third))
+    engine.snapshot_kernel({"step": 5}, notebook="train.ipynb", cut=engine.cut_workspace(fourth))
+    entries = dict(fourth.files["entries"])
+    entries["runs/r1.txt"] = {**entries["runs/r1.txt"], "ino": entries["runs/r1.txt"]["ino"] + 1}
+    other = take_cut(str(ws), engine.ignore_rules(str(ws)), {**fourth.files, "entries": entries})
+    assert "runs/r1.txt" not in other.clean and "runs/r1.txt" in other.held
+    assert set(other.clean) == set(entries) - {"runs/r1.txt"}
+
+
+def test_a_file_written_just_before_its_record_was_scanned_is_read_again_at_every_cut(engine, ws):
+    age(ws)
+    fresh = ws / "fresh.txt"
+    fresh.write_text("written within the racy-write window of the next scan")
+    later = time.time_ns() + 10**10  # so on a slow machine too
+    os.utime(fresh, ns=(later, later))
+    first = engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
+    for _ in range(2):  # the second finds every folder as the first did
+        cut = engine.cut_workspace(first)
+        assert "fresh.txt" not in cut.clean and "fresh.txt" in cut.held
+        assert set(cut.clean) == {"train.log", "metrics.json", "run.bin", "data.csv"}
 
 
 def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp_path):

@@ -17,6 +17,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
+from operator import attrgetter
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ..errors import SpotWarpError
@@ -66,13 +67,14 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
     """Every file and symlink under `root` that the rules keep, sorted (a folder's files, then each of its
     subfolders in turn), without following links. With `clean`, the previous entries of the stat-clean files
     (`_reusable`'s answer against the files record `previous`) go into it in the same pass: at a cut's instant
-    every entry of a large workspace costs its stat and little more."""
+    every entry of a large workspace costs its stat and little more, and a folder whose names and stats are those
+    the last cut found, its files all stat-clean against `previous`, is taken whole from that cut (`_Folder`)."""
     found: list[Seen] = []
-    keep = found.append
     stack = [""]
-    ignored = rules.ignored
     answers, excluded = rules.file_answers() or ({}, None)
     keys, before = ({}, 0) if clean is None else _clean_against(previous)
+    folders = None if clean is None else _folders_of(root, rules)
+    visited: set[str] = set()
     while stack:
         reldir = stack.pop()
         absdir = os.path.join(root, reldir) if reldir else root
@@ -81,40 +83,132 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
             continue
         fd, names = listed
         try:
-            subdirs = []
-            prefix = f"{reldir}/" if reldir else ""
-            absprefix = os.path.join(absdir, "")
-            for name in names:
-                if _MARK in name and is_temporary(name):
-                    continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
+            stats = None
+            if folders is not None:
+                visited.add(reldir)
                 try:
-                    st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+                    sts: list[os.stat_result] | None = [_stat(n, dir_fd=fd, follow_symlinks=False) for n in names]
                 except OSError:
-                    continue  # vanished since listing
-                rel = prefix + name
-                kind = st.st_mode & _IFMT
-                if kind == _IFREG:
-                    left_out = answers.get(rel) if excluded is not None and st.st_ino not in excluded else None
-                    if left_out is None:
-                        left_out = ignored(rel, False, absprefix + name, st)
-                    if not left_out:
-                        keep(_seen(Seen, (rel, absprefix + name, st)))
-                        key = keys.get(rel)
-                        if (key is not None and key[0] == (st.st_size, st.st_mtime_ns, st.st_ino)
-                                and st.st_mtime_ns < before):
-                            clean[rel] = key[1]  # type: ignore[index]
-                elif kind == _IFDIR:
-                    if not ignored(rel, True, absprefix + name, st):
-                        subdirs.append(rel)
-                elif kind == _IFLNK:
-                    if not ignored(rel, False, absprefix + name, st):
-                        keep(_seen(Seen, (rel, absprefix + name, st)))
-                elif not ignored(rel, False, absprefix + name, st):
-                    skipped[rel] = "not a regular file (device, socket or pipe)"
+                    sts = None  # one vanished since the listing: the folder is seen name by name
+                if sts is not None:
+                    stats = list(map(_STAT_KEY, sts))
+                    kept = folders.get(reldir)
+                    if kept is not None and kept.stats == stats and kept.names == names and kept.newest < before:
+                        recorded = list(map(keys.get, kept.regular))
+                        if [r if r is None else r[0] for r in recorded] == kept.expected:
+                            found.extend(kept.seen)
+                            clean.update(zip(kept.regular, [r[1] for r in recorded]))  # type: ignore[union-attr]
+                            skipped.update(kept.skipped)
+                            stack.extend(reversed(kept.subdirs))
+                            continue
+            else:
+                sts = None
+            folder = _scan_folder(fd, reldir, absdir, names, sts, rules, answers, excluded, keys, before)
+            found.extend(folder.seen)
+            skipped.update(folder.skipped)
+            if clean is not None:
+                clean.update(folder.clean)
+            stack.extend(reversed(folder.subdirs))
+            if folders is not None:
+                if stats is not None:
+                    folders[reldir] = folder._replace(names=names, stats=stats, clean=[])
+                else:
+                    folders.pop(reldir, None)
         finally:
             os.close(fd)
-        stack.extend(reversed(subdirs))
+    if folders is not None:
+        for gone in [d for d in list(folders) if d not in visited]:
+            folders.pop(gone, None)
+        if len(found) > MEMO_FILES:
+            folders.clear()
     return found
+
+
+MEMO_FILES = 200_000  # a larger workspace is scanned whole at every cut: the folders' memo would hold too much
+_stat = os.stat
+_STAT_KEY = attrgetter("st_mtime_ns", "st_size", "st_ino", "st_mode", "st_ctime_ns")  # what a change moves
+
+
+class _Folder(NamedTuple):
+    """One folder as a cut's scan found it: its names and each one's stat (`_STAT_KEY`: mtime, size, inode, mode,
+    ctime, which any write, replacement, chmod or rename moves), what the rules kept of it, and its regular files
+    with the (size, mtime, inode) a record names a clean file by (`expected`). A later scan finding the same names
+    and stats, against a record that names every one of those files so and was scanned after the newest of them
+    was written (`newest`, the racy-write window included), has every file stat-clean: it takes the folder as it
+    is instead of looking at each file again."""
+
+    names: list[str]
+    stats: list[tuple[int, ...]]
+    seen: list[Seen]
+    subdirs: list[str]
+    skipped: list[tuple[str, str]]
+    clean: list[tuple[str, dict[str, Any]]]  # against the record of the scan that found it (not kept)
+    regular: list[str]
+    expected: list[tuple[int, int, int]]
+    newest: int
+
+
+_folders: list[tuple[str, IgnoreRules, dict[str, _Folder]]] = []  # the last cut's folders, for its root and rules
+
+
+def _folders_of(root: str, rules: IgnoreRules) -> dict[str, _Folder]:
+    for known_root, known_rules, folders in _folders:
+        if known_root == root and known_rules is rules:
+            return folders
+    folders: dict[str, _Folder] = {}
+    _folders[:] = [(root, rules, folders)]
+    return folders
+
+
+def _scan_folder(fd: int, reldir: str, absdir: str, names: list[str], sts: list[os.stat_result] | None,
+                 rules: IgnoreRules, answers: dict[str, bool], excluded: frozenset[int] | None,
+                 keys: dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]], before: int) -> _Folder:
+    """One folder's files (`sts`: their stats when taken already), name by name."""
+    seen: list[Seen] = []
+    keep = seen.append
+    subdirs: list[str] = []
+    skipped: list[tuple[str, str]] = []
+    clean: list[tuple[str, dict[str, Any]]] = []
+    regular: list[str] = []
+    expected: list[tuple[int, int, int]] = []
+    newest = -(1 << 63)
+    ignored = rules.ignored
+    prefix = f"{reldir}/" if reldir else ""
+    absprefix = os.path.join(absdir, "")
+    for i, name in enumerate(names):
+        if _MARK in name and is_temporary(name):
+            continue  # a restore's half-written file (or a killed one's leftover): never part of a snapshot
+        if sts is not None:
+            st = sts[i]
+        else:
+            try:
+                st = _stat(name, dir_fd=fd, follow_symlinks=False)
+            except OSError:
+                continue  # vanished since listing
+        rel = prefix + name
+        kind = st.st_mode & _IFMT
+        if kind == _IFREG:
+            left_out = answers.get(rel) if excluded is not None and st.st_ino not in excluded else None
+            if left_out is None:
+                left_out = ignored(rel, False, absprefix + name, st)
+            if not left_out:
+                keep(_seen(Seen, (rel, absprefix + name, st)))
+                regular.append(rel)
+                expected.append((st.st_size, st.st_mtime_ns, st.st_ino))
+                if st.st_mtime_ns > newest:
+                    newest = st.st_mtime_ns
+                key = keys.get(rel)
+                if key is not None and key[0] == expected[-1] and st.st_mtime_ns < before:
+                    clean.append((rel, key[1]))
+        elif kind == _IFDIR:
+            if not ignored(rel, True, absprefix + name, st):
+                subdirs.append(rel)
+        elif kind == _IFLNK:
+            if not ignored(rel, False, absprefix + name, st):
+                keep(_seen(Seen, (rel, absprefix + name, st)))
+        elif not ignored(rel, False, absprefix + name, st):
+            skipped.append((rel, "not a regular file (device, socket or pipe)"))
+    return _Folder(names, [], seen, subdirs, skipped, clean, regular, expected, newest)
 
 
 def _open_folder(absdir: str, reldir: str, skipped: dict[str, str]) -> tuple[int, list[str]] | None:
