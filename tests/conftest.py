@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,9 @@ import pytest
 # to signals, and every cloud watcher is off, unless a test turns one on against a local server.
 # Set before any server or kernel starts, so every subprocess inherits it.
 os.environ.setdefault("SPOTWARP_WATCHERS", "signals")
+# the keys a project gets by default (engine/keys.py) go to a folder of this session, never the runner's ~/.spotwarp;
+# a "host" started with its own HOME (lab_server.host_env) keeps them in that HOME
+os.environ.setdefault("SPOTWARP_CONFIG_DIR", tempfile.mkdtemp(prefix="spotwarp-config-"))
 for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWARP_AZURE_METADATA_URL"):
     os.environ.setdefault(_name, "off")
 

@@ -54,6 +54,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="let Jupyter run as root (the default when started as root, e.g. on a spot GPU image)")
     p.add_argument("--no-resume", dest="no_resume", action="store_true",
                    help="restore files only: start no kernel, run no cell (docs/resume.md)")
+    p.add_argument("--resume-unsigned", dest="resume_unsigned", action="store_true",
+                   help="resume kernels from snapshots no key vouches for too: anyone who can write the store "
+                        "can then run code here (docs/threat-model.md)")
 
     p = sub.add_parser("snapshot", help="a snapshot now: files, and live kernels when a server runs the project")
     _common(p)
@@ -74,6 +77,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     for name in ("launch", "watch"):
         _launch_parser(sub, name)
+
+    p = sub.add_parser("key", help="the project's signing key here, and how to carry it to another host")
+    p.add_argument("--project-id", dest="project", type=_project_id,
+                   help="project id (default: $SPOTWARP_PROJECT or 'default')")
+    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    p.add_argument("--create", action="store_true", help="create a key for the project when this host has none")
 
     p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")
     _common(p)

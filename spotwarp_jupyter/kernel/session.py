@@ -9,6 +9,7 @@ flight are taken at the next safe point. What a snapshot reuses is increments.py
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from types import ModuleType
@@ -106,7 +107,11 @@ class KernelSession:
     @property
     def engine(self) -> SnapshotEngine:
         if self._engine is None:
-            self._engine = SnapshotEngine(self.settings)
+            engine = SnapshotEngine(self.settings)
+            key = engine.settle_key()  # a new project's first `%load_ext spotwarp` gets it its key
+            if key.line:
+                logging.getLogger("spotwarp").warning("SpotWarp: %s", key.line)
+            self._engine = engine
         return self._engine
 
     def configure(self, project: str | None = None, storage: str | None = None) -> None:

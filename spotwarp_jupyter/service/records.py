@@ -118,6 +118,7 @@ class ServerFacts:
     last_error: str | None
     failover: dict[str, Any]
     resume: list[dict[str, Any]] = field(default_factory=list)  # notebooks resumed on this host (server/resume.py)
+    trust: dict[str, Any] | None = None  # this host's key and whether its resume is vouched for (engine/keys.py)
 
 
 @dataclass(frozen=True)

@@ -70,6 +70,7 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
                      "execution_state": k.execution_state} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
         "failover": server.failover, "resume": [dict(e) for e in server.resume],
+        "trust": dict(server.trust) if server.trust is not None else None,
     }
 
 
