@@ -79,9 +79,7 @@ def build_parser() -> argparse.ArgumentParser:
         _launch_parser(sub, name)
 
     p = sub.add_parser("key", help="the project's signing key here, and how to carry it to another host")
-    p.add_argument("--project-id", dest="project", type=_project_id,
-                   help="project id (default: $SPOTWARP_PROJECT or 'default')")
-    p.add_argument("--json", action="store_true", help="print machine-readable JSON")
+    _common(p)
     p.add_argument("--create", action="store_true", help="create a key for the project when this host has none")
 
     p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")

@@ -3,14 +3,15 @@
 A store writer can edit a kernel record, recompute its checksum, and have the next host unpickle it and run its
 recorded cell with nobody at the keyboard. Only an HMAC with a key the store does not hold tells the project's
 own writes from such edits (docs/threat-model.md). So every project signs by default: `SPOTWARP_KEY` when set,
-else the key kept in SpotWarp's config folder (`~/.spotwarp/keys/<project>.key`, or under
-`SPOTWARP_CONFIG_DIR`), created at the project's first `spotwarp start` or `%load_ext spotwarp` when the store
-holds none of its snapshots yet. A store that holds snapshots already never gets a key made up over it: a new
+else the key kept in SpotWarp's config folder (`~/.spotwarp/keys/<project>@<store>.key`, or under
+`SPOTWARP_CONFIG_DIR`; one per project and store, since a key is made for a store that holds none of the
+project's snapshots), created at the project's first `spotwarp start` or `%load_ext spotwarp`. A store that holds snapshots already never gets a key made up over it: a new
 host must be given the project's key (`spotwarp key` on a host that has it shows how).
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import secrets
 from dataclasses import dataclass
@@ -30,32 +31,34 @@ def config_dir(env: Mapping[str, str] | None = None) -> Path:
     return Path(value).expanduser() if value else Path("~/.spotwarp").expanduser()
 
 
-def key_path(project: str, env: Mapping[str, str] | None = None) -> Path:
-    """Where the key of `project` is kept on this host (one file per project, readable by the user only)."""
-    return config_dir(env) / "keys" / f"{project}.key"
+def key_path(project: str, storage: str, env: Mapping[str, str] | None = None) -> Path:
+    """Where the key of `project` in `storage` is kept on this host (a file readable by the user only)."""
+    where = hashlib.sha256(storage.encode("utf-8", "surrogatepass")).hexdigest()[:12]
+    return config_dir(env) / "keys" / f"{project}@{where}.key"
 
 
-def read_key_file(project: str, env: Mapping[str, str] | None = None) -> bytes | None:
-    """The key kept for `project` on this host, if any."""
+def read_key_file(project: str, storage: str, env: Mapping[str, str] | None = None) -> bytes | None:
+    """The key kept for `project` in `storage` on this host, if any."""
+    path = key_path(project, storage, env)
     try:
-        text = key_path(project, env).read_text(encoding="ascii").strip()
+        text = path.read_text(encoding="ascii").strip()
     except FileNotFoundError:
         return None
     except (OSError, UnicodeDecodeError) as exc:
-        raise ConfigError(f"the key of project {project!r} in {key_path(project, env)} cannot be read: {exc}") from None
+        raise ConfigError(f"the key of project {project!r} in {path} cannot be read: {exc}") from None
     return text.encode() if text else None
 
 
-def project_key(project: str, env: Mapping[str, str] | None = None) -> bytes | None:
+def project_key(project: str, storage: str, env: Mapping[str, str] | None = None) -> bytes | None:
     """The key that signs `project` here: `SPOTWARP_KEY` when set (it always wins), else the kept one."""
     value = (env if env is not None else os.environ).get(KEY_ENV)
-    return value.encode() if value else read_key_file(project, env)
+    return value.encode() if value else read_key_file(project, storage, env)
 
 
-def create_key(project: str, env: Mapping[str, str] | None = None) -> bytes:
+def create_key(project: str, storage: str, env: Mapping[str, str] | None = None) -> bytes:
     """A new random key for `project`, kept with mode 0600 in a 0700 folder; a key another process created
     first is the one answered (create-only: two first starts never end with two keys)."""
-    path = key_path(project, env)
+    path = key_path(project, storage, env)
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     for folder in (path.parent, path.parent.parent):
         if folder.stat().st_mode & 0o077:
@@ -74,7 +77,7 @@ def create_key(project: str, env: Mapping[str, str] | None = None) -> bytes:
             pass
     finally:
         os.unlink(temporary)
-    kept = read_key_file(project, env)
+    kept = read_key_file(project, storage, env)
     assert kept is not None
     return kept
 
@@ -94,22 +97,23 @@ class KeyState:
     line: str | None = None
 
 
-def settle_key(project: str, stored: Iterable[Any] | None, env: Mapping[str, str] | None = None) -> KeyState:
+def settle_key(project: str, storage: str, stored: Iterable[Any] | None,
+               env: Mapping[str, str] | None = None) -> KeyState:
     """This host's key for `project`, created when the store holds none of its snapshots (`stored` is the
     project's readable manifests; None when unknown, e.g. the store unreadable: nothing is created then)."""
     env = env if env is not None else os.environ
     if env.get(KEY_ENV):
         return KeyState(env[KEY_ENV].encode(), "environment")
-    kept = read_key_file(project, env)
+    kept = read_key_file(project, storage, env)
     if kept is not None:
         return KeyState(kept, "file")
     if stored is None:
         return KeyState(None, "none")
     snapshots = list(stored)
     if not snapshots:
-        key = create_key(project, env)
+        key = create_key(project, storage, env)
         return KeyState(key, "created", f"created a signing key for project {project!r} (key id {key_id(key)}) in "
-                        f"{key_path(project, env)}: `spotwarp key` shows how to carry it to another host")
+                        f"{key_path(project, storage, env)}: `spotwarp key` shows how to carry it to another host")
     return KeyState(None, "none", no_key_line(project, any(getattr(m, "signed", False) for m in snapshots)))
 
 

@@ -86,7 +86,7 @@ class SnapshotEngine:
     def __init__(self, settings: Settings, key: bytes | None = None, create: bool = True, fence: Fence | None = None):
         self.settings = settings
         # SPOTWARP_KEY, else the project's key kept on this host (engine/keys.py); `settle_key` creates one
-        self.key = key if key is not None else kept_key(settings.project)
+        self.key = key if key is not None else kept_key(settings.project, settings.storage)
         self.fence = fence if fence is not None else Fence.from_env()
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self.scope = signing_scope(settings)
@@ -111,7 +111,7 @@ class SnapshotEngine:
                 stored = None
             if stored is not None and not stored and self.store.manifest_names():
                 stored = None  # snapshots none of which could be read: never a new key over them
-            state = settle_key(self.settings.project, stored)
+            state = settle_key(self.settings.project, self.settings.storage, stored)
         if state.key:
             self.key = self.catalog.key = state.key
             use_key(state.key)

@@ -92,6 +92,7 @@ class KernelSession:
         self.resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py)
         self._init_automatic()
         self._engine: SnapshotEngine | None = None
+        self.key_line: str | None = None  # no key for the project here: why (settle_key), for status and widget
         self.pruner = Pruner()  # --keep, off the user's cell
         self.increments = Increments()
         self.access = self.increments.access  # fed each cell's code by the extension (kernel/extension.py)
@@ -111,6 +112,7 @@ class KernelSession:
             key = engine.settle_key()  # a new project's first `%load_ext spotwarp` gets it its key
             if key.line:
                 logging.getLogger("spotwarp").warning("SpotWarp: %s", key.line)
+            self.key_line = None if key.key else key.line  # said by `%spotwarp status` and the widget
             self._engine = engine
         return self._engine
 
@@ -361,6 +363,7 @@ class KernelSession:
             changed=self.changed(), last_error=self.last_error, restore=restore,
             imports=self._saved_imports(), resumed=self.resumed,
             cadence=self.cadence().as_dict() if self.policy.enabled else None,
+            trust=self.key_line,
         )
 
     def _saved_imports(self) -> dict[str, str]:

@@ -166,3 +166,4 @@ class KernelStatus:
     imports: dict[str, str] = field(default_factory=dict)  # modules the last snapshot saved by name: name -> import path
     resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py): what it did
     cadence: dict[str, Any] | None = None  # snapshots at a loop's steps: interval_s, redo_window_s, overhead_pct, ...
+    trust: str | None = None  # this host has no key for the project: what that means, what to do (engine/keys.py)

@@ -142,7 +142,7 @@ def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
         "skipped": dict(k.skipped), "changed": dict(k.changed), "last_error": k.last_error,
         "restore": None if k.restore is None else restore_progress_json(k.restore),
         "imports": dict(k.imports), "resumed": None if k.resumed is None else dict(k.resumed),
-        "cadence": None if k.cadence is None else dict(k.cadence),
+        "cadence": None if k.cadence is None else dict(k.cadence), "trust": k.trust,
     }
 
 
@@ -167,6 +167,8 @@ def kernel_status_text(k: KernelStatus) -> str:
         lines.append(f"  error     {s['last_error']}")
     if s.get("resumed"):
         lines.append(f"  resumed   {s['resumed']['line']}")
+    if s.get("trust"):
+        lines.append(f"  key       {s['trust']}")
     restore = s.get("restore")
     if restore and (restore["loading"] or restore["failed"] or restore["complete_s"] != restore["usable_s"]):
         done = (f"complete in {format_duration(restore['complete_s'])}" if restore["complete_s"] is not None

@@ -49,7 +49,7 @@ def signed_store(tmp_path_factory) -> tuple[Path, str, str | None]:
 
 def test_the_first_start_keeps_a_key_the_user_alone_reads(signed_store):
     root, store, key = signed_store
-    kept = root / "home-a" / ".spotwarp" / "keys" / "proj.key"
+    (kept,) = (root / "home-a" / ".spotwarp" / "keys").glob("proj@*.key")
     assert key and kept.read_text().strip() == key
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     log = (root / "a.log").read_text()
@@ -111,6 +111,14 @@ def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_sto
     assert not marker.exists() and kernel_pids(b.workspace) == []
     assert "pwned" not in (b.workspace / "train.ipynb").read_text()  # the forged source is not in the notebook
     assert (b.workspace / "train.ipynb").exists()  # the files came back
+    # a kernel the user opens here says it too: `%spotwarp status` and the widget's line
+    nb = b.open_notebook("train.ipynb")
+    said = nb.run("%load_ext spotwarp\n%spotwarp status")
+    assert "key       project 'proj' is signed, and this host has no key for it" in said, said
+    widget_line = nb.value("__import__('spotwarp_jupyter.widget.status', fromlist=['_']).protection("
+                           "__import__('spotwarp_jupyter.kernel.session', fromlist=['_']).current().status())[1]")
+    assert "this host has no key for it" in widget_line, widget_line
+    assert not marker.exists()
 
 
 def test_opted_in_the_same_store_resumes_with_the_warning(signed_store, hosts):
