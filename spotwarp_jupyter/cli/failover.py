@@ -32,9 +32,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     provider = make_provider(args.provider, dict(args.provider_options))
     _refuse_host_local_storage(args, provider)
     engine = _existing_project(args)
-    key = engine.settle_key()  # a new project gets its key here: every candidate signs with the same one
-    if key.line:
-        print(f"spotwarp: {key.line}", file=sys.stderr)
+    engine.settle_key()  # a new project gets its key here: every candidate signs with the same one; each says
+    # in its own start what a missing key means for its resume
     spec = _launch_spec(args, engine)
     store = engine.store
 
