@@ -122,8 +122,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     if os.path.exists(workspace) and not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} exists and is not a folder")
     key = engine.settle_key()  # a new project gets its key; the server and its kernels inherit SPOTWARP_KEY
-    if key.line:
-        print(f"spotwarp: {key.line}", file=sys.stdout if key.key else sys.stderr)
+    if key.line and key.key:
+        print(f"spotwarp: {key.line}")
     unsigned_ok = bool(getattr(args, "resume_unsigned", False)) or bool(resolve_setting("resume_unsigned"))
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
@@ -140,6 +140,8 @@ def cmd_start(args: argparse.Namespace) -> int:
                 not getattr(args, "no_resume", False) else None
             if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
                 print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
+            elif key.line and not key.key:
+                print(f"spotwarp: {key.line}", file=sys.stderr)
             if trust is not None:
                 summary["trust"] = trust.as_dict()
             if not args.json:

@@ -106,7 +106,7 @@ def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_sto
     assert status["trust"]["vouched"] is False and status["trust"]["allowed"] is False
     assert "no key" in status["trust"]["line"]
     log = b.log()
-    assert "spotwarp: project 'proj' is signed, and this host has no key for it" in log  # start's own output
+    assert "spotwarp: project 'proj' has unsigned snapshots" in log  # start's own output: the forged one
     assert "SpotWarp resume: project 'proj'" in log  # the server log
     assert not marker.exists() and kernel_pids(b.workspace) == []
     assert "pwned" not in (b.workspace / "train.ipynb").read_text()  # the forged source is not in the notebook
