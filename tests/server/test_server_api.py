@@ -257,8 +257,9 @@ def record_preemption(store_dir: Path, snapshot_id: str) -> None:
     ]:
         item = Event(event, when, host, snapshot_id, None, details)  # as each host's Journal.record writes it,
         # signed with the project's key (the server's, which it made for this new store)
-        doc = sign_record(item.as_dict(), signing_key(), "api", f"{EVENTS_DIR}/{item.name}")
-        journal.store.fs.pipe_file(f"{journal.dir}/{item.name}", json.dumps(doc).encode())
+        name = item.name  # a new random suffix at each call: the name signed is the name written
+        doc = sign_record(item.as_dict(), signing_key(), "api", f"{EVENTS_DIR}/{name}")
+        journal.store.fs.pipe_file(f"{journal.dir}/{name}", json.dumps(doc).encode())
 
 
 def test_settings_come_from_spotwarp_environment_variables(monkeypatch):
