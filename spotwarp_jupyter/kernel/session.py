@@ -67,6 +67,8 @@ def set_current(session: "KernelSession | None") -> None:
 class KernelSession:
     """Everything SpotWarp knows and does inside one kernel."""
 
+    key_line: str | None = None  # no key for the project here: why (settle_key), for status and the widget
+
     def __init__(self, namespace: dict[str, Any], hidden: Mapping[str, Any] | None, settings: Settings,
                  policy: Policy | None = None, notebook: str | None = None):
         self.namespace = namespace
@@ -92,7 +94,6 @@ class KernelSession:
         self.resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py)
         self._init_automatic()
         self._engine: SnapshotEngine | None = None
-        self.key_line: str | None = None  # no key for the project here: why (settle_key), for status and widget
         self.pruner = Pruner()  # --keep, off the user's cell
         self.increments = Increments()
         self.access = self.increments.access  # fed each cell's code by the extension (kernel/extension.py)
