@@ -22,6 +22,18 @@ from server_config import spotwarp_server_config  # noqa: E402
 pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixture
 
 
+@pytest.fixture(autouse=True)
+def _own_signing_key():
+    """SPOTWARP_KEY as it was before the test: an engine of this process that settled a project's key
+    (engine/keys.py use_key) exports it for its children, which must not sign the next test's stores."""
+    before = os.environ.get("SPOTWARP_KEY")
+    yield
+    if before is None:
+        os.environ.pop("SPOTWARP_KEY", None)
+    else:
+        os.environ["SPOTWARP_KEY"] = before
+
+
 @pytest.fixture
 def store_url(tmp_path: Path) -> str:
     """A fresh local store, outside every kernel's folder (durable storage shared by two hosts)."""

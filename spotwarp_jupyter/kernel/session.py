@@ -118,8 +118,11 @@ class KernelSession:
         project's key is created here when no server made it (engine/keys.py); without one, `key_line` says why."""
         if self._key_settled:
             return
+        try:
+            key = self.engine.settle_key()
+        except SpotWarpError:  # storage unusable: the status says so; settled at the next look
+            return
         self._key_settled = True
-        key = self.engine.settle_key()
         if key.line:
             logging.getLogger("spotwarp").warning("SpotWarp: %s", key.line)
         self.key_line = None if key.key else key.line
