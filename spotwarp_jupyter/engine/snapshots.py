@@ -31,6 +31,8 @@ from .files import (
     take_cut,
 )
 from .incremental import ReusePlan, StaleBaseline
+from .keys import KeyState, settle_key, use_key
+from .keys import project_key as kept_key
 from .manifests import (
     RECORD,
     Manifest,
@@ -40,7 +42,6 @@ from .manifests import (
     newest_kernel_records,
     package_versions,
     record_objects,
-    signing_key,
     signing_scope,
     trust_warning,
     version_warnings,
@@ -84,7 +85,8 @@ class SnapshotEngine:
 
     def __init__(self, settings: Settings, key: bytes | None = None, create: bool = True, fence: Fence | None = None):
         self.settings = settings
-        self.key = key if key is not None else signing_key()
+        # SPOTWARP_KEY, else the project's key kept on this host (engine/keys.py); `settle_key` creates one
+        self.key = key if key is not None else kept_key(settings.project, settings.storage)
         self.fence = fence if fence is not None else Fence.from_env()
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self.scope = signing_scope(settings)
@@ -94,6 +96,26 @@ class SnapshotEngine:
         self._lease_times: tuple[float, dict[int, float | None]] = (0.0, {})
         self._lock = threading.Lock()
         self._rules: tuple[tuple[Any, ...], IgnoreRules] | None = None  # the workspace's, while its file is unchanged
+
+    def settle_key(self) -> KeyState:
+        """Sign from now on with this host's key for the project, created when the store holds none of its
+        snapshots; made this process's (and its children's) SPOTWARP_KEY. Blocking: lists the store once when
+        no key is known. A store that holds snapshots gets no new key: `line` says what the host needs."""
+        if self.key:
+            state = KeyState(self.key, "environment" if os.environ.get("SPOTWARP_KEY") else "file")
+        else:
+            try:
+                stored: list[Manifest] | None = self.manifests()
+            except SpotWarpError as exc:
+                log.warning("SpotWarp: the store's snapshots could not be listed, no key created: %s", exc)
+                stored = None
+            if stored is not None and not stored and self.store.manifest_names():
+                stored = None  # snapshots none of which could be read: never a new key over them
+            state = settle_key(self.settings.project, self.settings.storage, stored)
+        if state.key:
+            self.key = self.catalog.key = state.key
+            use_key(state.key)
+        return state
 
     # -- reading: manifests/catalog.py ---------------------------------------------------------------
     @property

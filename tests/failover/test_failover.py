@@ -38,17 +38,18 @@ PROJECT = "fo"
 NOTEBOOK = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
-def engine_for(store: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=b"", fence=Fence())
+def engine_for(store: str, key: str = "") -> SnapshotEngine:
+    """The project's engine in this test process: unsigned, or signing with `key` (the project's, as its hosts')."""
+    return SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=key.encode(), fence=Fence())
 
 
-def seed_project(tmp_path: Path, store: str) -> Path:
-    """A project with files and a notebook's kernel state, as a first host left it."""
+def seed_project(tmp_path: Path, store: str, key: str = "") -> Path:
+    """A project with files and a notebook's kernel state, as a first host left it (signed with `key`, if any)."""
     ws = tmp_path / "origin"
     (ws / "data").mkdir(parents=True)
     (ws / "data" / "blob.bin").write_bytes(os.urandom(200_000))
     (ws / "train.ipynb").write_text(json.dumps(NOTEBOOK))
-    engine = engine_for(store)
+    engine = engine_for(store, key)
     engine.snapshot_kernel({"weights": [0.5, 1.5], "step": 7}, "train.ipynb")
     engine.snapshot_project(str(ws), kernels={"train.ipynb": engine.get("latest").kernels["train.ipynb"]})
     return ws
