@@ -123,6 +123,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
     if not os.path.isdir(workspace) or not os.listdir(workspace):
+        if args.snapshot in ("latest", "", None):
+            engine.check_head()  # a store rolled back is never resumed unattended: RolledBack names what is missing
         # a standby candidate journals nothing (Project.restore): it writes nothing to the project
         result = _restore(Project(engine, workspace), args.snapshot, VIA_START, quiet=args.json, files_only=True,
                           past_refused=args.candidate_id is not None)

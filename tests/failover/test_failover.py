@@ -886,7 +886,7 @@ def test_forgeries_without_the_key_change_nothing(tmp_path, kind, request):
         winner = [c for c in finished["candidates"] if c["id"] == second["candidate"]][0]
         assert winner["restored"] == latest.id, winner  # the newest signed snapshot, past the unsigned one
         log = (tmp_path / "candidates" / second["candidate"] / "candidate.log").read_text()
-        assert "skipping a newer snapshot" in log and "forgedaa" in log, log[-3000:]
+        assert "SpotWarp: skipping" in log and "forgedaa" in log, log[-3000:]
         assert "attacker" not in json.dumps(launch.seen)
         assert not [e for e in Journal(store).events() if "attacker" in json.dumps(e.details)]
         assert read_lease(store, key=key).holder == second["candidate"]
