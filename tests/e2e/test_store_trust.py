@@ -6,6 +6,8 @@ empty workspace:
   and its status lists both as skipped;
 - the newest manifest deleted: B refuses to resume `latest`, naming the missing snapshot; B started with the
   older snapshot's id resumes it (x = 41).
+A variable whose object is damaged fails to restore on B; B's next snapshot carries it forward, so the host after
+B says in its resume entry that it is not restored.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab_server import LabServer, host_env
-from new_hosts import kill_host, notebook, start_host, wait_for
+from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
 
 pytestmark = pytest.mark.slow  # real servers and kernels, one host killed
 
@@ -119,3 +121,35 @@ def test_a_deleted_newest_manifest_is_detected_and_an_explicit_id_still_restores
     entry = wait_for(lambda: _resumed(d), 120, "the resume line", d)
     assert entry["state"] == "restored", entry
     assert d.open_notebook("n.ipynb").value("x") == 41
+
+
+BIG = "%load_ext spotwarp\nimport numpy as np\nn = 5\nbig = np.arange(5_000_000, dtype=np.float64)"
+
+
+def test_a_variable_that_failed_to_restore_is_named_by_the_next_hosts_resume(tmp_path, hosts):
+    store = str(tmp_path / "store")
+    a = start_host(tmp_path, "a", store, SPOTWARP_KEY=KEY)
+    hosts.append(a)
+    (a.workspace / "n.ipynb").write_text(json.dumps(notebook([("setup", BIG)])))
+    a.open_notebook("n.ipynb").run(BIG, cell_id="setup")
+    assert a.request("POST", "spotwarp/api/snapshots", {"message": "big"})[0] == 201
+    kill_host(a, *kernel_pids(a.workspace))
+    victim = max((p for p in (Path(store) / "proj" / "objects").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[4096] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    b = start_host(tmp_path, "b", store, SPOTWARP_KEY=KEY)
+    hosts.append(b)
+    assert wait_for(lambda: _resumed(b), 120, "the resume line", b)["state"] == "restored"
+    kernel = b.open_notebook("n.ipynb")  # the resumed kernel: the session exists
+    assert "could not restore big" in kernel.run("try:\n    big\nexcept NameError:\n    print('no big')")
+    kernel.run("n = 6")
+    assert b.request("POST", "spotwarp/api/snapshots", {"message": "after the failed restore"})[0] == 201
+    kill_host(b, *kernel_pids(b.workspace))
+    c = start_host(tmp_path, "c", store, SPOTWARP_KEY=KEY)
+    hosts.append(c)
+    entry = wait_for(lambda: _resumed(c), 120, "the resume line", c)
+    assert entry["state"] == "restored" and "without big" in entry["line"], entry
+    assert entry["line"] in c.log()
+    assert c.open_notebook("n.ipynb").value("n") == 6
