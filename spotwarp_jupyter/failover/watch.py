@@ -44,7 +44,7 @@ class Holder:
 class Loss:
     """Why the holder is considered lost, and when (this machine's clock)."""
 
-    reason: str  # "notice", "no heartbeat" or "lease lost"
+    reason: str  # "notice", "no heartbeat", "lease lost", or "lease damaged" (the holder says it stopped writing)
     lost_at: float  # when the orchestrator last saw a sign of it (its last heartbeat change, or the notice)
     detected_at: float
     details: dict[str, Any] = field(default_factory=dict)
@@ -137,6 +137,9 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             if off is not None:
                 skew_said = True
                 say("clock_skew", {"host": holder.id, "behind_s": off})
+        if lease is None and doc is not None and (doc.get("state") == FENCED or doc.get("lease_lost") is True):
+            # the holder itself stopped writing under the lease nobody can read: a race past it is the way out
+            return Loss("lease damaged", clock.last_sign(), time.time(), {"why": unreadable, "holder_why": doc.get("why")})
         if doc is not None and doc.get("state") == FENCED:
             raise LeaseConflict(f"the holder {holder.id} says it is fenced: {doc.get('why')}")
         if notice is not None:
