@@ -168,7 +168,7 @@ def _clear_leftovers(store: Store, grace_s: float, lease: Lock) -> None:
             store.fs.rm(path)
         except FileNotFoundError:
             pass
-    store.clear_interrupted_uploads(grace_s)
+    store.clear_interrupted_uploads(max(grace_s, TEMPORARY_GRACE_S))  # an upload in progress, whatever `--grace`
     for name in stale_locks(store):
         if name != lease.name:
             store.delete_lock(name)
