@@ -191,6 +191,13 @@ export interface components {
             /** @description This host's key, and whether the resume ran only what it vouches for (docs/threat-model.md) */
             trust?: components["schemas"]["Trust"] | (null);
             /**
+             * @description Snapshot manifests not used, name -> why in one line; with SPOTWARP_KEY, one that does not parse or
+             *     is not signed with it says `skipped: ...` (never restored, never latest: docs/design.md)
+             */
+            rejected?: {
+                [key: string]: string;
+            };
+            /**
              * @description What the server restored into an empty workspace when it started (restore-on-start, on by
              *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
              *     Null when nothing was restored at start.

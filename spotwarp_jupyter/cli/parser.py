@@ -66,10 +66,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="delete heartbeats (and unreadable files in hosts/) not written for AGE (default 1h), "
                         "except the lease holder's")
 
+    _gc_parser(sub)
+    return parser
+
+
+def _gc_parser(sub: Any) -> None:
     p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
     _common(p)
     p.add_argument("--keep", required=True, type=_positive_int, help="how many of the newest snapshots to keep")
-    return parser
+    p.add_argument("--grace", type=_grace, default=3600.0, metavar="AGE",
+                   help="delete unreferenced objects only once older than AGE (default 1h: a snapshot being written "
+                        "may be about to name younger ones); shorten it (0s: all) only while no host or kernel "
+                        "writes to the project")
 
 
 def _start_parser(sub: Any) -> None:
@@ -149,6 +157,8 @@ def _flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:
 
 
 _duration = _flag_type(parse_duration)
+# a grace may be zero (`0s`: every unreferenced object, for when nothing writes to the project)
+_grace = _flag_type(lambda text: 0.0 if str(text).strip().lower() in ("0", "0s") else parse_duration(text))
 _candidate_id = _flag_type(validate_candidate_id)
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .coordination import Fence, Fenced, WriteLock
 from .coordination.fence import lease_entry_times
+from .coordination.head import RolledBack, advance_head, missing_head, read_head
 from .errors import SnapshotNotFound, SpotWarpError, StorageError
 from .files import (
     IGNORE_FILE,
@@ -57,6 +58,7 @@ from .variables import (
     KernelImage,
     LoadResult,
     capture_namespace,
+    carry_damaged,
     load_record,
     persist_image,
     restore_progressive,
@@ -237,7 +239,9 @@ class SnapshotEngine:
             records = [r for m in previous for r in m.kernels.values()]
             dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
-            for name, value in (annotations or {}).items():
+            annotations = dict(annotations or {})
+            carry_damaged(kernel, objects, annotations.pop("damaged", None) or {})
+            for name, value in annotations.items():
                 if value and name not in kernel:  # what persist_image wrote is never replaced
                     kernel[name] = value
             kernels, files, file_stats = {notebook: kernel}, None, {}
@@ -335,7 +339,23 @@ class SnapshotEngine:
             raise
         manifest.signed = bool(self.key)
         self.catalog.remember(manifest)
+        try:
+            advance_head(self.store, self.key, manifest.id, manifest.name, manifest.created)
+        except (SpotWarpError, OSError) as exc:  # committed all the same: a missed head only weakens the rollback check
+            log.warning("SpotWarp: snapshot %s committed, but the store's head was not advanced: %s", manifest.id, exc)
         return manifest
+
+    def check_head(self) -> None:
+        """RolledBack when the snapshot the store's signed head names is missing and nothing newer is there: the
+        store was rolled back or its newest manifest deleted (a resume of `latest` would go back silently)."""
+        head = read_head(self.store, self.key)
+        if head is None:
+            return
+        self.catalog.manifests()
+        valid = self.catalog.valid
+        why = missing_head(head, valid, max(valid, default=None))
+        if why is not None:
+            raise RolledBack(why, head.snapshot)
 
     def _commit(self, lock: WriteLock, manifest: Manifest, started: float) -> Manifest:
         """The end of every commit: time it, make sure a lapsed lock lost nothing, write the manifest."""

@@ -149,7 +149,30 @@ class KernelSession:
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
                 "running": None if running is None else self._running_record(running),
-                "at": "cell" if running is None else ("step" if at == "step" else "call")}
+                "at": "cell" if running is None else ("step" if at == "step" else "call"),
+                "damaged": self.damaged_carry()}
+
+    def damaged_carry(self) -> dict[str, Any]:
+        """Variables the last restore could not bring back and nothing has assigned since: name -> why, the
+        snapshot that holds them, and their group record there. Each snapshot carries them forward (marked
+        damaged), so none is dropped silently and retention keeps the snapshot that holds them."""
+        if self.last_restore is None or not self.last_restore[1].failed:
+            return {}
+        manifest, result = self.last_restore
+        source = next((nb for nb in (self.name_in(manifest), self.source_notebook(manifest)) if nb in manifest.kernels),
+                      None)
+        if source is None:
+            return {}
+        record = manifest.kernels[source]
+        earlier, groups, variables = record.get("damaged") or {}, record.get("groups") or [], record.get("variables") or {}
+        out: dict[str, Any] = {}
+        for name, why in dict(result.failed).items():
+            index = (variables.get(name) or {}).get("group")
+            if name in self.namespace or not isinstance(index, int) or not 0 <= index < len(groups):
+                continue
+            origin = (earlier.get(name) or {}).get("from") or manifest.id
+            out[name] = {"why": why, "from": origin, "group": groups[index]}
+        return out
 
     def cut(self) -> Cut | None:
         """The workspace at this instant, committed with the snapshot taken now (engine/files/cut.py): a stat of
@@ -358,7 +381,12 @@ class KernelSession:
         """Variables the last snapshot saved, but not as they were (a tensor's autograd graph), with the reason."""
         if self.last is None:
             return {}
-        return dict(self.engine.kernel_record(self.last, self.name_in(self.last)).get("changed", {}))
+        record = self.engine.kernel_record(self.last, self.name_in(self.last))
+        out = dict(record.get("changed", {}))
+        for name, info in (record.get("damaged") or {}).items():
+            out[name] = (f"not restored ({info.get('why')}): carried forward as snapshot {info.get('from')} holds it, "
+                         "marked damaged")
+        return out
 
     def status_record(self) -> KernelStatus:
         """This session's facts, as a typed record (service/records.py)."""

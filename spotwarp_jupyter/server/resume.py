@@ -295,6 +295,8 @@ class Resumer:
                  **outcome["timings"]}
         running = outcome.get("running") if isinstance(outcome.get("running"), dict) else None
         where = f"restored from snapshot {outcome['snapshot']} ({outcome.get('host')}, {outcome.get('created')})"
+        if outcome.get("damaged"):  # failed to restore before, carried forward by later snapshots: never silent
+            where += f" without {', '.join(outcome['damaged'])} (damaged in an earlier snapshot, not restored)"
         if running is None:
             created = outcome.get("created_ts") if isinstance(outcome.get("created_ts"), (int, float)) else None
             if self.loss.get("lost_at") is not None:

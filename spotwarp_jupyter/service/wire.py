@@ -69,7 +69,7 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
         "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot,
                      "execution_state": k.execution_state} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
-        "failover": server.failover, "resume": [dict(e) for e in server.resume],
+        "failover": server.failover, "resume": [dict(e) for e in server.resume], "rejected": dict(status.rejected),
         "trust": dict(server.trust) if server.trust is not None else None,
     }
 
