@@ -105,21 +105,12 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
     clock = BeatClock()
     store_state = _Reachability(holder.id, clock, say, poll_s, max_backoff_s, slow_s=dead_after / 2)
     skew_said = False
-    unreadable: str | None = None
+    leases = _LeaseReader(store, holder.id, say)
     next_notice = 0.0
     while not stop.is_set():
         started = time.monotonic()
         try:
-            try:
-                lease = read_lease(store)
-            except DamagedLease as exc:
-                # a lease the watch cannot read says nothing of the holder: keep watching its heartbeat, warn
-                lease = None
-                if unreadable != str(exc):
-                    unreadable = str(exc)
-                    say("lease_unreadable", {"holder": holder.id, "why": one_line(exc)})
-                    log.warning("SpotWarp: the watch cannot read the lease (%s); it keeps watching %s",
-                                one_line(exc), holder.id)
+            lease = leases.read()
             doc = read_heartbeat(store, holder.id)
             notice = None
             if time.monotonic() >= next_notice:
@@ -139,7 +130,8 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
                 say("clock_skew", {"host": holder.id, "behind_s": off})
         if lease is None and doc is not None and (doc.get("state") == FENCED or doc.get("lease_lost") is True):
             # the holder itself stopped writing under the lease nobody can read: a race past it is the way out
-            return Loss("lease damaged", clock.last_sign(), time.time(), {"why": unreadable, "holder_why": doc.get("why")})
+            return Loss("lease damaged", clock.last_sign(), time.time(),
+                        {"why": leases.unreadable, "holder_why": doc.get("why")})
         if doc is not None and doc.get("state") == FENCED:
             raise LeaseConflict(f"the holder {holder.id} says it is fenced: {doc.get('why')}")
         if notice is not None:
@@ -152,6 +144,26 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             return Loss("no heartbeat", clock.last_sign(), time.time(), details)
         stop.wait(poll_s)
     return None
+
+
+class _LeaseReader:
+    """The lease as the watch reads it: None when it cannot be read, which says nothing of the holder (the watch
+    keeps watching its heartbeat), warned once per reason."""
+
+    def __init__(self, store: Store, holder_id: str, say: OnEvent):
+        self.store, self.holder_id, self.say = store, holder_id, say
+        self.unreadable: str | None = None
+
+    def read(self) -> Any:
+        try:
+            return read_lease(self.store)
+        except DamagedLease as exc:
+            if self.unreadable != str(exc):
+                self.unreadable = str(exc)
+                self.say("lease_unreadable", {"holder": self.holder_id, "why": one_line(exc)})
+                log.warning("SpotWarp: the watch cannot read the lease (%s); it keeps watching %s",
+                            one_line(exc), self.holder_id)
+            return None
 
 
 class _Reachability:
