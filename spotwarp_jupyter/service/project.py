@@ -143,7 +143,10 @@ class Project:
         """The snapshot a restore of `ref` uses: for `latest` with a workspace, the newest holding files
         (refusing a newer one that fails its checks), else `ref` itself. Committed kernel state is never ignored:
         with no snapshot holding files (a loss before the first, an older store), the newest snapshot, whose
-        notebooks are rebuilt from the cells their kernels ran. None only with `files_only` and no snapshot."""
+        notebooks are rebuilt from the cells their kernels ran. None only with `files_only` and no snapshot.
+        `latest` is refused (RolledBack) when the snapshot the store's signed head names is missing or damaged."""
+        if (ref or "").strip() in ("latest", ""):
+            self.engine.check_head()  # RolledBack: the store's newest commit is missing, never gone back to silently
         manifest = self.engine.with_files(ref) if self.workspace else None
         if manifest is None and (not files_only or (self.workspace and ref in ("latest", "", None))):
             if files_only and not self.engine.manifests():

@@ -164,6 +164,6 @@ def missing_head(head: Head | None, present: set[str], newest_valid: str | None)
     if head is None or head.name in present or (newest_valid is not None and newest_valid >= head.name):
         return None
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(head.created))
-    return (f"snapshot {head.snapshot} ({when}) named by the store's head is missing: the store was rolled back "
-            f"or a manifest deleted; restore by explicit id (`--snapshot ID`, see `spotwarp list`) to accept an "
+    return (f"snapshot {head.snapshot} ({head.name}, {when}) named by the store's head is missing or unreadable: "
+            f"the store was rolled back or a manifest deleted or damaged; restore by explicit id (`--snapshot ID`, see `spotwarp list`) to accept an "
             f"older one")
