@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -9,6 +10,9 @@ import pytest
 # to signals, and every cloud watcher is off, unless a test turns one on against a local server.
 # Set before any server or kernel starts, so every subprocess inherits it.
 os.environ.setdefault("SPOTWARP_WATCHERS", "signals")
+# the keys a project gets by default (engine/keys.py) go to a folder of this session, never the runner's ~/.spotwarp;
+# a "host" started with its own HOME (lab_server.host_env) keeps them in that HOME
+os.environ.setdefault("SPOTWARP_CONFIG_DIR", tempfile.mkdtemp(prefix="spotwarp-config-"))
 for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWARP_AZURE_METADATA_URL"):
     os.environ.setdefault(_name, "off")
 
@@ -16,6 +20,18 @@ from kernels import Kernel  # noqa: E402
 from server_config import spotwarp_server_config  # noqa: E402
 
 pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixture
+
+
+@pytest.fixture(autouse=True)
+def _own_signing_key():
+    """SPOTWARP_KEY as it was before the test: an engine of this process that settled a project's key
+    (engine/keys.py use_key) exports it for its children, which must not sign the next test's stores."""
+    before = os.environ.get("SPOTWARP_KEY")
+    yield
+    if before is None:
+        os.environ.pop("SPOTWARP_KEY", None)
+    else:
+        os.environ["SPOTWARP_KEY"] = before
 
 
 @pytest.fixture

@@ -47,6 +47,9 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
   return (
     <div className="jp-SpotWarp-status">
       {error && <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error">{error}</div>}
+      {status.trust?.line && (
+        <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error jp-SpotWarp-trust">{status.trust.line}</div>
+      )}
       {status.last_error && (
         <div className="jp-SpotWarp-notice jp-SpotWarp-notice-error jp-SpotWarp-backupError">
           Last automatic backup failed: {status.last_error}
@@ -277,6 +280,9 @@ export function describeResume(entry: IResumeEntry, rows: IResumeRow[] = []): st
       parts.push('the cell has finished');
     } else if (entry.state === 'failed') {
       parts.push(entry.line.split('; ').pop() ?? entry.line);
+    }
+    if (entry.warning) {
+      parts.push(`WARNING: ${entry.warning}`);
     }
     return parts.filter(Boolean).join(' · ');
   }

@@ -188,6 +188,15 @@ export interface components {
              *     `kernel_id`, `snapshot`, `positions`, `cell` re-run or `interrupted_cell` not re-run, `seconds_to_running`.
              */
             resume?: components["schemas"]["ResumeEntry"][];
+            /** @description This host's key, and whether the resume ran only what it vouches for (docs/threat-model.md) */
+            trust?: components["schemas"]["Trust"] | (null);
+            /**
+             * @description Snapshot manifests not used, name -> why in one line; with SPOTWARP_KEY, one that does not parse or
+             *     is not signed with it says `skipped: ...` (never restored, never latest: docs/design.md)
+             */
+            rejected?: {
+                [key: string]: string;
+            };
             /**
              * @description What the server restored into an empty workspace when it started (restore-on-start, on by
              *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
@@ -224,8 +233,21 @@ export interface components {
             seconds_to_running?: number;
             /** @description Epoch seconds of the lost host's last heartbeat, when the store holds it */
             lost_at?: number;
+            /** @description Resumed from snapshots no key vouches for (resume_unsigned): the risk, said with every entry */
+            warning?: string;
         } & {
             [key: string]: unknown;
+        };
+        /** @description This host's signing key and whether what a resume runs is vouched for by it (docs/threat-model.md) */
+        Trust: {
+            /** @description The short public id of this host's key; null: it has none */
+            key_id: string | null;
+            /** @description Why no kernel is resumed, or (opted in) the warning; null: nothing to say */
+            line: string | null;
+            /** @description Every snapshot the resume used is signed with this host's key */
+            vouched?: boolean;
+            /** @description Kernels were resumed: vouched, or opted in (resume_unsigned) */
+            allowed?: boolean;
         };
         Watcher: {
             /** @description sigterm, aws, gcp, azure */

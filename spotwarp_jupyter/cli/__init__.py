@@ -11,7 +11,7 @@ import sys
 from typing import Sequence
 
 from ..engine import SpotWarpError
-from . import failover, report, restore, snapshots  # noqa: F401 - registers the commands
+from . import failover, keys, report, restore, snapshots  # noqa: F401 - registers the commands
 from .common import COMMANDS, EXIT_FAILURE, EXIT_OK, EXIT_USAGE, HeldWarnings
 from .parser import build_parser
 

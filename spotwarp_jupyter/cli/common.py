@@ -10,6 +10,7 @@ import time
 from typing import Any, Callable
 
 from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
+from ..engine.keys import use_key
 from ..engine.units import format_size
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -29,7 +30,10 @@ def _engine(args: argparse.Namespace, create: bool = False, fence: Any = None) -
 
     settings = Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
                                 workspace=getattr(args, "workspace", None), config=server_config_layer())
-    return SnapshotEngine(settings, create=create, fence=fence)
+    engine = SnapshotEngine(settings, create=create, fence=fence)
+    if engine.key:  # the project's kept key signs this command's lease entries and events too
+        use_key(engine.key)
+    return engine
 
 
 # what a project's folder holds once anything of it is stored (snapshots, objects, a host's heartbeat, the

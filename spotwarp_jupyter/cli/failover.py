@@ -32,6 +32,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     provider = make_provider(args.provider, dict(args.provider_options))
     _refuse_host_local_storage(args, provider)
     engine = _existing_project(args)
+    engine.settle_key()  # a new project gets its key here: every candidate signs with the same one; each says
+    # in its own start what a missing key means for its resume
     spec = _launch_spec(args, engine)
     store = engine.store
 
@@ -189,6 +191,8 @@ def _launch_spec(args: argparse.Namespace, engine: Any) -> Any:
     from ..failover.provider import LaunchSpec
 
     env = _check_dead_after(args)
+    if engine.key:  # to the candidates through their environment (SkyPilot: its secrets), never a command line
+        env["SPOTWARP_KEY"] = engine.key.decode()
     if engine.settings.storage_options:
         env["SPOTWARP_STORAGE_OPTIONS"] = json.dumps(engine.settings.storage_options)
     return LaunchSpec(engine.settings.project, engine.settings.storage, args.gpus, tuple(args.clouds),

@@ -37,23 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("status", help="project, storage, last snapshot and its age")
     _common(p)
 
-    p = sub.add_parser("start", help="run JupyterLab with SpotWarp on; on an empty workspace, restore it first",
-                       description="Run JupyterLab with SpotWarp on. Jupyter's own flags go after --, "
-                                   "e.g. spotwarp start --workspace-path W -- --ServerApp.ip=0.0.0.0")
-    _common(p)
-    p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
-    p.add_argument("--port", type=_port, help="port JupyterLab listens on")
-    p.add_argument("--snapshot", default="latest", help="snapshot an empty workspace is restored from (default latest)")
-    p.add_argument("--candidate-id", dest="candidate_id", type=_candidate_id,
-                   help="failover: start as this race candidate, in standby until promoted (set by `spotwarp launch`)")
-    p.add_argument("--generation", type=_positive_int, help="failover: the lease generation this candidate races for")
-    p.add_argument("--take-over", dest="take_over", action="store_true",
-                   help="failover: on a project that failed over, move the lease to this host (refused while its "
-                        "holder is live)")
-    p.add_argument("--allow-root", dest="allow_root", action="store_true",
-                   help="let Jupyter run as root (the default when started as root, e.g. on a spot GPU image)")
-    p.add_argument("--no-resume", dest="no_resume", action="store_true",
-                   help="restore files only: start no kernel, run no cell (docs/resume.md)")
+    _start_parser(sub)
 
     p = sub.add_parser("snapshot", help="a snapshot now: files, and live kernels when a server runs the project")
     _common(p)
@@ -75,16 +59,54 @@ def build_parser() -> argparse.ArgumentParser:
     for name in ("launch", "watch"):
         _launch_parser(sub, name)
 
+    _key_parser(sub)
     p = sub.add_parser("hosts", help="failover: who holds the session, heartbeats, candidates")
     _common(p)
     p.add_argument("--prune", nargs="?", const=3600.0, type=_duration, metavar="AGE",
                    help="delete heartbeats (and unreadable files in hosts/) not written for AGE (default 1h), "
                         "except the lease holder's")
 
+    _gc_parser(sub)
+    return parser
+
+
+def _gc_parser(sub: Any) -> None:
     p = sub.add_parser("gc", help="drop old snapshots and unreferenced objects")
     _common(p)
     p.add_argument("--keep", required=True, type=_positive_int, help="how many of the newest snapshots to keep")
-    return parser
+    p.add_argument("--grace", type=_grace, default=3600.0, metavar="AGE",
+                   help="delete unreferenced objects only once older than AGE (default 1h: a snapshot being written "
+                        "may be about to name younger ones); shorten it (0s: all) only while no host or kernel "
+                        "writes to the project")
+
+
+def _start_parser(sub: Any) -> None:
+    p = sub.add_parser("start", help="run JupyterLab with SpotWarp on; on an empty workspace, restore it first",
+                       description="Run JupyterLab with SpotWarp on. Jupyter's own flags go after --, "
+                                   "e.g. spotwarp start --workspace-path W -- --ServerApp.ip=0.0.0.0")
+    _common(p)
+    p.add_argument("--workspace-path", dest="workspace", help="the workspace folder (default: $SPOTWARP_WORKSPACE)")
+    p.add_argument("--port", type=_port, help="port JupyterLab listens on")
+    p.add_argument("--snapshot", default="latest", help="snapshot an empty workspace is restored from (default latest)")
+    p.add_argument("--candidate-id", dest="candidate_id", type=_candidate_id,
+                   help="failover: start as this race candidate, in standby until promoted (set by `spotwarp launch`)")
+    p.add_argument("--generation", type=_positive_int, help="failover: the lease generation this candidate races for")
+    p.add_argument("--take-over", dest="take_over", action="store_true",
+                   help="failover: on a project that failed over, move the lease to this host (refused while its "
+                        "holder is live)")
+    p.add_argument("--allow-root", dest="allow_root", action="store_true",
+                   help="let Jupyter run as root (the default when started as root, e.g. on a spot GPU image)")
+    p.add_argument("--no-resume", dest="no_resume", action="store_true",
+                   help="restore files only: start no kernel, run no cell (docs/resume.md)")
+    p.add_argument("--resume-unsigned", dest="resume_unsigned", action="store_true",
+                   help="resume kernels from snapshots no key vouches for too: anyone who can write the store "
+                        "can then run code here (docs/threat-model.md)")
+
+
+def _key_parser(sub: Any) -> None:
+    p = sub.add_parser("key", help="the project's signing key here, and how to carry it to another host")
+    _common(p)
+    p.add_argument("--create", action="store_true", help="create a key for the project when this host has none")
 
 
 def _launch_parser(sub: Any, name: str) -> None:
@@ -135,6 +157,8 @@ def _flag_type(parse: Callable[[str], T]) -> Callable[[str], T]:
 
 
 _duration = _flag_type(parse_duration)
+# a grace may be zero (`0s`: every unreferenced object, for when nothing writes to the project)
+_grace = _flag_type(lambda text: 0.0 if str(text).strip().lower() in ("0", "0s") else parse_duration(text))
 _candidate_id = _flag_type(validate_candidate_id)
 
 

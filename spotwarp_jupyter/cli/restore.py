@@ -11,6 +11,7 @@ from typing import Any
 
 from ..engine import ConfigError, ManifestError
 from ..engine.coordination import Fence
+from ..engine.settings import resolve_setting
 from ..engine.units import format_duration, format_size
 from ..service import VIA_CLI, VIA_START, Project, RestoreResult
 from ..service.wire import cli_restore_json, start_restore_json
@@ -120,23 +121,38 @@ def cmd_start(args: argparse.Namespace) -> int:
     workspace = _workspace(engine.settings, "start")
     if os.path.exists(workspace) and not os.path.isdir(workspace):
         raise ConfigError(f"workspace {workspace} exists and is not a folder")
+    key = engine.settle_key()  # a new project gets its key; the server and its kernels inherit SPOTWARP_KEY
+    if key.line and key.key:
+        print(f"spotwarp: {key.line}")
+    unsigned_ok = bool(getattr(args, "resume_unsigned", False)) or bool(resolve_setting("resume_unsigned"))
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
     if not os.path.isdir(workspace) or not os.listdir(workspace):
+        if args.snapshot in ("latest", "", None):
+            engine.check_head()  # a store rolled back is never resumed unattended: RolledBack names what is missing
         # a standby candidate journals nothing (Project.restore): it writes nothing to the project
-        result = _restore(Project(engine, workspace), args.snapshot, VIA_START, quiet=args.json, files_only=True,
+        project = Project(engine, workspace, resume_unsigned=unsigned_ok)
+        result = _restore(project, args.snapshot, VIA_START, quiet=args.json, files_only=True,
                           past_refused=args.candidate_id is not None)
         if result is None:
             print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
         else:
             summary["restored"] = start_restore_json(result)
+            trust = project.resume_trust(result.snapshot.id, args.snapshot) if result.snapshot.notebooks and \
+                not getattr(args, "no_resume", False) else None
+            if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
+                print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
+            elif key.line and not key.key:
+                print(f"spotwarp: {key.line}", file=sys.stderr)
+            if trust is not None:
+                summary["trust"] = trust.as_dict()
             if not args.json:
                 print(_resumed_from(result))
                 print(_restore_summary(result))
                 if result.snapshot.notebooks and getattr(args, "no_resume", False):
                     print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "
                           f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
-                elif result.snapshot.notebooks:
+                elif result.snapshot.notebooks and trust is not None and trust.allowed:
                     print(f"kernels of {', '.join(result.snapshot.notebooks)} are started and restored by the server "
                           "(docs/resume.md; --no-resume leaves that to you)")
     os.makedirs(workspace, exist_ok=True)
@@ -146,6 +162,8 @@ def cmd_start(args: argparse.Namespace) -> int:
     env = _server_env(engine, fence, workspace, started_at, {**summary, "ref": args.snapshot})
     if getattr(args, "no_resume", False):
         env["SPOTWARP_RESUME_KERNELS"] = "false"  # the flag beats the variable and c.SpotWarp.resume_kernels
+    if getattr(args, "resume_unsigned", False):
+        env["SPOTWARP_RESUME_UNSIGNED"] = "true"  # the flag beats the variable and c.SpotWarp.resume_unsigned
     return _serve(args, workspace, env)
 
 

@@ -180,7 +180,7 @@ def cmd_verify(args: argparse.Namespace) -> int:
 
 @command("gc")
 def cmd_gc(args: argparse.Namespace) -> int:
-    report = _stored_engine(args).gc(args.keep)
+    report = _stored_engine(args).gc(args.keep, grace_s=args.grace)
     data = _report_json(report, "kept", "dropped", "objects_deleted", "bytes_freed", "objects_left")
     text = (f"kept {len(report.kept)} snapshots, dropped {len(report.dropped)}, "
             f"deleted {report.objects_deleted} objects ({format_size(report.bytes_freed)})")

@@ -19,6 +19,7 @@ Its parts, top to bottom (each imports only the ones below it; pyproject.toml's 
 docs/architecture.md walks a snapshot through them; docs/design.md specifies the store's formats.
 """
 
+from .coordination.head import RolledBack
 from .errors import (
     ConfigError,
     DamagedObjectError,
@@ -35,6 +36,6 @@ from .variables import CaptureOptions
 
 __all__ = [
     "CaptureOptions", "ConfigError", "DamagedObjectError", "DEFAULT_NOTEBOOK", "GcReport", "Manifest",
-    "ManifestError", "Settings", "SignatureError", "SnapshotEngine", "SnapshotNotFound", "SpotWarpError",
+    "ManifestError", "RolledBack", "Settings", "SignatureError", "SnapshotEngine", "SnapshotNotFound", "SpotWarpError",
     "StorageError", "VerifyReport",
 ]

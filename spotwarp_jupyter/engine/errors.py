@@ -36,6 +36,14 @@ class SignatureError(ManifestError):
     """A manifest is unsigned, signed with another key, or altered."""
 
 
+class ScopeError(SignatureError):
+    """A manifest signed with this key, but for another project, storage location or user."""
+
+
+class UnreadableManifest(ManifestError):
+    """A manifest is not JSON, or not of a known format: with a key set, someone else's, and skipped."""
+
+
 def one_line(exc: BaseException) -> str:
     """An exception as one short line: its type and its message."""
     text = " ".join(str(exc).split())

@@ -17,6 +17,7 @@ from .errors import SpotWarpError
 from .hashing import is_object_id
 from .manifests import RECORD, Manifest, ManifestCatalog, record_chunks
 from .storage import TEMPORARY_GRACE_S, Store
+from .units import format_duration, format_size
 
 
 @dataclass
@@ -28,6 +29,8 @@ class GcReport:
     objects_deleted: int = 0
     bytes_freed: int = 0
     objects_left: str | None = None  # why no (or not every) unreferenced object was deleted, in one line
+    objects_in_grace: int = 0  # unreferenced objects left because they are younger than the grace period
+    bytes_in_grace: int = 0
 
 
 def named_objects(doc: Any) -> set[str]:
@@ -92,6 +95,12 @@ def _choose(listing: list[Manifest], keep: int) -> tuple[list[Manifest], list[Ma
         if newest in dropped:
             dropped.remove(newest)
             kept.append(newest)
+    # a variable that failed to restore is carried forward marked damaged: the snapshot that holds it stays
+    holders = {str(info.get("from")) for m in kept for record in m.kernels.values() if isinstance(record, dict)
+               for info in (record.get("damaged") or {}).values() if isinstance(info, dict)}
+    for m in [m for m in dropped if m.id in holders]:
+        dropped.remove(m)
+        kept.append(m)
     return kept, dropped
 
 
@@ -126,7 +135,11 @@ def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lock, r
     now = time.time()
     checked = 0.0  # look for writers first: reading the manifests may have taken a while
     for oid, (size, mtime) in store.list_objects_with_times().items():
-        if oid in live or (mtime is not None and now - mtime < grace_s):
+        if oid in live:
+            continue
+        if mtime is not None and now - mtime < grace_s:
+            report.objects_in_grace += 1
+            report.bytes_in_grace += size
             continue
         if time.monotonic() - checked > 1.0:
             checked = time.monotonic()
@@ -139,6 +152,12 @@ def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lock, r
         store.delete_object(oid)
         report.objects_deleted += 1
         report.bytes_freed += size
+    if report.objects_in_grace:
+        report.objects_left = (
+            f"{report.objects_in_grace} unreferenced objects ({format_size(report.bytes_in_grace)}) are younger than "
+            f"the grace period ({format_duration(grace_s)}) and were kept: a snapshot being written may be about to "
+            "name them; a later gc deletes them, or now `spotwarp gc --keep N --grace 0s` while no host or kernel "
+            "writes to this project")
 
 
 def _clear_leftovers(store: Store, grace_s: float, lease: Lock) -> None:
@@ -149,7 +168,7 @@ def _clear_leftovers(store: Store, grace_s: float, lease: Lock) -> None:
             store.fs.rm(path)
         except FileNotFoundError:
             pass
-    store.clear_interrupted_uploads(grace_s)
+    store.clear_interrupted_uploads(max(grace_s, TEMPORARY_GRACE_S))  # an upload in progress, whatever `--grace`
     for name in stale_locks(store):
         if name != lease.name:
             store.delete_lock(name)

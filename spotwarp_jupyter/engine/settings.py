@@ -164,6 +164,7 @@ _ALL = (
     Setting("shutdown_grace", "SPOTWARP_SHUTDOWN_GRACE", _seconds, 20.0),
     Setting("notice_window", "SPOTWARP_NOTICE_WINDOW", _seconds, 25.0),
     Setting("resume_kernels", "SPOTWARP_RESUME_KERNELS", _flag, True),
+    Setting("resume_unsigned", "SPOTWARP_RESUME_UNSIGNED", _flag, False),
     # a kernel's automatic-snapshot policy (`c.SpotWarpMagics.*`, `%spotwarp policy`)
     Setting("every", "SPOTWARP_EVERY", every, AUTO),  # adaptive at steps, 5 minutes between cells
     Setting("max_redo", "SPOTWARP_MAX_REDO", parse_duration, 60.0),
@@ -176,7 +177,7 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in _ALL}
 LOCATION = ("project", "storage", "storage_options", "workspace")
 SERVER = ("backup_interval", "kernel_timeout", "heartbeat_interval", "restore_on_start", "watchers",
           "aws_metadata_url", "gcp_metadata_url", "azure_metadata_url", "metadata_poll_interval",
-          "watcher_max_backoff", "shutdown_grace", "notice_window", "resume_kernels")
+          "watcher_max_backoff", "shutdown_grace", "notice_window", "resume_kernels", "resume_unsigned")
 POLICY = ("every", "max_redo", "after_cell", "autosnapshot", "max_var_size", "keep")
 
 

@@ -18,6 +18,7 @@ from typing import Any, Callable, Iterator, Mapping
 
 from .coordination import Fence, Fenced, WriteLock
 from .coordination.fence import lease_entry_times
+from .coordination.head import RolledBack, advance_head, missing_head, read_head
 from .errors import SnapshotNotFound, SpotWarpError, StorageError
 from .files import (
     IGNORE_FILE,
@@ -31,6 +32,8 @@ from .files import (
     take_cut,
 )
 from .incremental import ReusePlan, StaleBaseline
+from .keys import KeyState, settle_key, use_key
+from .keys import project_key as kept_key
 from .manifests import (
     RECORD,
     Manifest,
@@ -40,7 +43,6 @@ from .manifests import (
     newest_kernel_records,
     package_versions,
     record_objects,
-    signing_key,
     signing_scope,
     trust_warning,
     version_warnings,
@@ -56,6 +58,7 @@ from .variables import (
     KernelImage,
     LoadResult,
     capture_namespace,
+    carry_damaged,
     load_record,
     persist_image,
     restore_progressive,
@@ -84,7 +87,8 @@ class SnapshotEngine:
 
     def __init__(self, settings: Settings, key: bytes | None = None, create: bool = True, fence: Fence | None = None):
         self.settings = settings
-        self.key = key if key is not None else signing_key()
+        # SPOTWARP_KEY, else the project's key kept on this host (engine/keys.py); `settle_key` creates one
+        self.key = key if key is not None else kept_key(settings.project, settings.storage)
         self.fence = fence if fence is not None else Fence.from_env()
         self.store = Store(settings.storage, settings.project, settings.storage_options, create=create)
         self.scope = signing_scope(settings)
@@ -94,6 +98,26 @@ class SnapshotEngine:
         self._lease_times: tuple[float, dict[int, float | None]] = (0.0, {})
         self._lock = threading.Lock()
         self._rules: tuple[tuple[Any, ...], IgnoreRules] | None = None  # the workspace's, while its file is unchanged
+
+    def settle_key(self) -> KeyState:
+        """Sign from now on with this host's key for the project, created when the store holds none of its
+        snapshots; made this process's (and its children's) SPOTWARP_KEY. Blocking: lists the store once when
+        no key is known. A store that holds snapshots gets no new key: `line` says what the host needs."""
+        if self.key:
+            state = KeyState(self.key, "environment" if os.environ.get("SPOTWARP_KEY") else "file")
+        else:
+            try:
+                stored: list[Manifest] | None = self.manifests()
+            except SpotWarpError as exc:
+                log.warning("SpotWarp: the store's snapshots could not be listed, no key created: %s", exc)
+                stored = None
+            if stored is not None and not stored and self.store.manifest_names():
+                stored = None  # snapshots none of which could be read: never a new key over them
+            state = settle_key(self.settings.project, self.settings.storage, stored)
+        if state.key:
+            self.key = self.catalog.key = state.key
+            use_key(state.key)
+        return state
 
     # -- reading: manifests/catalog.py ---------------------------------------------------------------
     @property
@@ -215,7 +239,9 @@ class SnapshotEngine:
             records = [r for m in previous for r in m.kernels.values()]
             dropped = self._check_reuse_base(image, previous, notebook)
             kernel, objects, pstats = persist_image(self.store, image, records, on_written)
-            for name, value in (annotations or {}).items():
+            annotations = dict(annotations or {})
+            carry_damaged(kernel, objects, annotations.pop("damaged", None) or {})
+            for name, value in annotations.items():
                 if value and name not in kernel:  # what persist_image wrote is never replaced
                     kernel[name] = value
             kernels, files, file_stats = {notebook: kernel}, None, {}
@@ -313,7 +339,23 @@ class SnapshotEngine:
             raise
         manifest.signed = bool(self.key)
         self.catalog.remember(manifest)
+        try:
+            advance_head(self.store, self.key, manifest.id, manifest.name, manifest.created)
+        except (SpotWarpError, OSError) as exc:  # committed all the same: a missed head only weakens the rollback check
+            log.warning("SpotWarp: snapshot %s committed, but the store's head was not advanced: %s", manifest.id, exc)
         return manifest
+
+    def check_head(self) -> None:
+        """RolledBack when the snapshot the store's signed head names is missing and nothing newer is there: the
+        store was rolled back or its newest manifest deleted (a resume of `latest` would go back silently)."""
+        head = read_head(self.store, self.key)
+        if head is None:
+            return
+        self.catalog.manifests()
+        valid = self.catalog.valid
+        why = missing_head(head, valid, max(valid, default=None))
+        if why is not None:
+            raise RolledBack(why, head.snapshot)
 
     def _commit(self, lock: WriteLock, manifest: Manifest, started: float) -> Manifest:
         """The end of every commit: time it, make sure a lapsed lock lost nothing, write the manifest."""

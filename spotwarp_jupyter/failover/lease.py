@@ -21,7 +21,7 @@ from ..engine.coordination import (
     read_lease,
     write_lease,
 )
-from ..engine.coordination.fence import lease_path, parse_lease, read_small
+from ..engine.coordination.fence import free_generation, lease_path, parse_lease, read_small
 from ..engine.errors import SpotWarpError
 from ..engine.signing import RecordRefused, signing_key
 from ..engine.storage import Store
@@ -34,11 +34,12 @@ class LeaseConflict(SpotWarpError):
 
 
 def next_generation(store: Store, manifests_floor: Callable[[], int] | None = None) -> int:
-    """One above every generation the project ever recorded: lease entries (damaged ones too), the old
-    `lease.json`, manifests (`manifests_floor`) and the heartbeats of hosts that held the lease.
+    """One above every generation the project ever recorded: lease entries (without SPOTWARP_KEY damaged ones
+    too; with it, signed ones only), the old `lease.json`, manifests (`manifests_floor`) and the heartbeats of
+    hosts that held the lease; with a name an unsigned entry took skipped.
 
     So a deleted or damaged lease never sends generations back: what the next holder writes ranks above
-    everything written before.
+    everything written before; and entries a store writer without the key adds move no generation.
     """
     seen = [highest_lease_generation(store)]
     if manifests_floor is not None:
@@ -47,7 +48,7 @@ def next_generation(store: Store, manifests_floor: Callable[[], int] | None = No
         gen = doc.get("generation")
         if (doc.get("state") in (HOLDER, FENCED) or doc.get("lease_lost") is True) and isinstance(gen, int) and not isinstance(gen, bool):
             seen.append(gen)
-    return max(seen) + 1
+    return free_generation(store, max(seen) + 1)
 
 
 class UnsignedEntry(SpotWarpError):

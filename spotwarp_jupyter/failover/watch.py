@@ -44,7 +44,7 @@ class Holder:
 class Loss:
     """Why the holder is considered lost, and when (this machine's clock)."""
 
-    reason: str  # "notice", "no heartbeat", "lease damaged" or "lease lost"
+    reason: str  # "notice", "no heartbeat", "lease lost", or "lease damaged" (the holder says it stopped writing)
     lost_at: float  # when the orchestrator last saw a sign of it (its last heartbeat change, or the notice)
     detected_at: float
     details: dict[str, Any] = field(default_factory=dict)
@@ -105,24 +105,22 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
     clock = BeatClock()
     store_state = _Reachability(holder.id, clock, say, poll_s, max_backoff_s, slow_s=dead_after / 2)
     skew_said = False
+    leases = _LeaseReader(store, holder.id, say)
     next_notice = 0.0
     while not stop.is_set():
         started = time.monotonic()
         try:
-            lease = read_lease(store)
+            lease = leases.read()
             doc = read_heartbeat(store, holder.id)
             notice = None
             if time.monotonic() >= next_notice:
                 next_notice = time.monotonic() + notice_every_s
                 notice = _notice(store, holder)
-        except DamagedLease as exc:
-            # nobody may write under a damaged lease: the way out is a race past it (docs/failover.md)
-            return Loss("lease damaged", time.time(), time.time(), {"why": str(exc)})
         except Exception as exc:  # noqa: BLE001 - the store unreachable: unknown, never a loss by itself
             stop.wait(store_state.failed(exc))
             continue
         store_state.answered(started)
-        lost = _lease_verdict(lease, holder, clock)
+        lost = _lease_verdict(lease, holder, clock) if lease is not None else None
         if lost is not None:
             return lost
         if clock.see(doc) and not skew_said:
@@ -130,6 +128,10 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             if off is not None:
                 skew_said = True
                 say("clock_skew", {"host": holder.id, "behind_s": off})
+        if lease is None and doc is not None and (doc.get("state") == FENCED or doc.get("lease_lost") is True):
+            # the holder itself stopped writing under the lease nobody can read: a race past it is the way out
+            return Loss("lease damaged", clock.last_sign(), time.time(),
+                        {"why": leases.unreadable, "holder_why": doc.get("why")})
         if doc is not None and doc.get("state") == FENCED:
             raise LeaseConflict(f"the holder {holder.id} says it is fenced: {doc.get('why')}")
         if notice is not None:
@@ -142,6 +144,26 @@ def detect_loss(store: Store, holder: Holder, dead_after: float, provider: Provi
             return Loss("no heartbeat", clock.last_sign(), time.time(), details)
         stop.wait(poll_s)
     return None
+
+
+class _LeaseReader:
+    """The lease as the watch reads it: None when it cannot be read, which says nothing of the holder (the watch
+    keeps watching its heartbeat), warned once per reason."""
+
+    def __init__(self, store: Store, holder_id: str, say: OnEvent):
+        self.store, self.holder_id, self.say = store, holder_id, say
+        self.unreadable: str | None = None
+
+    def read(self) -> Any:
+        try:
+            return read_lease(self.store)
+        except DamagedLease as exc:
+            if self.unreadable != str(exc):
+                self.unreadable = str(exc)
+                self.say("lease_unreadable", {"holder": self.holder_id, "why": one_line(exc)})
+                log.warning("SpotWarp: the watch cannot read the lease (%s); it keeps watching %s",
+                            one_line(exc), self.holder_id)
+            return None
 
 
 class _Reachability:

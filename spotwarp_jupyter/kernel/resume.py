@@ -33,7 +33,8 @@ def restore_for_resume(ref: str = "latest") -> None:
     _outcome = {"snapshot": manifest.id, "host": manifest.host, "created": manifest.created_iso,
                 "created_ts": manifest.created, "notebook": session.notebook, "at": record.get("at"), "running": record.get("running"),
                 "positions": record.get("positions") or {}, "resume": session.policy.resume,
-                "restored": len(result.restored), "warnings": list(result.warnings)}
+                "restored": len(result.restored), "warnings": list(result.warnings),
+                "damaged": sorted(record.get("damaged") or {})}
     session.resumed = resumed_facts(_outcome)
     running = record.get("running") if isinstance(record.get("running"), dict) else {}
     if isinstance(running.get("outputs"), list):  # what the cell printed up to the snapshot leads its run again

@@ -9,6 +9,7 @@ flight are taken at the next safe point. What a snapshot reuses is increments.py
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from types import ModuleType
@@ -66,6 +67,9 @@ def set_current(session: "KernelSession | None") -> None:
 class KernelSession:
     """Everything SpotWarp knows and does inside one kernel."""
 
+    key_line: str | None = None  # no key for the project here: why (settle_key), for status and the widget
+    _key_settled = False
+
     def __init__(self, namespace: dict[str, Any], hidden: Mapping[str, Any] | None, settings: Settings,
                  policy: Policy | None = None, notebook: str | None = None):
         self.namespace = namespace
@@ -109,6 +113,20 @@ class KernelSession:
             self._engine = SnapshotEngine(self.settings)
         return self._engine
 
+    def settle_key(self) -> None:
+        """Once, before this kernel first writes or says its status (the widget `%load_ext` shows): a new
+        project's key is created here when no server made it (engine/keys.py); without one, `key_line` says why."""
+        if self._key_settled:
+            return
+        try:
+            key = self.engine.settle_key()
+        except SpotWarpError:  # storage unusable: the status says so; settled at the next look
+            return
+        self._key_settled = True
+        if key.line:
+            logging.getLogger("spotwarp").warning("SpotWarp: %s", key.line)
+        self.key_line = None if key.key else key.line
+
     def configure(self, project: str | None = None, storage: str | None = None) -> None:
         """Switch project or storage; the new location is checked before anything changes."""
         settings = Settings.resolve(
@@ -119,7 +137,7 @@ class KernelSession:
             env={},
         )
         engine = SnapshotEngine(settings)
-        self.settings, self._engine = settings, engine
+        self.settings, self._engine, self._key_settled = settings, engine, False
         self.increments.baseline = None
 
     def annotations(self, at: str = "call") -> dict[str, Any]:
@@ -131,7 +149,30 @@ class KernelSession:
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
                 "running": None if running is None else self._running_record(running),
-                "at": "cell" if running is None else ("step" if at == "step" else "call")}
+                "at": "cell" if running is None else ("step" if at == "step" else "call"),
+                "damaged": self.damaged_carry()}
+
+    def damaged_carry(self) -> dict[str, Any]:
+        """Variables the last restore could not bring back and nothing has assigned since: name -> why, the
+        snapshot that holds them, and their group record there. Each snapshot carries them forward (marked
+        damaged), so none is dropped silently and retention keeps the snapshot that holds them."""
+        if self.last_restore is None or not self.last_restore[1].failed:
+            return {}
+        manifest, result = self.last_restore
+        source = next((nb for nb in (self.name_in(manifest), self.source_notebook(manifest)) if nb in manifest.kernels),
+                      None)
+        if source is None:
+            return {}
+        record = manifest.kernels[source]
+        earlier, groups, variables = record.get("damaged") or {}, record.get("groups") or [], record.get("variables") or {}
+        out: dict[str, Any] = {}
+        for name, why in dict(result.failed).items():
+            index = (variables.get(name) or {}).get("group")
+            if name in self.namespace or not isinstance(index, int) or not 0 <= index < len(groups):
+                continue
+            origin = (earlier.get(name) or {}).get("from") or manifest.id
+            out[name] = {"why": why, "from": origin, "group": groups[index]}
+        return out
 
     def cut(self) -> Cut | None:
         """The workspace at this instant, committed with the snapshot taken now (engine/files/cut.py): a stat of
@@ -186,6 +227,7 @@ class KernelSession:
 
         `full`: serialize every variable, reusing nothing of the previous snapshot (engine/incremental/reuse.py).
         """
+        self.settle_key()
         self.wait_in_flight()
         self.arrivals.finish()
         with self._lock:
@@ -339,10 +381,16 @@ class KernelSession:
         """Variables the last snapshot saved, but not as they were (a tensor's autograd graph), with the reason."""
         if self.last is None:
             return {}
-        return dict(self.engine.kernel_record(self.last, self.name_in(self.last)).get("changed", {}))
+        record = self.engine.kernel_record(self.last, self.name_in(self.last))
+        out = dict(record.get("changed", {}))
+        for name, info in (record.get("damaged") or {}).items():
+            out[name] = (f"not restored ({info.get('why')}): carried forward as snapshot {info.get('from')} holds it, "
+                         "marked damaged")
+        return out
 
     def status_record(self) -> KernelStatus:
         """This session's facts, as a typed record (service/records.py)."""
+        self.settle_key()
         restore = None
         if self.last_restore is not None:
             manifest, result = self.last_restore
@@ -356,6 +404,7 @@ class KernelSession:
             changed=self.changed(), last_error=self.last_error, restore=restore,
             imports=self._saved_imports(), resumed=self.resumed,
             cadence=self.cadence().as_dict() if self.policy.enabled else None,
+            trust=self.key_line,
         )
 
     def _saved_imports(self) -> dict[str, str]:
@@ -403,6 +452,7 @@ class KernelSession:
         `in_loop` (taken at a loop's step): what changed is copied and written from a thread (engine/writers/staged.py)
         when that is cheap to serialize, since the next step would rewrite it under a forked writer.
         """
+        self.settle_key()
         if fork_unavailable_reason():
             return self.snapshot(message, requests, at="step" if in_loop else "call")
         with self._lock:

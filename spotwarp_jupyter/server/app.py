@@ -16,6 +16,7 @@ from traitlets.config import Configurable
 from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
 from ..engine.coordination import HOLDER
 from ..engine.settings import DEFAULT_PROJECT, LOCATION, SERVER, SETTINGS, WATCHER_KINDS, configured, resolve_settings
+from ..engine.signing import key_id
 from .async_project import AsyncProject
 from .handlers import handlers
 from .heartbeat import Heartbeat
@@ -91,6 +92,10 @@ class SpotWarp(Configurable):
                               "for every notebook whose kernel was live in the snapshot, restore its variables and "
                               "re-run a cell interrupted inside a resumable loop (docs/resume.md)",
                               shown="True", note="`spotwarp start --no-resume` turns it off")
+    resume_unsigned = _setting(Bool, "resume_unsigned", "Resume kernels (unpickle, re-run the recorded cell) "
+                               "from snapshots no key vouches for: anyone who can write the store can then run "
+                               "code on this host (docs/threat-model.md)", shown="False",
+                               note="`spotwarp start --resume-unsigned` turns it on")
     notice_window = _setting(Float, "notice_window", "Seconds a notice that states no deadline leaves for the final "
                              "snapshot (GCP gives 30)")
 
@@ -134,9 +139,13 @@ class SpotWarpApp(ExtensionApp):
             workspace = settings.workspace
             engine = SnapshotEngine(settings)
             mode = restore_mode(config.restore_on_start)
+            # signing from now on, kernels included (they inherit SPOTWARP_KEY); a new project gets its key here
+            key = engine.settle_key()
         except SpotWarpError as exc:
             self.log.error("SpotWarp is off: %s", exc)
             raise
+        if key.line:
+            (self.log.info if key.key else self.log.warning)("SpotWarp: %s", key.line)
         self.config_object = config
         identity = HubIdentity.from_env()
         warning = shared_prefix_warning(settings.storage, identity)
@@ -147,6 +156,8 @@ class SpotWarpApp(ExtensionApp):
                                          config.fresh_workspace_names)
         self.service = AsyncProject(engine, workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
+        self.service.project.resume_unsigned = bool(config.resume_unsigned)
+        self.service.trust.update(key_id=key_id(key.key) if key.key else None, line=None if key.key else key.line)
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,

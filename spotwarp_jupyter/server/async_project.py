@@ -62,6 +62,8 @@ class AsyncProject:
         self.responder: Any = None  # their final-snapshot sequence
         self.last_error: str | None = None
         self.resumed: list[dict[str, Any]] = []  # what resuming each notebook did on this host (server/resume.py)
+        # this host's key (key_id, or the line saying it has none) and its resume's trust (engine/keys.py)
+        self.trust: dict[str, Any] = {"key_id": None, "line": None}
         self.resumer: Any = None  # the Resumer of this host's resume, once one began (POST resume/run)
         self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
@@ -173,7 +175,7 @@ class AsyncProject:
         failover = self.heartbeat.describe() if self.heartbeat is not None else \
             {"role": self.role, "generation": self.engine.fence.generation, "candidate": self.engine.fence.candidate}
         return status, ServerFacts(__version__, [w.describe() for w in self.watchers], self.last_error, failover,
-                                   list(self.resumed))
+                                   list(self.resumed), dict(self.trust))
 
     async def snapshots(self) -> list[SnapshotSummary]:
         return await self.run(self.project.list)

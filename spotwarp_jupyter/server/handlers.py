@@ -12,7 +12,7 @@ from jupyter_server.auth.decorator import authorized
 from jupyter_server.base.handlers import APIHandler
 from tornado import web
 
-from ..engine import ManifestError, SnapshotNotFound, SpotWarpError
+from ..engine import ManifestError, RolledBack, SnapshotNotFound, SpotWarpError
 from ..engine.coordination import Fenced
 from ..service import SnapshotSummary
 from ..service.wire import rest_restore_json, rest_status_json, snapshot_json, summary_json
@@ -60,7 +60,7 @@ class SpotWarpHandler(APIHandler):
             raise web.HTTPError(409, str(exc)) from None
         except ServerStopping as exc:
             raise web.HTTPError(503, str(exc)) from None
-        except ManifestError as exc:  # damaged, tampered or unsafe snapshot: refused, nothing changed
+        except (ManifestError, RolledBack) as exc:  # damaged, tampered, unsafe or missing newest: refused, nothing changed
             raise web.HTTPError(400, str(exc)) from None
         except SpotWarpError as exc:
             raise web.HTTPError(500, str(exc)) from None

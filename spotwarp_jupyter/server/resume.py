@@ -36,7 +36,9 @@ from ..engine.journal import (
     PREEMPTION_DETECTED,
     loss_without_notice,
 )
+from ..engine.keys import resume_trust, vouched
 from ..engine.units import format_duration
+from ..service.project import resume_sources
 from .cell_outputs import Outputs, open_outputs, private_missing
 from .kernel_link import wait_until_served
 
@@ -57,19 +59,22 @@ class Plan:
 
 
 def plan_resume(engine: SnapshotEngine, workspace: str, root_dir: str, snapshot_id: str, ref: str,
-                kernelspecs: set[str], default_spec: str) -> list[Plan]:
+                kernelspecs: set[str], default_spec: str, resume_unsigned: bool = False) -> list[Plan]:
     """Which notebooks to resume (blocking: reads the store and the notebook files).
 
     The notebooks whose kernel was live in the snapshot the files came from, and, when that was `latest`, those
-    of kernel snapshots taken after it."""
-    listing = engine.manifests()
-    base = next((i for i, m in enumerate(listing) if m.id == snapshot_id), None)
-    if base is None:
-        return []
-    scope: list[Manifest] = listing[:base + 1] if ref in ("latest", "", None) else [listing[base]]
-    notebooks = sorted({name for m in scope for name in m.kernels})
-    return [_plan_one(name, next(m for m in scope if name in m.kernels).kernels[name], workspace, root_dir,
-                      kernelspecs, default_spec) for name in notebooks]
+    of kernel snapshots taken after it. A notebook whose record no key vouches for starts no kernel (its restore
+    would unpickle, its recorded cell run, a store writer's code), unless `resume_unsigned` accepts that."""
+    sources: dict[str, Manifest] = resume_sources(engine.manifests(), snapshot_id, ref)
+    plans = []
+    for name in sorted(sources):
+        manifest = sources[name]
+        if not resume_unsigned and not vouched(manifest, engine.key):
+            plan = Plan(name, skip=str(resume_trust(engine.settings.project, [manifest], engine.key, False).line))
+        else:
+            plan = _plan_one(name, manifest.kernels[name], workspace, root_dir, kernelspecs, default_spec)
+        plans.append(plan)
+    return plans
 
 
 def _plan_one(notebook: str, record: dict[str, Any], workspace: str, root_dir: str, kernelspecs: set[str],
@@ -163,10 +168,13 @@ class Resumer:
         # notebook -> (its plan, the cell interrupted outside a resumable loop): what POST resume/run runs
         self.interrupted: dict[str, tuple[Plan, dict[str, Any]]] = {}
         self.loss: dict[str, Any] = {}  # what is known of the lost host's end (the_loss)
+        self.warning: str | None = None  # opted in to a resume no key vouches for: said with every entry
         service.resumer = self
 
     def say(self, notebook: str, state: str, line: str, **facts: Any) -> dict[str, Any]:
         """Record one notebook's state (replacing its previous one) and log its line."""
+        if self.warning and state not in ("skipped", "off"):
+            line, facts = f"{line}; WARNING: {self.warning}", {**facts, "warning": self.warning}
         entry = {"notebook": notebook, "state": state, "line": f"{notebook}: {line}", **facts}
         self.service.resumed[:] = [e for e in self.service.resumed if e["notebook"] != notebook] + [entry]
         server_log = getattr(self.serverapp, "log", log)  # Jupyter's own log shows INFO lines
@@ -180,11 +188,13 @@ class Resumer:
             self.loss = await self.service.run(the_loss, self.service, snapshot_id, getattr(heartbeat, "id", None))
         except Exception as exc:  # noqa: BLE001 - the resume goes on; the report misses this loss
             log.warning("SpotWarp resume: the lost host's end not known: %s", exc)
+        unsigned_ok = bool(getattr(getattr(self.service, "project", None), "resume_unsigned", False))
         try:
+            await self._trust(snapshot_id, ref)
             names = await kernel_names(self.service, self.serverapp)
             plans = await self.service.run(plan_resume, self.service.engine, self.service.workspace,
                                            self.service.root_dir, snapshot_id, ref, names,
-                                           self.serverapp.kernel_manager.default_kernel_name)
+                                           self.serverapp.kernel_manager.default_kernel_name, unsigned_ok)
         except Exception as exc:  # noqa: BLE001 - the store or a kernelspec unreadable: one line, nothing run
             self.say("*", "failed", f"nothing resumed: {type(exc).__name__}: {exc}")
             plans = []
@@ -202,6 +212,16 @@ class Resumer:
                 await self.warm.shut_down_unused(self.serverapp)
         if self.tasks:
             await asyncio.gather(*list(self.tasks), return_exceptions=True)
+
+    async def _trust(self, snapshot_id: str, ref: str) -> None:
+        """Whether a key vouches for what the resume would run: in status (`trust`) and, when not, one line in the
+        log; opted in (resume_unsigned), the warning goes with every notebook's entry."""
+        trust = await self.service.run(self.service.project.resume_trust, snapshot_id, ref)
+        self.service.trust.update(trust.as_dict())
+        if trust.line:
+            getattr(self.serverapp, "log", log).warning("SpotWarp resume: %s", trust.line)
+        if trust.allowed and not trust.vouched:
+            self.warning = trust.line
 
     async def _one(self, plan: Plan, ref: str, warm: Any = None) -> None:
         started = time.monotonic()
@@ -275,6 +295,8 @@ class Resumer:
                  **outcome["timings"]}
         running = outcome.get("running") if isinstance(outcome.get("running"), dict) else None
         where = f"restored from snapshot {outcome['snapshot']} ({outcome.get('host')}, {outcome.get('created')})"
+        if outcome.get("damaged"):  # failed to restore before, carried forward by later snapshots: never silent
+            where += f" without {', '.join(outcome['damaged'])} (damaged in an earlier snapshot, not restored)"
         if running is None:
             created = outcome.get("created_ts") if isinstance(outcome.get("created_ts"), (int, float)) else None
             if self.loss.get("lost_at") is not None:

@@ -87,8 +87,10 @@ class WarmKernels:
 
     async def _look(self, service: Any, serverapp: Any, snapshot_id: str, ref: str) -> None:
         names = await kernel_names(service, serverapp)  # off the loop, as the store's listings below
+        # a record no key vouches for starts no warm kernel: its imports would be a store writer's choice
         plans = await service.run(plan_resume, service.engine, service.workspace, service.root_dir, snapshot_id,
-                                  ref, names, serverapp.kernel_manager.default_kernel_name)
+                                  ref, names, serverapp.kernel_manager.default_kernel_name,
+                                  service.project.resume_unsigned)
         plans = [p for p in plans if not p.skip]
         if not plans:
             return

@@ -16,6 +16,7 @@ from ..engine.errors import SnapshotNotFound
 from ..engine.files import Progress
 from ..engine.journal import Journal, restoring
 from ..engine.journal import report as preemption_report
+from ..engine.keys import Trust, resume_trust, vouched
 from ..engine.manifests import Manifest, committed_kernel_record, newest_kernel_records
 from ..engine.snapshots import SnapshotEngine
 from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
@@ -30,9 +31,16 @@ KernelRestorer = Callable[[frozenset[str], str], Sequence[KernelRestore]]
 class Project:
     """A project's store and (optionally) its workspace folder: list, status, snapshot, restore, report."""
 
-    def __init__(self, engine: SnapshotEngine, workspace: str | None = None):
+    def __init__(self, engine: SnapshotEngine, workspace: str | None = None, resume_unsigned: bool | None = None):
+        """`resume_unsigned`: recorded cells no key vouches for may go into notebooks (the opt-in; None: from
+        SPOTWARP_RESUME_UNSIGNED)."""
         self.engine = engine
         self.workspace = workspace
+        if resume_unsigned is None:
+            from ..engine.settings import resolve_setting
+
+            resume_unsigned = bool(resolve_setting("resume_unsigned"))
+        self.resume_unsigned = resume_unsigned
         self.journal = Journal(engine.store)  # one reader: a long-lived project fetches each event once
 
     @property
@@ -135,7 +143,10 @@ class Project:
         """The snapshot a restore of `ref` uses: for `latest` with a workspace, the newest holding files
         (refusing a newer one that fails its checks), else `ref` itself. Committed kernel state is never ignored:
         with no snapshot holding files (a loss before the first, an older store), the newest snapshot, whose
-        notebooks are rebuilt from the cells their kernels ran. None only with `files_only` and no snapshot."""
+        notebooks are rebuilt from the cells their kernels ran. None only with `files_only` and no snapshot.
+        `latest` is refused (RolledBack) when the snapshot the store's signed head names is missing or damaged."""
+        if (ref or "").strip() in ("latest", ""):
+            self.engine.check_head()  # RolledBack: the store's newest commit is missing, never gone back to silently
         manifest = self.engine.with_files(ref) if self.workspace else None
         if manifest is None and (not files_only or (self.workspace and ref in ("latest", "", None))):
             if files_only and not self.engine.manifests():
@@ -145,10 +156,23 @@ class Project:
 
     def _records(self, ref: str, manifest: Manifest) -> dict[str, Any]:
         """The kernel records whose cells go into the restored notebooks: for `latest`, every notebook's newest
-        (what its kernel restores), else the snapshot's own."""
+        (what its kernel restores), else the snapshot's own; only those a key vouches for, unless opted in (a
+        store writer's recorded source never lands in a notebook unannounced)."""
         if (ref or "").strip() in ("latest", ""):
-            return newest_kernel_records(self.engine.manifests())
-        return dict(manifest.kernels)
+            sources = resume_sources(self.engine.manifests(), None, "latest")
+        else:
+            sources = {notebook: manifest for notebook in manifest.kernels}
+        kept = {nb: m.kernels[nb] for nb, m in sources.items() if self.resume_unsigned or vouched(m, self.engine.key)}
+        if len(kept) < len(sources):
+            log.warning("SpotWarp: cells recorded in %s not put into the notebooks: no key vouches for them",
+                        ", ".join(sorted(set(sources) - set(kept))))
+        return kept
+
+    def resume_trust(self, snapshot_id: str | None, ref: str = "latest") -> Trust:
+        """Whether a resume from `snapshot_id` (files restored from it; `latest`: with the kernel snapshots taken
+        after it) runs only code a key vouches for; or, opted in, the warning to show (blocking: lists the store)."""
+        sources = resume_sources(self.engine.manifests(), snapshot_id, ref)
+        return resume_trust(self.name, {m.id: m for m in sources.values()}.values(), self.engine.key, self.resume_unsigned)
 
     def restore(self, ref: str = "latest", *, via: str, files_only: bool = False, chosen: Manifest | None = None,
                 progress: Progress | None = None, kernels: KernelRestorer | None = None,
@@ -204,6 +228,21 @@ class Project:
         if self.workspace is None:
             raise ValueError("this project was opened without a workspace folder")
         return self.workspace
+
+
+def resume_sources(listing: list[Manifest], snapshot_id: str | None, ref: str) -> dict[str, Manifest]:
+    """Each notebook's manifest a resume takes its kernel record from: for `latest`, the newest among the
+    snapshot `snapshot_id` and those after it (all of `listing` when None), else that snapshot's own."""
+    base = len(listing) - 1 if snapshot_id is None else \
+        next((i for i, m in enumerate(listing) if m.id == snapshot_id), None)
+    if base is None or base < 0:
+        return {}
+    scope = listing[:base + 1] if ref in ("latest", "", None) else [listing[base]]
+    out: dict[str, Manifest] = {}
+    for manifest in scope:
+        for notebook in manifest.kernels:
+            out.setdefault(notebook, manifest)
+    return out
 
 
 def _entries(manifest: Manifest | None) -> dict[str, Any]:

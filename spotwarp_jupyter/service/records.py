@@ -118,6 +118,7 @@ class ServerFacts:
     last_error: str | None
     failover: dict[str, Any]
     resume: list[dict[str, Any]] = field(default_factory=list)  # notebooks resumed on this host (server/resume.py)
+    trust: dict[str, Any] | None = None  # this host's key and whether its resume is vouched for (engine/keys.py)
 
 
 @dataclass(frozen=True)
@@ -165,3 +166,4 @@ class KernelStatus:
     imports: dict[str, str] = field(default_factory=dict)  # modules the last snapshot saved by name: name -> import path
     resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py): what it did
     cadence: dict[str, Any] | None = None  # snapshots at a loop's steps: interval_s, redo_window_s, overhead_pct, ...
+    trust: str | None = None  # this host has no key for the project: what that means, what to do (engine/keys.py)

@@ -69,7 +69,8 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
         "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot,
                      "execution_state": k.execution_state} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
-        "failover": server.failover, "resume": [dict(e) for e in server.resume],
+        "failover": server.failover, "resume": [dict(e) for e in server.resume], "rejected": dict(status.rejected),
+        "trust": dict(server.trust) if server.trust is not None else None,
     }
 
 
@@ -141,7 +142,7 @@ def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
         "skipped": dict(k.skipped), "changed": dict(k.changed), "last_error": k.last_error,
         "restore": None if k.restore is None else restore_progress_json(k.restore),
         "imports": dict(k.imports), "resumed": None if k.resumed is None else dict(k.resumed),
-        "cadence": None if k.cadence is None else dict(k.cadence),
+        "cadence": None if k.cadence is None else dict(k.cadence), "trust": k.trust,
     }
 
 
@@ -166,6 +167,8 @@ def kernel_status_text(k: KernelStatus) -> str:
         lines.append(f"  error     {s['last_error']}")
     if s.get("resumed"):
         lines.append(f"  resumed   {s['resumed']['line']}")
+    if s.get("trust"):
+        lines.append(f"  key       {s['trust']}")
     restore = s.get("restore")
     if restore and (restore["loading"] or restore["failed"] or restore["complete_s"] != restore["usable_s"]):
         done = (f"complete in {format_duration(restore['complete_s'])}" if restore["complete_s"] is not None

@@ -55,7 +55,13 @@ class SessionView(Protocol):
 
 
 def protection(status: dict[str, Any]) -> tuple[bool, str]:
-    """Whether the session counts as protected, and the one-line reason shown next to the dot."""
+    """Whether the session counts as protected, and the one-line reason shown next to the dot; on a host without
+    the project's key, that line says so too (nothing it snapshots is signed, nothing resumes by itself)."""
+    protected, reason = _protection(status)
+    return protected, f"{reason} · {status['trust']}" if status.get("trust") else reason
+
+
+def _protection(status: dict[str, Any]) -> tuple[bool, str]:
     if status.get("last_error"):
         return False, f"last snapshot failed: {status['last_error']}"
     if not status["policy"]["enabled"]:

@@ -14,6 +14,7 @@ from typing import Iterator
 import pytest
 
 from lab_server import LabServer, host_env
+from new_hosts import PROJECT_KEY
 
 CHROMIUM = os.environ.get("SPOTWARP_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking",
@@ -36,8 +37,10 @@ def browser_lab(workspace: Path, store: str, home: Path, log: Path, without_spot
                     "--LabApp.expose_app_in_browser=True", *jupyter_args)
     if without_spotwarp:
         browser_args += ("--ServerApp.jpserver_extensions=spotwarp_jupyter.server=False",)
-    # SIGTERM watcher only: a test never asks a cloud's metadata address
-    return LabServer(workspace, store, "browser", host_env(home, SPOTWARP_WATCHERS="signals"), log,
+    # SIGTERM watcher only: a test never asks a cloud's metadata address; every host is given the project's key,
+    # as its user carries it (`spotwarp key`), so a new host resumes what the first one signed
+    env = host_env(home, SPOTWARP_WATCHERS="signals", SPOTWARP_KEY=PROJECT_KEY)
+    return LabServer(workspace, store, "browser", env, log,
                      plain=without_spotwarp, jupyter_args=browser_args, start_args=start_args)
 
 

@@ -224,7 +224,8 @@ def test_magic_names_a_bad_variable_in_one_line(tmp_path: Path, monkeypatch):
 
 # -- every declared setting ---------------------------------------------------------------------------------------
 BAD = {"storage_options": "{not json", "watchers": "signals,vast", "after_cell": "maybe", "autosnapshot": "maybe",
-       "max_var_size": "big", "keep": "some", "project": "a/b", "resume_kernels": "maybe"}
+       "max_var_size": "big", "keep": "some", "project": "a/b", "resume_kernels": "maybe",
+       "resume_unsigned": "maybe"}
 
 
 @pytest.mark.parametrize("name", sorted(n for n, s in SETTINGS.items() if s.parse.__name__ != "_text"))
@@ -237,7 +238,7 @@ def test_every_bad_variable_is_named_in_one_line(name: str):
     # and each layer stands in its place: flag > variable > config > default
     good = {"storage_options": '{"anon": true}', "watchers": "aws", "after_cell": "false", "autosnapshot": "false",
             "max_var_size": "1GB", "keep": "3", "project": "p", "restore_on_start": "never",
-            "resume_kernels": "false"}.get(name, "7s")
+            "resume_kernels": "false", "resume_unsigned": "true"}.get(name, "7s")
     from_env = resolve_setting(name, env={setting.env: good})
     assert resolve_setting(name, env={setting.env: good}, config={name: setting.default_value()}) == from_env
     assert resolve_setting(name, flags={name: setting.default_value()}, env={setting.env: good}) \

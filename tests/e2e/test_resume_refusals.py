@@ -59,10 +59,15 @@ def _newest(store: str, name: str) -> dict:
 
 
 def _copy(lost_host, name: str) -> tuple[Path, str]:
+    """The store as host A left it, back at its own location (signed snapshots are valid only where they were
+    made), for host `name`; the first call keeps A's store aside, later ones put it back."""
     root, store = lost_host
-    copy = root / f"store-{name}"
-    shutil.copytree(store, copy)
-    return root / name, str(copy)
+    kept = root / "store-as-left"
+    if not kept.exists():
+        shutil.copytree(store, kept)
+    shutil.rmtree(store)
+    shutil.copytree(kept, store)
+    return root / name, store
 
 
 def _settled(server, names: set[str]):

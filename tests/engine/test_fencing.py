@@ -67,18 +67,19 @@ def test_a_commit_racing_a_lease_move_is_taken_back(tmp_path):
 
 
 def test_a_kernel_checks_the_lease_before_it_commits(start_kernel, store_url):
-    k = start_kernel("host", SPOTWARP_CANDIDATE_ID="cand-k", SPOTWARP_GENERATION="1")
+    # the orchestrator signs the lease with the project's key, which the kernel has too
+    k = start_kernel("host", SPOTWARP_CANDIDATE_ID="cand-k", SPOTWARP_GENERATION="1", SPOTWARP_KEY="fencing-key")
     k.run("%load_ext spotwarp\nx = 41")
     _out, ename, evalue = k.run_error("%spotwarp snapshot")
     assert "standby" in evalue, (ename, evalue)
     engine = engine_for(store_url, Fence())
     engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"", fence=Fence())
     assert engine.manifests() == []
-    write_lease(engine.store, Lease(1, "cand-k", time.time()))
+    write_lease(engine.store, Lease(1, "cand-k", time.time()), key=b"fencing-key")
     k.run("%spotwarp snapshot")
     (m,) = engine.manifests()
     assert (m.generation, m.holder) == (1, "cand-k")
-    write_lease(engine.store, Lease(2, "someone-else", time.time()))
+    write_lease(engine.store, Lease(2, "someone-else", time.time()), key=b"fencing-key")
     _out, ename, evalue = k.run_error("x = 42\n%spotwarp snapshot")
     assert "lost the lease to someone-else" in evalue
     assert [x.id for x in engine.manifests()] == [m.id]

@@ -252,3 +252,21 @@ def test_locks_of_dead_processes_block_neither_writers_nor_gc(tmp_path, monkeypa
     report = engine.gc(keep=1, grace_s=0)
     assert report.objects_deleted == 0 and engine.store.has_object(orphan)
     assert "1 snapshot(s) being written" in report.objects_left
+
+
+def test_gc_says_what_the_grace_period_kept_and_grace_0s_frees_it(tmp_path):
+    """`gc --keep 1` on objects all younger than the grace period deletes none, and says why and how to free them
+    safely; with `--grace 0s` (no writer live) it frees them."""
+    store = str(tmp_path / "store")
+    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store, env={}), key=b"")
+    engine.snapshot_kernel({"weights": np.arange(200_000.0)})
+    engine.snapshot_kernel({"weights": np.zeros(10)})
+    base = [sys.executable, "-m", "spotwarp_jupyter.cli", "gc", "--keep", "1", "--project-id", "proj", "--storage", store]
+    first = subprocess.run(base, capture_output=True, text=True, timeout=120)
+    assert first.returncode == 0, first.stderr
+    assert "deleted 0 objects" in first.stdout and "younger than the grace period (1h)" in first.stdout, first.stdout
+    assert "--grace 0s" in first.stdout, first.stdout
+    second = subprocess.run([*base, "--grace", "0s"], capture_output=True, text=True, timeout=120)
+    assert second.returncode == 0, second.stderr
+    freed = second.stdout.split("deleted ", 1)[1]
+    assert not freed.startswith("0 objects") and "grace" not in second.stdout, second.stdout

@@ -222,3 +222,34 @@ def test_code_after_the_restore_in_the_same_cell_gets_the_large_variable(start_k
     reply = _reply(b, cell, 120)
     assert reply is not None and reply["content"]["status"] == "ok", reply
     assert b.value("last") == BIG // 8 - 1
+
+
+def test_a_variable_that_failed_to_restore_is_carried_forward_and_its_snapshot_kept(start_kernel, store_url):
+    """The next snapshot after a restore that refused `big` (a damaged object) carries its record forward,
+    marked damaged, and says so in the manifest and the status; `gc --keep 1` keeps the snapshot that holds it;
+    a restore of the newest snapshot reports `big` again instead of lacking it silently."""
+    a = start_kernel("host-a")
+    a.run(MAKE)
+    a.close()
+    victim = _biggest_object(store_url)
+    data = bytearray(victim.read_bytes())
+    data[4096] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"")
+    holder = engine.get("latest").id
+    b = start_kernel("host-b")
+    b.run("%load_ext spotwarp\n%spotwarp restore latest")
+    assert b.run_error("print(big.sum())")[0] == "NameError"
+    b.run("n = n + 1\n%spotwarp snapshot")
+    newest = engine.get("latest")
+    assert newest.id != holder
+    record = next(iter(newest.kernels.values()))
+    assert record["damaged"]["big"]["from"] == holder and record["variables"]["big"]["damaged"] is True, record
+    assert "carried forward" in b.run("%spotwarp status")
+    engine.gc(keep=1)
+    assert holder in {m.id for m in engine.manifests()}
+    c = start_kernel("host-c")
+    c.run("%load_ext spotwarp\n%spotwarp restore latest")
+    ename, _evalue, out = c.run_error("print(big.sum())")
+    assert ename == "NameError" and out.count("could not restore big") == 1, out
+    assert c.value("n") == 6

@@ -44,7 +44,7 @@ def put(store: Store, name: str, doc: object) -> None:
     write_small(store, f"{store.root}/{name}", json.dumps(doc).encode())
 
 
-def test_a_forged_lease_entry_changes_nothing_and_the_next_move_goes_above_it(store, monkeypatch):
+def test_a_forged_lease_entry_changes_nothing_and_moves_no_generation(store, monkeypatch):
     assert write_lease(store, Lease(2, "real-2", time.time()))
     put(store, "lease/000000000099.json", {"generation": 99, "holder": "attacker", "time": time.time()})
     put(store, "lease/000000000100.json", "{garbage")
@@ -52,11 +52,27 @@ def test_a_forged_lease_entry_changes_nothing_and_the_next_move_goes_above_it(st
     assert read_lease(store).holder == "real-2"
     assert sorted(lease_entry_times(store)) == [2]  # the late-write screen counts signed entries only
     generation = next_generation(store)
-    assert generation == 101  # above every entry, forged ones too: generations never go back
-    assert move_lease(store, generation, "real-101").generation == 101
-    assert read_lease(store).holder == "real-101"
+    assert generation == 3  # signed entries alone set the next generation
+    assert move_lease(store, generation, "real-3").generation == 3
+    assert read_lease(store).holder == "real-3"
     monkeypatch.delenv("SPOTWARP_KEY")
-    assert read_lease(store).generation == 101  # without the key, the same entries read as they are
+    with pytest.raises(DamagedLease):  # without the key, the same entries read as they are: the newest is junk
+        read_lease(store)
+
+
+def test_a_flood_of_unsigned_entries_above_the_holder_changes_nothing(store):
+    """70 unsigned entries, junk and well-formed, right above the holder's generation: the holder stays, and the
+    next real move takes the first name the flood left free (a create-only write on a junk name never succeeds)."""
+    assert write_lease(store, Lease(2, "real-2", time.time()))
+    for generation in range(3, 73):
+        doc = "{junk" if generation % 2 else {"generation": generation, "holder": "attacker", "time": time.time()}
+        put(store, f"lease/{generation:012d}.json", doc)
+    assert read_lease(store) == read_lease(store)  # read again: verdicts held, still the same holder
+    assert (read_lease(store).generation, read_lease(store).holder) == (2, "real-2")
+    assert sorted(lease_entry_times(store)) == [2]
+    assert next_generation(store) == 73
+    assert move_lease(store, 73, "real-73").holder == "real-73"
+    assert read_lease(store).holder == "real-73"
 
 
 def test_a_signed_entry_copied_to_another_generation_or_project_is_refused(store):

@@ -119,7 +119,7 @@ def test_automatic_and_final_snapshots_of_names_that_are_not_utf8(tmp_path, stor
     with open(os.path.join(os.fsencode(ws), b"caf\xe9.csv"), "wb") as f:
         f.write(b"a,b\n")
     (ws / "plain.txt").write_text("plain")
-    env = host_env(tmp_path / "home", SPOTWARP_BACKUP_INTERVAL="1", SPOTWARP_WATCHERS="signals")
+    env = host_env(tmp_path / "home", SPOTWARP_BACKUP_INTERVAL="1", SPOTWARP_WATCHERS="signals", SPOTWARP_KEY=KEY)
     server = LabServer(ws, store, PROJECT, env, tmp_path / "lab.log")
     engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}))
     try:

@@ -38,17 +38,18 @@ PROJECT = "fo"
 NOTEBOOK = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
-def engine_for(store: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=b"", fence=Fence())
+def engine_for(store: str, key: str = "") -> SnapshotEngine:
+    """The project's engine in this test process: unsigned, or signing with `key` (the project's, as its hosts')."""
+    return SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=key.encode(), fence=Fence())
 
 
-def seed_project(tmp_path: Path, store: str) -> Path:
-    """A project with files and a notebook's kernel state, as a first host left it."""
+def seed_project(tmp_path: Path, store: str, key: str = "") -> Path:
+    """A project with files and a notebook's kernel state, as a first host left it (signed with `key`, if any)."""
     ws = tmp_path / "origin"
     (ws / "data").mkdir(parents=True)
     (ws / "data" / "blob.bin").write_bytes(os.urandom(200_000))
     (ws / "train.ipynb").write_text(json.dumps(NOTEBOOK))
-    engine = engine_for(store)
+    engine = engine_for(store, key)
     engine.snapshot_kernel({"weights": [0.5, 1.5], "step": 7}, "train.ipynb")
     engine.snapshot_project(str(ws), kernels={"train.ipynb": engine.get("latest").kernels["train.ipynb"]})
     return ws
@@ -886,7 +887,7 @@ def test_forgeries_without_the_key_change_nothing(tmp_path, kind, request):
         winner = [c for c in finished["candidates"] if c["id"] == second["candidate"]][0]
         assert winner["restored"] == latest.id, winner  # the newest signed snapshot, past the unsigned one
         log = (tmp_path / "candidates" / second["candidate"] / "candidate.log").read_text()
-        assert "skipping a newer snapshot" in log and "forgedaa" in log, log[-3000:]
+        assert "SpotWarp: skipping" in log and "forgedaa" in log, log[-3000:]
         assert "attacker" not in json.dumps(launch.seen)
         assert not [e for e in Journal(store).events() if "attacker" in json.dumps(e.details)]
         assert read_lease(store, key=key).holder == second["candidate"]
@@ -944,3 +945,32 @@ def test_the_address_shown_is_the_providers_never_one_from_the_store(tmp_path):
         launch.stop()
         cleanup(store, tmp_path)
         kill_under(tmp_path)
+
+
+def test_a_flood_of_unsigned_lease_entries_fails_nothing_over(tmp_path, request):
+    """With SPOTWARP_KEY set, on moto S3, a store writer without it adds 65 lease entries above the holder's
+    generation (junk and well-formed): the watch keeps the holder, races nobody, and the lease stays at the
+    holder's generation; the holder still writes."""
+    url, env, engine = signed_project(tmp_path, "s3", request)
+    store, key = engine.store, KEY.encode()
+    launch = Launch(tmp_path, url, "--candidates", "1", "--watch", "--dead-after", "4s", env=env)
+    try:
+        first = launch.next("promoted")
+        launch.next("failover_finished")
+        holder, generation = first["candidate"], first["generation"]
+        for g in range(generation + 1, generation + 66):
+            forge(store, f"lease/{g:012d}.json",
+                  {"generation": g, "holder": "attacker", "time": time.time()} if g % 2 else "{not json")
+        during = launch.quiet(10)
+        assert not [e for e in during if e["event"] in ("host_lost", "race_started")], during
+        assert launch.proc.poll() is None, launch.stderr_path.read_text()
+        lease = read_lease(store, key=key)
+        assert (lease.generation, lease.holder) == (generation, holder)
+        beat = read_heartbeat(store, holder, key=key)
+        assert beat is not None and beat["state"] == "holder", beat
+        code, snap = attach(first["url"], tmp_path / "first.log").request(
+            "POST", "spotwarp/api/snapshots", {"message": "after the flood"})
+        assert code == 201 and snap["generation"] == generation, snap
+    finally:
+        launch.stop()
+        signed_cleanup(engine, tmp_path)

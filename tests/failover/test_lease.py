@@ -157,3 +157,35 @@ def test_an_old_lease_json_is_read_and_counted(tmp_path):
     assert next_generation(store) == 5
     move_lease(store, 5, "new")
     assert (read_lease(store).generation, read_lease(store).holder) == (5, "new")
+
+
+def test_a_lease_the_watch_cannot_read_is_no_loss_until_the_holder_says_it_stopped_writing(tmp_path, monkeypatch):
+    """Without a key, a damaged newest lease entry: the watch warns and keeps watching the holder's heartbeat; only
+    when the holder itself says it stopped writing (lease_lost) is it a loss, raced past."""
+    from spotwarp_jupyter.engine.coordination.heartbeats import write_heartbeat
+    from spotwarp_jupyter.failover.watch import Holder, detect_loss
+
+    from waiting import wait_for
+
+    monkeypatch.delenv("SPOTWARP_KEY", raising=False)
+    store = Store(str(tmp_path / "store"), "p")
+    assert write_lease(store, Lease(1, "h1", time.time()))
+    beat = {"id": "h1", "candidate": "h1", "generation": 1, "state": "holder", "time": time.time(), "beat": 1,
+            "pid": 1, "interval": 1.0}
+    write_heartbeat(store, beat)
+    assert create_small(store, lease_path(store, 2), b'{"generation": "soon"')
+    events: list[str] = []
+    found: list = []
+    stop = threading.Event()
+    watch = threading.Thread(target=lambda: found.append(detect_loss(
+        store, Holder("h1", 1, time.time()), 60.0, None, stop, poll_s=0.05, on_event=lambda kind, _: events.append(kind))))
+    watch.start()
+    try:
+        wait_for(lambda: found or "lease_unreadable" in events, "the watch's first round")
+        assert found == [] and events == ["lease_unreadable"], (found, events)
+        write_heartbeat(store, {**beat, "state": "standby", "beat": 2, "time": time.time(), "lease_lost": True})
+        loss = wait_for(lambda: found and found[0], "the loss")
+        assert loss.reason == "lease damaged", loss
+    finally:
+        stop.set()
+        watch.join(30)

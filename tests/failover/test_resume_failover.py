@@ -21,6 +21,7 @@ from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 
 from new_hosts import (
     LOOP,
+    PROJECT_KEY,
     SETUP,
     TOTAL,
     completed,
@@ -40,10 +41,11 @@ def test_a_promoted_holder_resumes_the_training_loop_by_itself(tmp_path):
     origin = tmp_path / "origin"
     origin.mkdir()
     (origin / "train.ipynb").write_text(json.dumps(notebook([("setup", SETUP), ("loop", LOOP)])))
-    engine_for(store).snapshot_project(str(origin))
+    engine_for(store, PROJECT_KEY).snapshot_project(str(origin))  # the project's key signs, on every host
     reference = reference_run(tmp_path / "reference")
     launch = Launch(tmp_path, store, "--candidates", "1", "--watch", "--dead-after", "4s",
-                    env=env_for(tmp_path, STEP_PAUSE="0.15", PYTHONHASHSEED="0", OMP_NUM_THREADS="1",
+                    env=env_for(tmp_path, SPOTWARP_KEY=PROJECT_KEY, STEP_PAUSE="0.15", PYTHONHASHSEED="0",
+                                OMP_NUM_THREADS="1",
                                 PYTHONPATH=os.environ.get("PYTHONPATH", "")))
     try:
         first = launch.next("promoted")
@@ -112,9 +114,10 @@ def test_a_notebook_created_after_the_last_file_backup_resumes_on_the_promoted_h
     origin = tmp_path / "origin"
     origin.mkdir()
     (origin / "data.csv").write_text("a,b\n1,2\n")
-    engine_for(store).snapshot_project(str(origin))
+    engine_for(store, PROJECT_KEY).snapshot_project(str(origin))  # the project's key signs, on every host
     launch = Launch(tmp_path, store, "--candidates", "1", "--watch", "--dead-after", "4s",
-                    env=env_for(tmp_path, OMP_NUM_THREADS="1", PYTHONPATH=os.environ.get("PYTHONPATH", "")))
+                    env=env_for(tmp_path, SPOTWARP_KEY=PROJECT_KEY, OMP_NUM_THREADS="1",
+                                PYTHONPATH=os.environ.get("PYTHONPATH", "")))
     try:
         first = launch.next("promoted")
         holder = attach(first["url"], tmp_path / "first.log")

@@ -17,6 +17,7 @@ from test_failover import Launch, attach, cleanup, engine_for, env_for, seed_pro
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 
 from lab_server import tree
+from new_hosts import PROJECT_KEY
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow  # a launch, a standby, a kill
@@ -74,10 +75,10 @@ def test_a_standby_is_promoted_at_once_with_the_files_the_holder_committed_after
 def test_a_standbys_warm_kernel_becomes_the_resumed_sessions_kernel(tmp_path):
     """In standby: a kernel for the notebook, no session, nothing written; once promoted that kernel is resumed."""
     store = str(tmp_path / "store")
-    seed_project(tmp_path, store)
+    seed_project(tmp_path, store, PROJECT_KEY)  # signed: a standby warms only kernels its key vouches for
     engine = engine_for(store)
     launch = Launch(tmp_path, store, "--candidates", "1", "--watch", "--dead-after", "4s", "--standby", "1",
-                    env=env_for(tmp_path))
+                    env=env_for(tmp_path, SPOTWARP_KEY=PROJECT_KEY))
     try:
         first = launch.next("promoted")
         standby = launch.next("standby_ready", timeout=300)

@@ -11,7 +11,7 @@ import re
 from kernels import SESSION
 
 KEYS = ["project", "storage", "notebook", "policy", "last_snapshot", "in_flight", "last_pause_s", "skipped",
-        "changed", "last_error", "restore", "imports", "resumed", "cadence"]
+        "changed", "last_error", "restore", "imports", "resumed", "cadence", "trust"]
 LAST_KEYS = ["id", "created", "age_s", "size", "bytes_written", "duration_s", "pause_s"]
 RESTORE_KEYS = ["id", "usable_s", "complete_s", "loading", "failed"]
 

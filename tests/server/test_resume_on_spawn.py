@@ -15,6 +15,7 @@ from jupyter_api import call
 from server_config import spotwarp_server_config
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
+KEY = "the-project-key-of-the-spawned-server"
 
 
 @pytest.fixture
@@ -22,13 +23,15 @@ def jp_server_config(store_dir, tmp_path, monkeypatch) -> dict:
     origin = tmp_path / "origin"
     origin.mkdir()
     (origin / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
-    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
+    # signed with the project's key, which the server is given too: it resumes only what the key vouches for
+    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}), key=KEY.encode())
     kernel = engine.snapshot_kernel({"weights": [0.5, 1.5], "step": 7}, "train.ipynb")
     engine.snapshot_project(str(origin), kernels={"train.ipynb": kernel.kernels["train.ipynb"]})
     # the host that took it served 30 s longer, then vanished (no notice): its last heartbeat stays in the store
     write_heartbeat(engine.store, {"id": "lost-host-8888", "generation": 0, "state": "serving", "host": "lost-host",
-                                   "time": kernel.created + 30.0, "started_at": kernel.created - 60.0})
-    config = spotwarp_server_config(store_dir, monkeypatch)
+                                   "time": kernel.created + 30.0, "started_at": kernel.created - 60.0},
+                    key=KEY.encode())
+    config = spotwarp_server_config(store_dir, monkeypatch, key=KEY)
     config["SpotWarp"].update(restore_on_start="if-empty", heartbeat_interval=0)
     monkeypatch.delenv("SPOTWARP_START_RESTORE", raising=False)
     monkeypatch.delenv("SPOTWARP_RESUME_KERNELS", raising=False)

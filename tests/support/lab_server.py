@@ -36,6 +36,15 @@ def host_env(home: Path, **extra: str) -> dict[str, str]:
     return env
 
 
+def carried_key(*homes: Path, project: str) -> dict[str, str]:
+    """`SPOTWARP_KEY` as a user carries the project's key to a new host: read from the key file a first host's
+    `spotwarp start` created in its home (`spotwarp key` shows it); nothing when none of `homes` has one."""
+    for home in homes:
+        for path in sorted((home / ".spotwarp" / "keys").glob(f"{project}@*.key")):
+            return {"SPOTWARP_KEY": path.read_text().strip()}
+    return {}
+
+
 def _decode(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None

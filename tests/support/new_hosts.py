@@ -12,6 +12,7 @@ from kernels import Kernel
 from lab_server import LabServer, host_env
 
 EPOCHS, STEPS = 2, 16
+PROJECT_KEY = "the-project-key-every-host-of-a-resume-test-is-given"
 TOTAL = EPOCHS * STEPS
 
 SETUP = """%load_ext spotwarp
@@ -98,9 +99,11 @@ def start_host(tmp_path: Path, name: str, store: str, *start_args: str, **env: s
 
 
 def new_user_host(tmp_path: Path, name: str, store: str, *start_args: str, **env: str) -> LabServer:
-    """`spotwarp start` as a new user runs it: nothing configured but the project and `env`."""
+    """`spotwarp start` as a new user runs it: nothing configured but the project, its key (the same on every
+    host, as `spotwarp key` tells a user to carry it; `SPOTWARP_KEY=""` in `env`: a host given no key) and `env`."""
     home = tmp_path / f"home-{name}"
     home.mkdir()
+    env = {"SPOTWARP_KEY": PROJECT_KEY, **env}
     server = LabServer(tmp_path / f"ws-{name}", store, "proj",
                        host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **env),
                        tmp_path / f"{name}.log", start_args=start_args)

@@ -111,6 +111,20 @@ describe('StatusView, EventsView, ServerNotice', () => {
     );
   });
 
+  it('says why no kernel was resumed on a host without the key', () => {
+    const status = new FakeServer().status();
+    const line =
+      "project 'demo' is signed, and this host has no key for it: files are restored, no kernel is resumed";
+    render(<StatusView status={{ ...status, trust: { key_id: null, line } }} error={null} />);
+    expect(document.querySelector('.jp-SpotWarp-trust')?.textContent).toBe(line);
+  });
+
+  it('shows no trust notice where the key vouches for the resume', () => {
+    const status = new FakeServer().status();
+    render(<StatusView status={{ ...status, trust: { key_id: 'abc123', line: null } }} error={null} />);
+    expect(document.querySelector('.jp-SpotWarp-trust')).toBeNull();
+  });
+
   it('renders the journal report: preemptions survived, time to resume, each preemption', () => {
     const report = {
       ...emptyReport(),

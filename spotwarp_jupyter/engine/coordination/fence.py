@@ -169,27 +169,32 @@ def lease_entry_times(store: Store, key: bytes | None = None) -> dict[int, float
     entries = _lease_entry_times(store)
     if not key:
         return {generation: when for generation, (when, _) in entries.items()}
-    out = {}
-    for generation, (when, tag) in entries.items():
-        # entries are create-only: a verdict holds while the object does (one re-created has another tag)
-        seen = (lease_path(store, generation), tag, key)
-        signed = _VERDICTS.get(seen) if tag is not None else None
-        if signed is None:
-            try:
-                raw = read_small(store, lease_path(store, generation), limit=MAX_LEASE_BYTES)
-                signed = raw is not None and parse_lease(raw, generation, store, key) is not None
-            except (RecordRefused, ValueError):
-                signed = False
-            if tag is not None:  # without a tag a re-created entry could not be told apart
-                if len(_VERDICTS) > 4096:
-                    _VERDICTS.clear()
-                _VERDICTS[seen] = signed
-        if signed:
-            out[generation] = when
-    return out
+    return {generation: when for generation, (when, tag) in entries.items()
+            if _signed_entry(store, generation, tag, key) is not None}
 
 
-_VERDICTS: dict[tuple[str, Any, bytes], bool] = {}  # (entry, its object's tag, key) -> signed with the key
+def _signed_entry(store: Store, generation: int, tag: Any, key: bytes) -> Lease | None:
+    """The entry of `generation` when it is signed with `key`, else None. Entries are create-only, so a verdict
+    holds while the object does (one re-created has another tag): each entry is read once per process, and a
+    flood of unsigned entries costs a reader one read each, once."""
+    path = lease_path(store, generation)
+    seen = (path, tag, key)
+    if tag is not None and seen in _VERDICTS:
+        return _VERDICTS[seen]
+    lease: Lease | None = None
+    try:
+        raw = read_small(store, path, limit=MAX_LEASE_BYTES)
+        lease = parse_lease(raw, generation, store, key) if raw is not None else None
+    except (RecordRefused, ValueError):
+        lease = None
+    if tag is not None:  # without a tag a re-created entry could not be told apart
+        if len(_VERDICTS) > 65536:
+            _VERDICTS.clear()
+        _VERDICTS[seen] = lease
+    return lease
+
+
+_VERDICTS: dict[tuple[str, Any, bytes], Lease | None] = {}  # (entry, its object's tag, key) -> the signed lease
 
 
 def _lease_entry_times(store: Store) -> dict[int, tuple[float | None, Any]]:
@@ -260,8 +265,8 @@ def parse_lease(raw: bytes, generation: int | None = None, store: Store | None =
     return Lease(gen, holder, float(when))
 
 
-MAX_REFUSED_LEASES = 64  # with a key, at most this many refused entries are read past before giving up
 _refusals_said: set[str] = set()
+_skipped_said: dict[str, int] = {}  # store root -> how many unsigned entries above the holder were last said
 
 
 def _refused(what: str, exc: Exception) -> None:
@@ -276,43 +281,54 @@ def read_lease(store: Store, key: bytes | None = None) -> Lease:
 
     Without a key, a damaged newest entry raises DamagedLease (a Fenced): no host may write, since skipping it
     could hand the project back to an older holder. With a key (`SPOTWARP_KEY`, read from the environment
-    when not given), the lease is the newest entry signed with it: unsigned, altered or damaged ones are
-    someone else's (a store writer without the key) and change nothing; they are skipped and logged.
+    when not given), the lease is the newest entry signed with it, however many unsigned, altered or damaged
+    ones lie above it: those are a store writer's without the key and change nothing (skipped, said in one line).
     """
     key = key if key is not None else signing_key()
+    if key:
+        return _newest_signed_lease(store, key)
     for _ in range(3):
         generations = lease_generations(store)
         if not generations:
             return _read_legacy_lease(store, key)
         try:
-            return _newest_lease(store, generations, key)
+            return _newest_lease(store, generations)
         except FileNotFoundError:
             continue  # pruned or deleted between the listing and the read: list again
     return _read_legacy_lease(store, key)
 
 
-def _newest_lease(store: Store, generations: list[int], key: bytes | None) -> Lease:
-    for generation in reversed(generations[-MAX_REFUSED_LEASES:] if key else generations[-1:]):
-        path = lease_path(store, generation)
-        try:
-            raw = read_small(store, path, limit=MAX_LEASE_BYTES)
-            if raw is None:
-                if key and generation != generations[-1]:
-                    continue
-                raise FileNotFoundError(path)
-            return parse_lease(raw, generation, store, key)
-        except RecordRefused as exc:
-            _refused(path, exc)
-        except ValueError as exc:
-            if key:
-                _refused(path, RecordRefused(f"{path} is damaged ({exc})"))
-                continue
-            raise DamagedLease(f"the lease {path} is damaged ({exc}): no host writes until `spotwarp launch` moves "
-                               f"the lease past it (to generation {generation + 1} or above)", generation) from None
-    if key and len(generations) <= MAX_REFUSED_LEASES:
-        return _read_legacy_lease(store, key)  # no signed entry: as if failover never ran (or the old lease.json)
-    raise DamagedLease(f"none of the newest {MAX_REFUSED_LEASES} lease entries is signed with this SPOTWARP_KEY: "
-                       "no host writes until `spotwarp launch` moves the lease past them", generations[-1])
+def _newest_signed_lease(store: Store, key: bytes) -> Lease:
+    entries = _lease_entry_times(store)
+    skipped = 0
+    for generation in sorted(entries, reverse=True):
+        lease = _signed_entry(store, generation, entries[generation][1], key)
+        if lease is not None:
+            _say_skipped(store, skipped, generation)
+            return lease
+        skipped += 1
+    _say_skipped(store, skipped, 0)
+    return _read_legacy_lease(store, key)  # no signed entry: as if failover never ran (or the old lease.json)
+
+
+def _say_skipped(store: Store, skipped: int, generation: int) -> None:
+    if skipped and _skipped_said.get(store.root) != skipped:
+        log.warning("SpotWarp: %d lease entries above generation %d are not signed with this SPOTWARP_KEY: "
+                    "skipped (a store writer without the key; they move nothing)", skipped, generation)
+    _skipped_said[store.root] = skipped
+
+
+def _newest_lease(store: Store, generations: list[int]) -> Lease:
+    generation = generations[-1]
+    path = lease_path(store, generation)
+    try:
+        raw = read_small(store, path, limit=MAX_LEASE_BYTES)
+        if raw is None:
+            raise FileNotFoundError(path)
+        return parse_lease(raw, generation, store, None)
+    except ValueError as exc:
+        raise DamagedLease(f"the lease {path} is damaged ({exc}): no host writes until `spotwarp launch` moves "
+                           f"the lease past it (to generation {generation + 1} or above)", generation) from None
 
 
 def _read_legacy_lease(store: Store, key: bytes | None = None) -> Lease:
@@ -332,8 +348,13 @@ def _read_legacy_lease(store: Store, key: bytes | None = None) -> Lease:
                            "`spotwarp launch` moves the lease past it", 0) from None
 
 
-def highest_lease_generation(store: Store) -> int:
-    """The highest generation any lease entry (or the old `lease.json`) ever recorded, damaged ones included."""
+def highest_lease_generation(store: Store, key: bytes | None = None) -> int:
+    """The highest generation the lease ever recorded. Without a key, any entry (or the old `lease.json`),
+    damaged ones included; with one (SPOTWARP_KEY when not given), only those signed with it: an unsigned
+    entry never moves generations."""
+    key = key if key is not None else signing_key()
+    if key:
+        return read_lease(store, key).generation
     generations = lease_generations(store)
     legacy = 0
     try:
@@ -342,6 +363,16 @@ def highest_lease_generation(store: Store) -> int:
     except ValueError:
         pass
     return max(generations[-1] if generations else 0, legacy)
+
+
+def free_generation(store: Store, generation: int) -> int:
+    """`generation`, or the lowest above it whose lease entry name nothing has taken: with a key, names taken by
+    unsigned entries are skipped (a create-only write there could never succeed), and real contenders still
+    meet on the same name."""
+    taken = set(lease_generations(store))
+    while generation in taken:
+        generation += 1
+    return generation
 
 
 def lease_bytes(lease: Lease, store: Store, key: bytes | None = None) -> bytes:

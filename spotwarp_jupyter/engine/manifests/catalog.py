@@ -1,8 +1,11 @@
 """The committed snapshots of one project as a reader sees them: checked, cached, newest first, found by id.
 
 A manifest that fails its checks (damaged, unsigned where a key is set, signed for another scope, of
-another project) is never listed; it is remembered as rejected, with why, so that `latest` never
-falls back silently past it: the caller is told, and names an older snapshot instead.
+another project) is never listed; it is remembered as rejected, with why. Without a key, `latest` never
+falls back silently past it: the caller is told, and names an older snapshot instead. With a key, one that
+does not parse or is not signed with it is a store writer's without the key: it is skipped (one logged
+line, and shown in `rejected`), never blocks `latest`; the head record (engine.head) tells a missing real
+snapshot from such junk.
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ from __future__ import annotations
 import logging
 from typing import Any, Callable
 
-from ..errors import ManifestError, SnapshotNotFound
+from ..errors import ManifestError, ScopeError, SignatureError, SnapshotNotFound, UnreadableManifest
 from ..settings import Settings
 from ..storage import Store
 from .files_record import resolve
@@ -36,6 +39,8 @@ class ManifestCatalog:
         self._cache: dict[str, Manifest] = {}
         self.rejected: dict[str, str] = {}  # manifest name -> why it was refused
         self._rejections: dict[str, ManifestError] = {}
+        self.valid: set[str] = set()  # names of the manifests the last listing accepted, before the screen
+        self._skipped: set[str] = set()  # rejected names that are no one's with the key: they never block `latest`
         # drops manifests that must not count (SnapshotEngine: those written after the lease moved past them)
         self.screen: Callable[[list[Manifest]], list[Manifest]] | None = None
 
@@ -58,6 +63,7 @@ class ManifestCatalog:
         for gone in set(self._rejections) - set(names):  # deleted since: no longer a reason to refuse
             del self._rejections[gone]
             self.rejected.pop(gone, None)
+            self._skipped.discard(gone)
         out: list[Manifest] = []
         for name in names:
             manifest = self._cache.get(name)
@@ -66,6 +72,7 @@ class ManifestCatalog:
             if manifest is not None:
                 out.append(manifest)
         out.sort(key=lambda m: m.order, reverse=True)
+        self.valid = {m.name for m in out}
         return self.screen(out) if self.screen is not None else out
 
     def _read(self, name: str) -> Manifest | None:
@@ -77,9 +84,15 @@ class ManifestCatalog:
         except FileNotFoundError:
             return None  # dropped by a concurrent gc
         except ManifestError as exc:
-            self.rejected[name] = str(exc)
             self._rejections[name] = exc
-            log.warning("%s", exc)
+            if self.key and isinstance(exc, (SignatureError, UnreadableManifest)) and not isinstance(exc, ScopeError):
+                self._skipped.add(name)
+                self.rejected[name] = f"skipped: {exc}"
+                log.warning("SpotWarp: skipping %s, not signed with this SPOTWARP_KEY (never restored, never "
+                            "`latest`): %s", name, exc)
+            else:
+                self.rejected[name] = str(exc)
+                log.warning("%s", exc)
             return None
         if manifest.project != self.settings.project:
             exc = ManifestError(f"snapshot {manifest.id} belongs to project {manifest.project!r}, "
@@ -120,8 +133,9 @@ class ManifestCatalog:
         """Raise the refusal of a snapshot newer than `manifest` (or any, for None) that fails its checks.
 
         `latest` never falls back silently past a damaged, unsigned or foreign snapshot: the caller names an older one.
+        With a key, a manifest that does not parse or is not signed with it is skipped, never refused.
         """
-        newer = [n for n in self._rejections if manifest is None or n > manifest.name]
+        newer = [n for n in self._rejections if (manifest is None or n > manifest.name) and n not in self._skipped]
         if newer:
             raise _refusal(self._rejections[max(newer)])
 

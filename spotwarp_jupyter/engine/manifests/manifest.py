@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Any, Mapping
 
-from ..errors import ManifestError, SignatureError, SnapshotNotFound
+from ..errors import ManifestError, SignatureError, SnapshotNotFound, UnreadableManifest
 from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
 from .files_record import stored_form
 from .scope import check_scope
@@ -221,9 +221,9 @@ def _parse(data: bytes, name: str) -> dict[str, Any]:
     try:
         doc = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        raise ManifestError(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
+        raise UnreadableManifest(f"snapshot manifest {name} is not valid JSON (damaged or half-written)") from None
     if not isinstance(doc, dict) or doc.get("format") not in FORMATS:
-        raise ManifestError(f"snapshot manifest {name} has an unknown format")
+        raise UnreadableManifest(f"snapshot manifest {name} has an unknown format")
     return doc
 
 

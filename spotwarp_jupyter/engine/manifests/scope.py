@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from typing import Any, Mapping
 
-from ..errors import SignatureError
+from ..errors import ScopeError
 from ..settings import Settings, hub_environment, is_remote
 
 _PROTOCOL_ALIASES = {"gcs": "gs", "s3a": "s3", "local": "file"}
@@ -62,14 +62,14 @@ def describe(scope: Mapping[str, Any]) -> str:
 def check_scope(ident: str, stored: Any, expected: Mapping[str, Any]) -> None:
     """Raise SignatureError unless a verified signature's scope is this host's."""
     if stored is None:
-        raise SignatureError(
+        raise ScopeError(
             f"snapshot {ident} is signed but not bound to a storage location (made by an earlier SpotWarp): "
             "refusing it, as it could have been copied from another prefix; restore it with the SpotWarp "
             "that made it, then snapshot again"
         )
     if not isinstance(stored, dict) or not same_scope(stored, expected):
         theirs = describe(stored) if isinstance(stored, dict) else repr(stored)
-        raise SignatureError(
+        raise ScopeError(
             f"snapshot {ident} was signed for {theirs}, but this is {describe(expected)}: refusing it "
             "(a signed snapshot is valid only where it was made; was it copied here?)"
         )

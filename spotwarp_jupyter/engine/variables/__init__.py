@@ -10,9 +10,9 @@ May import: pickling, incremental, storage and the engine's base modules.
 from .capture import CaptureOptions, KernelImage, capture_namespace, cheap_size, select_variables
 from .load import LoadResult, load_record
 from .progressive import BackgroundLoad, restore_progressive
-from .save import persist_image
+from .save import carry_damaged, persist_image
 
 __all__ = [
-    "BackgroundLoad", "capture_namespace", "CaptureOptions", "cheap_size", "KernelImage", "load_record", "LoadResult",
+    "BackgroundLoad", "capture_namespace", "carry_damaged", "CaptureOptions", "cheap_size", "KernelImage", "load_record", "LoadResult",
     "persist_image", "restore_progressive", "select_variables",
 ]

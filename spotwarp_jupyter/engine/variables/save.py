@@ -315,3 +315,33 @@ def _kernel_record(groups: list[dict[str, Any]], image: KernelImage) -> tuple[di
     if image.changed:
         kernel["changed"] = image.changed  # saved, but not as they were: name -> why
     return kernel, objects
+
+
+def carry_damaged(kernel: dict[str, Any], objects: dict[str, int], damaged: dict[str, Any]) -> dict[str, Any]:
+    """Carry variables that failed to restore into a new kernel record, so that no snapshot drops them silently.
+
+    `damaged`: name -> {"why", "from" (the snapshot that holds it), "group" (its group record there)}. A name
+    captured anew (the user assigned it again) is not carried; a group is carried whole, once, as it was, its
+    variables marked `damaged`, and the record says which and why (`damaged`: name -> {why, from}). Returns that.
+    """
+    noted: dict[str, Any] = {}
+    index_of: dict[str, int] = {}
+    for name, info in sorted(damaged.items()):
+        group = info.get("group") if isinstance(info, dict) else None
+        if name in kernel["variables"] or not isinstance(group, dict) or name not in (group.get("names") or ()):
+            continue
+        if any(other in kernel["variables"] for other in group["names"]):
+            continue  # part of its group was captured anew: the old group would bind it twice
+        key = group["pickle"]["id"]
+        if key not in index_of:
+            index_of[key] = len(kernel["groups"])
+            kernel["groups"].append(group)
+            for ref in [group["pickle"], *(c for b in group.get("buffers", []) for c in b["chunks"])]:
+                objects[ref["id"]] = ref["size"]
+        size = group["pickle"]["size"] + sum(b["size"] for b in group.get("buffers", []))
+        kernel["variables"][name] = {"type": (group.get("types") or {}).get(name), "group": index_of[key],
+                                     "size": size, "damaged": True}
+        noted[name] = {"why": str(info.get("why") or "it failed to restore"), "from": info.get("from")}
+    if noted:
+        kernel["damaged"] = noted
+    return noted

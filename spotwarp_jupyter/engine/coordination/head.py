@@ -1,0 +1,169 @@
+"""The head: which snapshot the project's newest commit was, signed, so that a reader tells a store rolled back
+(the newest manifests deleted) from one that simply has nothing newer.
+
+Every commit made with SPOTWARP_KEY creates `head/<counter, 12 digits>.json`, `{counter, snapshot, name,
+created}` signed for that name, one above the highest counter present: create-only, like the lease, so
+an entry is never replaced, and a name some other entry took (a store writer without the key) is passed
+over. A reader takes the newest *signed* entry. Without a key nothing is written or checked: anyone who can
+write the store could forge the head as well.
+
+No Jupyter imports.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import posixpath
+import re
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from ..errors import SpotWarpError
+from ..signing import RecordRefused, check_record, sign_record
+from ..storage import Store
+from .fence import create_small, read_small
+
+log = logging.getLogger("spotwarp")
+
+HEAD_DIR = "head"
+KEEP_HEADS = 16  # entries kept below the newest (older ones are pruned by the next commit)
+MAX_HEAD_BYTES = 64 * 1024
+_ENTRY = re.compile(r"^(\d{12})\.json$")
+_TRIES = 16  # names taken by someone else passed over before a commit gives up advancing the head
+
+
+class RolledBack(SpotWarpError):
+    """The snapshot the store's head names is missing: the store was rolled back, or a manifest deleted."""
+
+    def __init__(self, message: str, snapshot: str):
+        super().__init__(message)
+        self.snapshot = snapshot
+
+
+@dataclass(frozen=True)
+class Head:
+    """The project's newest commit as its writer recorded it."""
+
+    counter: int
+    snapshot: str  # its id
+    name: str  # its manifest's name in snapshots/
+    created: float
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"counter": self.counter, "snapshot": self.snapshot, "name": self.name, "created": self.created}
+
+
+def head_path(store: Store, counter: int | None = None) -> str:
+    """The head entry of `counter`; without one, the head folder."""
+    folder = posixpath.join(store.root, HEAD_DIR)
+    return folder if counter is None else posixpath.join(folder, f"{counter:012d}.json")
+
+
+def _entries(store: Store) -> dict[int, Any]:
+    """counter -> what tells this object from one re-created under its name (None when unknown)."""
+    folder = head_path(store)
+    out: dict[int, Any] = {}
+    try:
+        if store.local:
+            for name in os.listdir(folder):
+                m = _ENTRY.match(name)
+                if m:
+                    try:
+                        st = os.stat(posixpath.join(folder, name))
+                    except FileNotFoundError:
+                        continue
+                    out[int(m.group(1))] = (st.st_ino, st.st_mtime_ns, st.st_size)
+            return out
+        store.fs.invalidate_cache(folder)
+        listing = store._call("listing the head", store.fs.ls, folder, detail=True)
+    except FileNotFoundError:
+        return {}
+    for info in listing:
+        m = _ENTRY.match(posixpath.basename(info["name"].rstrip("/")))
+        if m:
+            out[int(m.group(1))] = next((str(info[k]) for k in ("ETag", "etag", "generation", "md5Hash", "crc32c")
+                                         if info.get(k)), None)
+    return out
+
+
+_VERDICTS: dict[tuple[str, Any, bytes], Head | None] = {}  # (entry, its tag, key) -> the signed head
+
+
+def _signed(store: Store, counter: int, tag: Any, key: bytes) -> Head | None:
+    path = head_path(store, counter)
+    seen = (path, tag, key)
+    if tag is not None and seen in _VERDICTS:
+        return _VERDICTS[seen]
+    head = None
+    try:
+        raw = read_small(store, path, limit=MAX_HEAD_BYTES)
+        if raw is not None:
+            doc = check_record(json.loads(raw), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
+            head = Head(int(doc["counter"]), str(doc["snapshot"]), str(doc["name"]), float(doc["created"]))
+            if head.counter != counter or "/" in head.name:
+                head = None
+    except (RecordRefused, ValueError, KeyError, TypeError, UnicodeDecodeError, RecursionError):
+        head = None
+    if tag is not None:
+        if len(_VERDICTS) > 65536:
+            _VERDICTS.clear()
+        _VERDICTS[seen] = head
+    return head
+
+
+def read_head(store: Store, key: bytes) -> Head | None:
+    """The newest head entry signed with `key`; None without a key or when no commit recorded one."""
+    if not key:
+        return None
+    entries = _entries(store)
+    for counter in sorted(entries, reverse=True):
+        head = _signed(store, counter, entries[counter], key)
+        if head is not None:
+            return head
+    return None
+
+
+def advance_head(store: Store, key: bytes, snapshot: str, name: str, created: float) -> Head | None:
+    """Record a commit as the project's head (one small create-only write); None without a key.
+
+    The counter is one above every entry present, signed or not, so that no write ever waits on a name
+    someone else took; an entry is never replaced.
+    """
+    if not key:
+        return None
+    entries = _entries(store)
+    counter = max(entries, default=0) + 1
+    for _ in range(_TRIES):
+        head = Head(counter, snapshot, name, created)
+        doc = sign_record(head.as_dict(), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
+        if create_small(store, head_path(store, counter), json.dumps(doc, sort_keys=True).encode()):
+            _prune(store, counter, entries)
+            return head
+        counter += 1
+    raise SpotWarpError(f"the head of project {store.project!r} could not advance: {_TRIES} names above "
+                        f"{counter - _TRIES} were taken meanwhile")
+
+
+def _prune(store: Store, counter: int, entries: dict[int, Any]) -> None:
+    """Delete entries more than KEEP_HEADS below `counter` (best effort)."""
+    for old in sorted(entries):
+        if old >= counter - KEEP_HEADS:
+            return
+        try:
+            store._call("pruning the head", store.fs.rm, head_path(store, old))
+        except Exception:  # noqa: BLE001 - old entries are harmless; the next commit tries again
+            return
+
+
+def missing_head(head: Head | None, present: set[str], newest_valid: str | None) -> str | None:
+    """Why the store looks rolled back, in one line, or None: the head's manifest is neither present (and
+    valid) nor passed by a newer valid one. `present`: names of valid manifests (before any screen)."""
+    if head is None or head.name in present or (newest_valid is not None and newest_valid >= head.name):
+        return None
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(head.created))
+    return (f"snapshot {head.snapshot} ({head.name}, {when}) named by the store's head is missing or unreadable: "
+            f"the store was rolled back or a manifest deleted or damaged; restore by explicit id (`--snapshot ID`, see `spotwarp list`) to accept an "
+            f"older one")

@@ -1,0 +1,159 @@
+"""Nothing runs unattended that no key vouches for (docs/threat-model.md).
+
+A project gets a key at its first `spotwarp start` (mode 0600 in SpotWarp's config folder, never in the store).
+A store writer without it edits the newest kernel record: a cell "running at a loop step" whose source leaves a
+marker file, `created_ts` now, the checksum recomputed, the signature dropped. A new host given no key restores
+the files and starts no kernel: the marker never appears, the notebook never gets the forged source, and one line
+in `spotwarp start`'s output, the server log and `GET status` says why. Opted in (`--resume-unsigned`), the
+same store resumes, with the warning wherever the resume is reported. A host given the project's key resumes;
+the key appears in no store file, no log and no process's command line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import stat
+import time
+from pathlib import Path
+
+import pytest
+
+from lab_server import carried_key
+from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
+
+pytestmark = pytest.mark.slow  # real servers and kernels, host A killed
+
+FORGED = "open({marker!r}, 'w').write('pwned')\n"
+
+
+@pytest.fixture(scope="module")
+def signed_store(tmp_path_factory) -> tuple[Path, str, str | None]:
+    """Host A, started with no key set by hand, snapshots one notebook's kernel (x = 41) and is killed."""
+    root = tmp_path_factory.mktemp("signed")
+    store = str(root / "store")
+    a = start_host(root, "a", store, SPOTWARP_KEY="")
+    try:
+        (a.workspace / "train.ipynb").write_text(json.dumps(notebook([("setup", "%load_ext spotwarp\nx = 41")])))
+        nb = a.open_notebook("train.ipynb")
+        pid = int(nb.run("import os as _o; print(_o.getpid())").strip())
+        nb.run("%load_ext spotwarp\nx = 41", cell_id="setup")
+        code, snap = a.request("POST", "spotwarp/api/snapshots", {"message": "x is 41"})
+        assert code == 201 and snap["notebooks"] == ["train.ipynb"], snap
+        kill_host(a, pid)
+    finally:
+        a.discard()
+    return root, store, carried_key(root / "home-a", project="proj").get("SPOTWARP_KEY")
+
+
+def test_the_first_start_keeps_a_key_the_user_alone_reads(signed_store):
+    root, store, key = signed_store
+    (kept,) = (root / "home-a" / ".spotwarp" / "keys").glob("proj@*.key")
+    assert key and kept.read_text().strip() == key
+    assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
+    log = (root / "a.log").read_text()
+    assert "created a signing key for project 'proj'" in log and key not in log
+    manifests = [json.loads(p.read_text()) for p in (Path(store) / "proj" / "snapshots").glob("*.json")]
+    assert manifests and all(m.get("signature") for m in manifests)  # signed from the first snapshot on
+
+
+def _forged_copy(root: Path, store: str, name: str) -> tuple[str, Path]:
+    """A copy of the store whose newest kernel record a writer without the key rewrote; the marker its cell makes."""
+    copy = root / f"store-{name}"
+    shutil.copytree(store, copy)
+    marker = root / f"marker-{name}"
+    newest = max((copy / "proj" / "snapshots").glob("*.json"), key=lambda p: json.loads(p.read_text())["created_ts"])
+    doc = json.loads(newest.read_text())
+    for seal in ("checksum", "signature", "key_id"):
+        doc.pop(seal, None)
+    record = doc["kernels"]["train.ipynb"]
+    source = FORGED.format(marker=str(marker))
+    record.update(at="step", running={"id": "setup", "source": source}, cells=[{"id": "setup", "source": source}],
+                  positions={"train": 3})
+    doc["created_ts"] = time.time()
+    payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    doc["checksum"] = hashlib.sha256(payload).hexdigest()  # what anyone can recompute
+    newest.write_text(json.dumps(doc, sort_keys=True, indent=1))
+    return str(copy), marker
+
+
+def _settled(server) -> dict | None:
+    """The status once the resume said what it did for the notebook (no entry still running)."""
+    status = server.request("GET", "spotwarp/api/status")[1]
+    entries = [e for e in status.get("resume") or [] if e["notebook"] == "train.ipynb"]
+    return status if entries and entries[0]["state"] not in ("running",) else None
+
+
+@pytest.fixture
+def hosts():
+    started = []
+    yield started
+    for server in started:
+        server.discard()
+
+
+def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_store, hosts):
+    root, store, _key = signed_store
+    forged, marker = _forged_copy(root, store, "nokey")
+    (root / "nokey").mkdir()
+    b = start_host(root / "nokey", "b", forged, SPOTWARP_KEY="")
+    hosts.append(b)
+    status = wait_for(lambda: _settled(b), 120, "the resume's entry for train.ipynb", b)
+    (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
+    assert entry["state"] == "skipped" and "no kernel is resumed" in entry["line"], entry
+    assert "this host has no key" in entry["line"] and "SPOTWARP_KEY" in entry["line"]
+    assert status["trust"]["vouched"] is False and status["trust"]["allowed"] is False
+    assert "no key" in status["trust"]["line"]
+    log = b.log()
+    assert "spotwarp: project 'proj' has unsigned snapshots" in log  # start's own output: the forged one
+    assert "SpotWarp resume: project 'proj'" in log  # the server log
+    assert not marker.exists() and kernel_pids(b.workspace) == []
+    assert "pwned" not in (b.workspace / "train.ipynb").read_text()  # the forged source is not in the notebook
+    assert (b.workspace / "train.ipynb").exists()  # the files came back
+    # a kernel the user opens here says it too: `%spotwarp status` and the widget's line
+    nb = b.open_notebook("train.ipynb")
+    said = nb.run("%load_ext spotwarp\n%spotwarp status")
+    assert "key       project 'proj' is signed, and this host has no key for it" in said, said
+    widget_line = nb.value("__import__('spotwarp_jupyter.widget.status', fromlist=['_']).protection("
+                           "__import__('spotwarp_jupyter.kernel.session', fromlist=['_']).current().status())[1]")
+    assert "this host has no key for it" in widget_line, widget_line
+    assert not marker.exists()
+
+
+def test_opted_in_the_same_store_resumes_with_the_warning(signed_store, hosts):
+    root, store, _key = signed_store
+    forged, marker = _forged_copy(root, store, "optin")
+    (root / "optin").mkdir()
+    b = start_host(root / "optin", "b", forged, "--resume-unsigned", SPOTWARP_KEY="")
+    hosts.append(b)
+    status = wait_for(lambda: _settled(b), 180, "the resume's entry for train.ipynb", b)
+    (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
+    assert "no key vouches for" in entry["warning"] and "WARNING" in entry["line"], entry
+    assert status["trust"]["allowed"] is True and status["trust"]["vouched"] is False
+    assert "spotwarp: WARNING: resuming kernels from snapshot" in b.log()
+    wait_for(marker.exists, 60, "the forged cell's marker (the risk accepted)", b)
+
+
+def test_a_host_given_the_key_resumes_and_the_key_never_leaves_the_host(signed_store, hosts):
+    root, store, key = signed_store
+    assert key, "host A kept no key"
+    (root / "keyed").mkdir()
+    b = start_host(root / "keyed", "b", store, **carried_key(root / "home-a", project="proj"))
+    hosts.append(b)
+    status = wait_for(lambda: _settled(b), 180, "the resume's entry for train.ipynb", b)
+    (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
+    assert entry["state"] == "restored", entry
+    assert status["trust"]["vouched"] is True and status["trust"]["line"] is None
+    # in no store file, no log, no command line of the server or its kernels
+    secret = key.encode()
+    for path in Path(store).rglob("*"):
+        assert not path.is_file() or secret not in path.read_bytes(), path
+    assert key not in b.log() and key not in (root / "a.log").read_text()
+    pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+    for pid in pids:
+        try:
+            assert secret not in Path(f"/proc/{pid}/cmdline").read_bytes(), pid
+        except OSError:
+            continue
+    assert kernel_pids(b.workspace)  # the resumed kernel was running while its command line was read
