@@ -15,7 +15,6 @@ import json
 
 import pytest
 
-from lab_server import LabServer
 from new_hosts import kernel_manifests, kill_host, new_user_host, notebook, resume_entry, wait_for
 
 pytestmark = pytest.mark.slow  # two real servers, one killed with its kernel
@@ -31,13 +30,6 @@ print("done")
 """
 EVERY_STEP = "".join(f"step {i}\n" for i in range(1, STEPS + 1))
 
-
-@pytest.fixture
-def hosts():
-    started: list[LabServer] = []
-    yield started
-    for server in started:
-        server.discard()
 
 
 def test_a_loss_before_any_file_backup_resumes_with_files_of_the_restored_step(tmp_path, hosts):

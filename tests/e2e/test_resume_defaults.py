@@ -16,7 +16,6 @@ from pathlib import Path
 import pytest
 
 from kernels import Kernel
-from lab_server import LabServer
 from new_hosts import kernel_manifests, kill_host, new_user_host, notebook, resume_entry, wait_for
 
 pytestmark = pytest.mark.slow  # two real servers, one killed 75 s into its loop
@@ -80,13 +79,6 @@ def steps_logged(path: Path) -> list[tuple[int, float]]:
     rows = [line.split() for line in path.read_text().splitlines()]
     return [(int(step), float(at)) for step, at in rows if step and at]
 
-
-@pytest.fixture
-def hosts():
-    started: list[LabServer] = []
-    yield started
-    for server in started:
-        server.discard()
 
 
 def test_a_loop_lost_75_s_in_with_default_settings_resumes_by_itself_bit_for_bit(tmp_path, hosts):

@@ -76,13 +76,6 @@ def _settled(server, names: set[str]):
     return entries if names <= set(entries) and all(e["state"] != "running" for e in entries.values()) else None
 
 
-@pytest.fixture
-def hosts():
-    started = []
-    yield started
-    for server in started:
-        server.discard()
-
 
 def test_only_what_may_be_resumed_is_and_nothing_runs_again(lost_host, hosts):
     folder, store = _copy(lost_host, "b")

@@ -37,14 +37,6 @@ pytestmark = pytest.mark.slow  # real servers and kernels, one killed
 DRAFT = "for epoch in range(2):\n    pass  # an older draft of the loop cell\n"
 
 
-@pytest.fixture
-def hosts():
-    started: list = []
-    yield started
-    for server in started:
-        server.discard()
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
     """The same notebook run without interruption."""

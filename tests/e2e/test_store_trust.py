@@ -77,13 +77,6 @@ def _resumed(server: LabServer) -> dict | None:
     return entry if entry and entry["state"] != "running" else None
 
 
-@pytest.fixture
-def hosts():
-    started: list[LabServer] = []
-    yield started
-    for server in started:
-        server.discard()
-
 
 def test_junk_and_unsigned_newest_manifests_are_skipped(lost_host, hosts):
     folder, store = _copy(lost_host, "b")

@@ -85,13 +85,6 @@ def _settled(server) -> dict | None:
     return status if entries and entries[0]["state"] not in ("running",) else None
 
 
-@pytest.fixture
-def hosts():
-    started = []
-    yield started
-    for server in started:
-        server.discard()
-
 
 def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_store, hosts):
     root, store, _key = signed_store
