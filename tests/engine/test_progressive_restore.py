@@ -36,8 +36,14 @@ def _snapshot_small_and_big(store_url: str) -> dict:
     return ns
 
 
-def _biggest_object(store_url: str) -> Path:
-    return max((p for p in Path(store_url, "proj", "objects").rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+def _damage_biggest_object(store_url: str) -> Path:
+    """Flip one byte of the store's largest object (the large variable's): the object, now damaged."""
+    victim = max((p for p in Path(store_url, "proj", "objects").rglob("*") if p.is_file()),
+                 key=lambda p: p.stat().st_size)
+    data = bytearray(victim.read_bytes())
+    data[4096] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    return victim
 
 
 # -- the engine ----------------------------------------------------------------------------------
@@ -60,10 +66,7 @@ def test_small_variables_are_bound_while_the_large_one_is_held_back(store_url, g
 
 def test_a_damaged_large_object_is_reported_once_and_the_rest_stays(store_url):
     _snapshot_small_and_big(store_url)
-    victim = _biggest_object(store_url)
-    data = bytearray(victim.read_bytes())
-    data[4096] ^= 0xFF
-    victim.write_bytes(bytes(data))
+    victim = _damage_biggest_object(store_url)
     ns: dict = {"big": "old value"}
     _m, result, load = SnapshotEngine(Settings(project="proj", storage=store_url)).restore_kernel_progressive("latest", ns)
     assert ns["n"] == 5 and load is not None and load.wait(60)
@@ -197,10 +200,7 @@ def test_kernel_reports_a_damaged_large_object_and_keeps_the_rest(start_kernel, 
     a = start_kernel("host-a")
     a.run(MAKE)
     a.close()
-    victim = _biggest_object(store_url)
-    data = bytearray(victim.read_bytes())
-    data[4096] ^= 0xFF
-    victim.write_bytes(bytes(data))
+    victim = _damage_biggest_object(store_url)
     b = start_kernel("host-b")
     b.run("%load_ext spotwarp\n%spotwarp restore latest")
     ename, _evalue, out = b.run_error("print(big.sum())")
@@ -231,10 +231,7 @@ def test_a_variable_that_failed_to_restore_is_carried_forward_and_its_snapshot_k
     a = start_kernel("host-a")
     a.run(MAKE)
     a.close()
-    victim = _biggest_object(store_url)
-    data = bytearray(victim.read_bytes())
-    data[4096] ^= 0xFF
-    victim.write_bytes(bytes(data))
+    _damage_biggest_object(store_url)
     engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"")
     holder = engine.get("latest").id
     b = start_kernel("host-b")
