@@ -22,7 +22,7 @@ import os
 import posixpath
 import re
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import ConfigError, SpotWarpError
 from ..signing import RecordRefused, check_record, sign_record, signing_key
@@ -390,12 +390,20 @@ def write_lease(store: Store, lease: Lease, key: bytes | None = None) -> bool:
 
 def prune_leases(store: Store, below: int) -> None:
     """Delete lease entries more than KEEP_LEASES generations below `below` (best effort)."""
-    for generation in lease_generations(store):
-        if generation >= below - KEEP_LEASES:
+    prune_numbered(store, "pruning the lease", lease_generations(store), below - KEEP_LEASES,
+                   lambda generation: lease_path(store, generation))
+
+
+def prune_numbered(store: Store, what: str, numbers: Iterable[int], keep_from: int,
+                   path_of: Callable[[int], str]) -> None:
+    """Delete the create-only entries numbered below `keep_from`, oldest first (best effort: old entries are
+    harmless, and the next write that prunes tries again)."""
+    for number in sorted(numbers):
+        if number >= keep_from:
             return
         try:
-            store._call("pruning the lease", store.fs.rm, lease_path(store, generation))
-        except Exception:  # noqa: BLE001 - old entries are harmless; the next move tries again
+            store._call(what, store.fs.rm, path_of(number))
+        except Exception:  # noqa: BLE001 - stop at the first that fails; it is tried again next time
             return
 
 

@@ -24,7 +24,7 @@ from typing import Any
 from ..errors import SpotWarpError
 from ..signing import RecordRefused, check_record, sign_record
 from ..storage import Store
-from .fence import create_small, read_small
+from .fence import create_small, prune_numbered, read_small
 
 log = logging.getLogger("spotwarp")
 
@@ -140,22 +140,12 @@ def advance_head(store: Store, key: bytes, snapshot: str, name: str, created: fl
         head = Head(counter, snapshot, name, created)
         doc = sign_record(head.as_dict(), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
         if create_small(store, head_path(store, counter), json.dumps(doc, sort_keys=True).encode()):
-            _prune(store, counter, entries)
+            prune_numbered(store, "pruning the head", entries, counter - KEEP_HEADS,
+                           lambda old: head_path(store, old))
             return head
         counter += 1
     raise SpotWarpError(f"the head of project {store.project!r} could not advance: {_TRIES} names above "
                         f"{counter - _TRIES} were taken meanwhile")
-
-
-def _prune(store: Store, counter: int, entries: dict[int, Any]) -> None:
-    """Delete entries more than KEEP_HEADS below `counter` (best effort)."""
-    for old in sorted(entries):
-        if old >= counter - KEEP_HEADS:
-            return
-        try:
-            store._call("pruning the head", store.fs.rm, head_path(store, old))
-        except Exception:  # noqa: BLE001 - old entries are harmless; the next commit tries again
-            return
 
 
 def missing_head(head: Head | None, present: set[str], newest_valid: str | None) -> str | None:
