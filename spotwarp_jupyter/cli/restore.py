@@ -128,8 +128,6 @@ def cmd_start(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
     if not os.path.isdir(workspace) or not os.listdir(workspace):
-        if args.snapshot in ("latest", "", None):
-            engine.check_head()  # a store rolled back is never resumed unattended: RolledBack names what is missing
         # a standby candidate journals nothing (Project.restore): it writes nothing to the project
         project = Project(engine, workspace, resume_unsigned=unsigned_ok)
         result = _restore(project, args.snapshot, VIA_START, quiet=args.json, files_only=True,
