@@ -353,7 +353,7 @@ class SnapshotEngine:
             return
         self.catalog.manifests()
         valid = self.catalog.valid
-        why = missing_head(head, valid, max(valid, default=None))
+        why = missing_head(head, valid, max(valid, default=None), self.catalog.rejected.get(head.name))
         if why is not None:
             raise RolledBack(why, head.snapshot)
 

@@ -148,12 +148,14 @@ def advance_head(store: Store, key: bytes, snapshot: str, name: str, created: fl
                         f"{counter - _TRIES} were taken meanwhile")
 
 
-def missing_head(head: Head | None, present: set[str], newest_valid: str | None) -> str | None:
+def missing_head(head: Head | None, present: set[str], newest_valid: str | None, refused: str | None = None) -> str | None:
     """Why the store looks rolled back, in one line, or None: the head's manifest is neither present (and
-    valid) nor passed by a newer valid one. `present`: names of valid manifests (before any screen)."""
+    valid) nor passed by a newer valid one. `present`: names of valid manifests (before any screen);
+    `refused`: why the head's manifest, present, was refused."""
     if head is None or head.name in present or (newest_valid is not None and newest_valid >= head.name):
         return None
     when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(head.created))
-    return (f"snapshot {head.snapshot} ({head.name}, {when}) named by the store's head is missing or unreadable: "
+    state = f"is refused ({refused.rstrip('.')})" if refused else "is missing or unreadable"
+    return (f"snapshot {head.snapshot} ({head.name}, {when}) named by the store's head {state}: "
             f"the store was rolled back or a manifest deleted or damaged; restore by explicit id (`--snapshot ID`, see `spotwarp list`) to accept an "
             f"older one")
