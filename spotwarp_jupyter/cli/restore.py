@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ..engine import ConfigError, ManifestError
+from ..engine import ConfigError, ManifestError, SpotWarpError
 from ..engine.coordination import Fence
 from ..engine.settings import resolve_setting
 from ..engine.units import format_duration, format_size
@@ -44,7 +44,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool = False,
-             past_refused: bool = False) -> RestoreResult | None:
+             past_refused: bool = False, keep_existing: bool = False) -> RestoreResult | None:
     """`project.restore`, with a progress bar on a terminal once the snapshot is chosen.
 
     `past_refused` (a failover candidate, restoring `latest` unattended): a newer snapshot that fails its checks
@@ -62,7 +62,8 @@ def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool
         return None
     bar = _ProgressBar(f"restoring {manifest.id}", enabled=False if quiet or project.workspace is None else None)
     try:
-        return project.restore(ref, via=via, files_only=files_only, chosen=manifest, progress=bar)
+        return project.restore(ref, via=via, files_only=files_only, chosen=manifest, progress=bar,
+                               keep_existing=keep_existing)
     finally:
         bar.close()
 
@@ -127,7 +128,18 @@ def cmd_start(args: argparse.Namespace) -> int:
     unsigned_ok = bool(getattr(args, "resume_unsigned", False)) or bool(resolve_setting("resume_unsigned"))
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
-    if not os.path.isdir(workspace) or not os.listdir(workspace):
+    kept = os.path.isdir(workspace) and bool(os.listdir(workspace))
+    result = _kept_home_restore(engine, workspace, args, unsigned_ok) if kept else None
+    if kept and result is not None:
+        summary["restored"] = {**start_restore_json(result), "kept": True, "line": _kept_line(result)}
+        if not args.json:
+            print(f"spotwarp: {summary['restored']['line']}")
+    if kept and result is not None and result.snapshot.notebooks and not getattr(args, "no_resume", False):
+        trust = Project(engine, workspace, resume_unsigned=unsigned_ok).resume_trust(result.snapshot.id, args.snapshot)
+        summary["trust"] = trust.as_dict()
+        if trust.line:
+            print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
+    if not kept:
         if args.snapshot in ("latest", "", None):
             engine.check_head()  # a store rolled back is never resumed unattended: RolledBack names what is missing
         # a standby candidate journals nothing (Project.restore): it writes nothing to the project
@@ -137,7 +149,7 @@ def cmd_start(args: argparse.Namespace) -> int:
         if result is None:
             print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
         else:
-            summary["restored"] = start_restore_json(result)
+            summary["restored"] = {**start_restore_json(result), "line": _resumed_from(result)[len("spotwarp: "):]}
             trust = project.resume_trust(result.snapshot.id, args.snapshot) if result.snapshot.notebooks and \
                 not getattr(args, "no_resume", False) else None
             if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
@@ -165,6 +177,37 @@ def cmd_start(args: argparse.Namespace) -> int:
     if getattr(args, "resume_unsigned", False):
         env["SPOTWARP_RESUME_UNSIGNED"] = "true"  # the flag beats the variable and c.SpotWarp.resume_unsigned
     return _serve(args, workspace, env)
+
+
+def _kept_home_restore(engine: Any, workspace: str, args: argparse.Namespace,
+                       unsigned_ok: bool) -> RestoreResult | None:
+    """A workspace that outlived its server (a kept home): its files stay as they are, only missing ones come
+    back, and the kernels resume from the newest snapshot. None (said in one line) when there is nothing to
+    resume from, or the store cannot be trusted to go on unattended: the workspace is then served as it is."""
+    try:
+        if args.snapshot in ("latest", "", None):
+            engine.check_head()  # a store rolled back is never resumed unattended
+        project = Project(engine, workspace, resume_unsigned=unsigned_ok)
+        result = _restore(project, args.snapshot, VIA_START, quiet=True, files_only=True,
+                          past_refused=args.candidate_id is not None, keep_existing=True)
+    except SpotWarpError as exc:
+        print(f"spotwarp: the workspace {workspace} already holds files; nothing resumed: {exc}", file=sys.stderr)
+        return None
+    if result is None:
+        print(f"spotwarp: the workspace {workspace} already holds files; project {engine.settings.project!r} has no "
+              "snapshot yet: serving it as it is")
+    return result
+
+
+def _kept_line(result: RestoreResult) -> str:
+    """One sentence for a kept workspace's start: what stayed, what came back, where the kernels come from."""
+    snap, files = result.snapshot, result.files
+    text = (f"the workspace {result.workspace} already holds files: kept as they are "
+            f"({files.files_kept if files else 0} on disk), {files.files_restored if files else 0} missing restored "
+            f"from snapshot {snap.id} ({snap.host}, {snap.created})")
+    if files is not None and files.server_state_skipped:
+        text += f"; {len(files.server_state_skipped)} files of Jupyter's own state left as they are"
+    return text + ("; kernels resume from the newest snapshot" if snap.notebooks else "")
 
 
 def _plain_start_fence(args: argparse.Namespace, engine: Any) -> Fence:
@@ -213,7 +256,8 @@ def _server_env(engine: Any, fence: Fence, workspace: str, started_at: float,
            "SPOTWARP_START_RESTORE": json.dumps(None if restored is None else {
                "snapshot": restored["id"], "duration_s": summary["prepared_s"],
                "files_restored": restored.get("files_restored"),
-               "bytes_restored": restored.get("bytes_restored"), "ref": summary.get("ref", "latest")}),
+               "bytes_restored": restored.get("bytes_restored"), "ref": summary.get("ref", "latest"),
+               "kept": bool(restored.get("kept")), "line": restored.get("line")}),
            **fence.env()}
     for name in ("SPOTWARP_CANDIDATE_ID", "SPOTWARP_GENERATION"):
         if not fence.candidate:

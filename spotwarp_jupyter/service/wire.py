@@ -113,6 +113,8 @@ def hub_restore_json(r: RestoreResult) -> dict[str, Any]:
             "files_restored": files.files_restored if files else 0,
             "files_unchanged": files.files_unchanged if files else 0,
             "bytes_restored": files.bytes_restored if files else 0, "notebooks": list(r.snapshot.notebooks),
+            "files_kept": files.files_kept if files else 0,
+            "server_state_skipped": list(files.server_state_skipped) if files else [],
             "duration_s": round(r.duration_s, 3)}
 
 

@@ -11,6 +11,7 @@ the cell's final output; B's session for the notebook must hold the trained stat
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +29,8 @@ from new_hosts import (
     kill_host,
     notebook,
     reference_run,
+    restart_host,
+    resume_entry,
     start_host,
     wait_for,
 )
@@ -125,3 +128,28 @@ def test_a_second_loss_during_the_resumed_run_resumes_again_on_a_third_host(tmp_
                                         "--storage", store, "--json"], capture_output=True, text=True, check=True).stdout)
     # two losses without notice, each found by the resume after it
     assert [(e["with_notice"], e["survived"]) for e in report["events"]] == [(False, True), (False, True)], report
+
+
+def test_a_server_restarted_on_its_kept_workspace_resumes_by_itself(tmp_path, hosts, reference):
+    """The home outlived the server (a kept volume): its files stay as they are, and the kernel still resumes from
+    the newest snapshot, the interrupted cell continuing at the next batch."""
+    store = str(tmp_path / "store")
+    done_on_a = lose_host_a(tmp_path, hosts, store)
+    workspace = hosts[0].workspace
+    (workspace / "notes.md").write_text("written after the last snapshot\n")  # newer than any snapshot
+    b = restart_host(tmp_path, hosts[0], "a-again", store, PYTHONHASHSEED="0")
+    hosts.append(b)
+    entry = wait_for(lambda: resume_entry(b), 90, "a resume entry for the notebook", b)
+    assert entry["state"] in ("running", "finished"), entry
+    assert "the notebook on disk kept as it is" in entry["line"], entry["line"]
+    entry = finished_on(b, reference)
+    assert completed(entry["positions"]) >= done_on_a
+    assert (workspace / "notes.md").read_text() == "written after the last snapshot\n"
+    start = b.request("GET", "spotwarp/api/status")[1]["start_restore"]
+    assert start["restored"] is True and start["kept"] is True, start
+    assert "already holds files: kept as they are" in start["line"], start
+    # the decisions are lines of the server's own log, with their time and level
+    assert re.search(r"\[I \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ ServerApp\] SpotWarp start restore: the workspace .* "
+                     r"already holds files", b.log()), b.log()[-3000:]
+    assert re.search(r"\[I [\d: .-]+ ServerApp\] SpotWarp resume: train.ipynb: .*kept as it is; re-running cell loop",
+                     b.log()), b.log()[-3000:]
