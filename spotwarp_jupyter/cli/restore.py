@@ -129,44 +129,10 @@ def cmd_start(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
     kept = os.path.isdir(workspace) and bool(os.listdir(workspace))
-    result = _kept_home_restore(engine, workspace, args, unsigned_ok) if kept else None
-    if kept and result is not None:
-        summary["restored"] = {**start_restore_json(result), "kept": True, "line": _kept_line(result)}
-        if not args.json:
-            print(f"spotwarp: {summary['restored']['line']}")
-    if kept and result is not None and result.snapshot.notebooks and not getattr(args, "no_resume", False):
-        trust = Project(engine, workspace, resume_unsigned=unsigned_ok).resume_trust(result.snapshot.id, args.snapshot)
-        summary["trust"] = trust.as_dict()
-        if trust.line:
-            print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
-    if not kept:
-        if args.snapshot in ("latest", "", None):
-            engine.check_head()  # a store rolled back is never resumed unattended: RolledBack names what is missing
-        # a standby candidate journals nothing (Project.restore): it writes nothing to the project
-        project = Project(engine, workspace, resume_unsigned=unsigned_ok)
-        result = _restore(project, args.snapshot, VIA_START, quiet=args.json, files_only=True,
-                          past_refused=args.candidate_id is not None)
-        if result is None:
-            print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
-        else:
-            summary["restored"] = {**start_restore_json(result), "line": _resumed_from(result)[len("spotwarp: "):]}
-            trust = project.resume_trust(result.snapshot.id, args.snapshot) if result.snapshot.notebooks and \
-                not getattr(args, "no_resume", False) else None
-            if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
-                print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
-            elif key.line and not key.key:
-                print(f"spotwarp: {key.line}", file=sys.stderr)
-            if trust is not None:
-                summary["trust"] = trust.as_dict()
-            if not args.json:
-                print(_resumed_from(result))
-                print(_restore_summary(result))
-                if result.snapshot.notebooks and getattr(args, "no_resume", False):
-                    print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "
-                          f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
-                elif result.snapshot.notebooks and trust is not None and trust.allowed:
-                    print(f"kernels of {', '.join(result.snapshot.notebooks)} are started and restored by the server "
-                          "(docs/resume.md; --no-resume leaves that to you)")
+    if kept:
+        _start_kept(engine, workspace, args, unsigned_ok, summary)
+    else:
+        _start_fresh(engine, workspace, args, unsigned_ok, key, summary)
     os.makedirs(workspace, exist_ok=True)
     summary["prepared_s"] = round(time.perf_counter() - started, 3)
     if args.json:
@@ -177,6 +143,56 @@ def cmd_start(args: argparse.Namespace) -> int:
     if getattr(args, "resume_unsigned", False):
         env["SPOTWARP_RESUME_UNSIGNED"] = "true"  # the flag beats the variable and c.SpotWarp.resume_unsigned
     return _serve(args, workspace, env)
+
+
+def _start_fresh(engine: Any, workspace: str, args: argparse.Namespace, unsigned_ok: bool, key: Any,
+                 summary: dict[str, Any]) -> None:
+    """`spotwarp start` on a missing or empty workspace (a new host): the newest snapshot's files come back, said
+    with how old it is, and whether a key vouches for what the resume runs."""
+    if args.snapshot in ("latest", "", None):
+        engine.check_head()  # a store rolled back is never resumed unattended: RolledBack names what is missing
+    # a standby candidate journals nothing (Project.restore): it writes nothing to the project
+    project = Project(engine, workspace, resume_unsigned=unsigned_ok)
+    result = _restore(project, args.snapshot, VIA_START, quiet=args.json, files_only=True,
+                      past_refused=args.candidate_id is not None)
+    if result is None:
+        print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
+    else:
+        summary["restored"] = {**start_restore_json(result), "line": _resumed_from(result)[len("spotwarp: "):]}
+        trust = project.resume_trust(result.snapshot.id, args.snapshot) if result.snapshot.notebooks and \
+            not getattr(args, "no_resume", False) else None
+        if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
+            print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
+        elif key.line and not key.key:
+            print(f"spotwarp: {key.line}", file=sys.stderr)
+        if trust is not None:
+            summary["trust"] = trust.as_dict()
+        if not args.json:
+            print(_resumed_from(result))
+            print(_restore_summary(result))
+            if result.snapshot.notebooks and getattr(args, "no_resume", False):
+                print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "
+                      f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
+            elif result.snapshot.notebooks and trust is not None and trust.allowed:
+                print(f"kernels of {', '.join(result.snapshot.notebooks)} are started and restored by the server "
+                      "(docs/resume.md; --no-resume leaves that to you)")
+
+
+def _start_kept(engine: Any, workspace: str, args: argparse.Namespace, unsigned_ok: bool,
+                summary: dict[str, Any]) -> None:
+    """`spotwarp start` on a workspace that already holds files: what came back and whether a key vouches for
+    what the resume runs go into `summary`, and are said in one line each."""
+    result = _kept_home_restore(engine, workspace, args, unsigned_ok)
+    if result is None:
+        return
+    summary["restored"] = {**start_restore_json(result), "kept": True, "line": _kept_line(result)}
+    if not args.json:
+        print(f"spotwarp: {summary['restored']['line']}")
+    if result.snapshot.notebooks and not getattr(args, "no_resume", False):
+        trust = Project(engine, workspace, resume_unsigned=unsigned_ok).resume_trust(result.snapshot.id, args.snapshot)
+        summary["trust"] = trust.as_dict()
+        if trust.line:
+            print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
 
 
 def _kept_home_restore(engine: Any, workspace: str, args: argparse.Namespace,

@@ -148,6 +148,12 @@ def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
     }
 
 
+def newer_snapshot_line(newer: dict[str, Any]) -> str:
+    """`%spotwarp status`'s line for a newer snapshot of the notebook than the kernel's state (the widget's offer)."""
+    return (f"  newer     a newer snapshot of this notebook: {newer['id']}, {format_duration(newer['age_s'])} old, "
+            f"from {newer['host']}; %spotwarp restore latest brings it back")
+
+
 def kernel_status_text(k: KernelStatus) -> str:
     """What `%spotwarp status` prints."""
     s = kernel_status_json(k)

@@ -245,7 +245,10 @@ def test_each_user_sees_only_their_own_snapshots(two_users: Hub):
         status = hub.call("GET", name, "spotwarp/api/status").json()
         assert status["storage"] == f"{hub.storage_root}/{name}/default"  # the prefix comes from the hub's identity
         assert status["workspace"] == str(hub.home(name).resolve())
-        assert status["start_restore"] == {"restored": False, "reason": "the workspace already holds files"}
+        start = status["start_restore"]  # a kept home, and nothing stored yet: served as it is
+        assert start["restored"] is False and start["kept"] is True, start
+        assert start["reason"] == "project 'default' has no snapshot with files yet: the workspace's files are " \
+            "served as they are" == start["line"], start
         assert [s["id"] for s in listing(hub, name)] == [taken[name]["id"]]
         assert taken[name]["message"] == f"{name}'s work" and taken[name]["files"] >= 2
 
@@ -750,9 +753,13 @@ def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
     assert done["restored"] is True and done["id"] == taken.id and done["files_restored"] == 2
     assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
     (fresh / "notes.md").write_text("changed since\n")
-    assert restore_on_start(engine, str(fresh), "if-empty", None) == \
-        {"restored": False, "reason": "the workspace already holds files"}
+    (fresh / "src" / "train.py").unlink()
+    kept = restore_on_start(engine, str(fresh), "if-empty", None)  # a kept workspace: only what it lacks
+    assert kept["restored"] is True and kept["kept"] is True and (kept["files_kept"], kept["files_restored"]) == (1, 1), kept
+    assert kept["line"].startswith(f"the workspace {fresh} already holds files: kept as they are (1 on disk), 1 "
+                                   f"missing restored from snapshot {taken.id}"), kept["line"]
     assert (fresh / "notes.md").read_text() == "changed since\n"  # never overwritten
+    assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
 
     # a damaged snapshot: reported, not raised (the server still starts), nothing half-written
     oid = taken.files["entries"]["notes.md"]["chunks"][0]["id"]
@@ -763,7 +770,8 @@ def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
     assert done["restored"] is False and oid in done["error"]
     assert not (other / "notes.md").exists()
     empty = SnapshotEngine(Settings.resolve(project="none", storage=str(tmp_path / "store"), env={}))
-    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"].endswith("no snapshot with files yet")
+    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"] == \
+        "project 'none' has no snapshot with files yet: starting with an empty workspace"
 
 
 def test_restore_on_start_setting_is_checked(monkeypatch):
