@@ -3,7 +3,8 @@
 - who the hub says this server belongs to (`JUPYTERHUB_USER`, `JUPYTERHUB_SERVER_NAME`);
 - a warning when every user would share one storage prefix;
 - restore-on-spawn: a fresh server (its workspace empty, as on a new pod after a preemption) gets the
-  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does;
+  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does; a kept home
+  keeps its files and gets back only missing ones; the kernels resume in both;
 - an authorizer for shared servers: people the owner shares the server with may look (files, kernels,
   SpotWarp's snapshots) but not run code, change files, or take or restore snapshots, unless the hub
   granted them that action in custom scopes.

@@ -599,7 +599,9 @@ def test_a_respawned_server_resumes_the_training_with_its_home_kept_or_new(two_u
     assert re.search(r"\[I [\d: .-]+ [^\]]*\] SpotWarp start restore: the workspace .* already holds files", log)
     assert re.search(r"\[I [\d: .-]+ [^\]]*\] SpotWarp resume: train.ipynb: restored from snapshot", log)
 
-    # again, and this time the server comes back on a new, empty home
+    # again, and this time the server comes back on a new, empty home; the home was backed up whole meanwhile (the
+    # backup loop's, or the panel's Snapshot now), with whatever Jupyter keeps in it
+    snapshot(hub, "alice", "the whole home")
     _train_and_lose_the_server(hub, "alice", entry["kernel_id"])
     shutil.rmtree(home)
     home.mkdir()
