@@ -581,6 +581,9 @@ def test_a_respawned_server_resumes_the_training_with_its_home_kept_or_new(two_u
              for cid, src in (("setup", TRAIN_SETUP), ("train", TRAIN))]
     (home / "train.ipynb").write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {
         "name": "python3", "language": "python", "display_name": "Python 3"}}, "nbformat": 4, "nbformat_minor": 5}))
+    # JupyterLab opening the notebook: collaboration gives it a room, and the file-id database an entry
+    reply = hub.call("PUT", "alice", "api/collaboration/session/train.ipynb", json={"format": "json", "type": "notebook"})
+    assert reply.status_code in (200, 201), reply.text
     reply = hub.call("POST", "alice", "api/sessions", json={"path": "train.ipynb", "name": "train.ipynb",
                                                             "type": "notebook", "kernel": {"name": "python3"}})
     assert reply.status_code == 201, reply.text
