@@ -198,9 +198,10 @@ export interface components {
                 [key: string]: string;
             };
             /**
-             * @description What the server restored into an empty workspace when it started (restore-on-start, on by
-             *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
-             *     Null when nothing was restored at start.
+             * @description What the server restored when it started (`spotwarp start`, or restore-on-start, on by default
+             *     under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`; `kept` true
+             *     when the workspace already held files (kept as they are, only missing ones restored: `files_kept`),
+             *     and `line`, the sentence the server's log holds. Null when nothing was restored at start.
              */
             start_restore?: {
                 [key: string]: unknown;

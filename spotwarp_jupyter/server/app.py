@@ -120,6 +120,20 @@ class SpotWarp(Configurable):
                                 defaults={"workspace": root_dir})
 
 
+def _into_server_log(server_log: Any) -> None:
+    """SpotWarp's own logger writes through the server log's handlers: its lines get their time and level."""
+    import logging
+
+    spotwarp = logging.getLogger("spotwarp")
+    handlers = getattr(server_log, "handlers", None) or []
+    if spotwarp.handlers or not handlers:
+        return
+    for handler in handlers:
+        spotwarp.addHandler(handler)
+    if spotwarp.level == logging.NOTSET:
+        spotwarp.setLevel(logging.INFO)
+
+
 class SpotWarpApp(ExtensionApp):
     """Serves `{base_url}spotwarp/api/` and backs the workspace up while JupyterLab runs."""
 
@@ -134,6 +148,8 @@ class SpotWarpApp(ExtensionApp):
         # traitlets has already typed its value into the trait
         given = getattr(serverapp, "cli_config", {}).get("SpotWarp", {})
         flags = {name: getattr(config, name) for name in given if name in SETTINGS}
+        server_log = getattr(serverapp, "log", self.log)
+        _into_server_log(server_log)
         try:
             settings = config.resolve(flags, serverapp.root_dir)
             workspace = settings.workspace
@@ -153,7 +169,14 @@ class SpotWarpApp(ExtensionApp):
             self.log.warning("SpotWarp: %s", warning)
         # a new pod after a preemption: the user's files are back before anything is served
         start_restore = restore_on_start(engine, workspace, mode, identity,
-                                         config.fresh_workspace_names)
+                                         config.fresh_workspace_names, server_log)
+        started = self._host_info_restore()
+        if start_restore is None and started is not None:  # what `spotwarp start` restored, in status and the log
+            start_restore = {"restored": True, "id": started.get("snapshot"), "kept": bool(started.get("kept")),
+                             **{k: started[k] for k in ("files_restored", "bytes_restored", "duration_s", "line")
+                                if started.get(k) is not None}}
+            if started.get("line"):
+                server_log.info("SpotWarp start restore: %s", started["line"])
         self.service = AsyncProject(engine, workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
         self.service.project.resume_unsigned = bool(config.resume_unsigned)
@@ -211,6 +234,19 @@ class SpotWarpApp(ExtensionApp):
         hub = self.settings.get("spotwarp_start_restore") or {}
         return restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
 
+    def _host_info_restore(self) -> dict | None:
+        """What `spotwarp start` restored (SPOTWARP_START_RESTORE), None when it restored nothing or is unknown."""
+        try:
+            restored = json.loads(os.environ.get("SPOTWARP_START_RESTORE") or "null")
+        except ValueError:
+            return None
+        return restored if isinstance(restored, dict) else None
+
+    def _kept_home(self) -> bool:
+        """Whether the files the resume starts from were a kept workspace's (only missing ones restored)."""
+        hub = self.settings.get("spotwarp_start_restore") or {}
+        return bool((self._host_info_restore() or {}).get("kept") or (hub.get("restored") and hub.get("kept")))
+
     def _start_resume(self, caught_up: str | None = None, gate: asyncio.Event | None = None) -> None:
         """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py).
 
@@ -227,7 +263,7 @@ class SpotWarpApp(ExtensionApp):
             return
         self._resume_task = asyncio.ensure_future(
             Resumer(self.service, self.serverapp, gate, getattr(self, "_warm", None)).resume(
-                snapshot, restored.get("ref") or "latest"))
+                snapshot, restored.get("ref") or "latest", kept=self._kept_home() and not caught_up))
 
     def _host_info(self, serverapp) -> dict:
         """What the heartbeat says of this server: where it listens, when `spotwarp start` began, what it restored."""

@@ -3,7 +3,8 @@
 - who the hub says this server belongs to (`JUPYTERHUB_USER`, `JUPYTERHUB_SERVER_NAME`);
 - a warning when every user would share one storage prefix;
 - restore-on-spawn: a fresh server (its workspace empty, as on a new pod after a preemption) gets the
-  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does;
+  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does; a kept home
+  keeps its files and gets back only missing ones; the kernels resume in both;
 - an authorizer for shared servers: people the owner shares the server with may look (files, kernels,
   SpotWarp's snapshots) but not run code, change files, or take or restore snapshots, unless the hub
   granted them that action in custom scopes.
@@ -76,28 +77,53 @@ def restore_mode(value: str) -> str:
 
 
 def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity: HubIdentity | None,
-                     ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES) -> dict[str, Any] | None:
-    """Restore the newest snapshot holding files into a fresh workspace; what happened, for `GET status`.
+                     ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES,
+                     logger: logging.Logger | None = None) -> dict[str, Any] | None:
+    """Restore the newest snapshot holding files at start; what happened, for `GET status` (`line`: one sentence,
+    also logged through `logger`, the server's log).
 
-    `auto` restores only under JupyterHub (a plain server has `spotwarp start` for this). A failure is
-    reported, never raised: the server still starts so the user can look and retry from the panel.
+    A fresh workspace gets the snapshot's files. A kept one (a home volume that outlived the server) keeps every
+    file it holds as it is, newer than any snapshot, and gets back only what is missing (`kept`); in both, the
+    kernels resume from the newest snapshot. `auto` restores only under JupyterHub (a plain server has
+    `spotwarp start` for this). A failure is reported, never raised: the server still starts so the user can look
+    and retry from the panel.
     """
+    logger = logger or log
     if mode == "never" or (mode == "auto" and identity is None):
+        if identity is not None:
+            logger.info("SpotWarp start restore: off (restore_on_start = never): the workspace is served as it is")
         return None
-    if not workspace_is_fresh(workspace, ignorable):
-        return {"restored": False, "reason": "the workspace already holds files"}
+    kept = not workspace_is_fresh(workspace, ignorable)
     try:
-        result = Project(engine, workspace).restore("latest", via=VIA_HUB, files_only=True)
+        result = Project(engine, workspace).restore("latest", via=VIA_HUB, files_only=True, keep_existing=kept)
     except Exception as exc:  # noqa: BLE001 - the server must come up; status shows the error
-        log.error("SpotWarp: restoring the workspace at start failed: %s", exc)
-        return {"restored": False, "error": f"{type(exc).__name__}: {exc}"}
+        line = f"restoring the workspace at start failed: {type(exc).__name__}: {exc}"
+        logger.error("SpotWarp start restore: %s", line)
+        return {"restored": False, "kept": kept, "error": f"{type(exc).__name__}: {exc}", "line": line}
     if result is None:
-        return {"restored": False, "reason": f"project {engine.settings.project!r} has no snapshot with files yet"}
-    files, snap = result.files, result.snapshot
-    log.info("SpotWarp: restored %d files (%d bytes) into %s from snapshot %s (%s, %s)",
-             files.files_restored if files else 0, files.bytes_restored if files else 0, workspace, snap.id,
-             snap.host, snap.created)
-    return hub_restore_json(result)
+        line = f"project {engine.settings.project!r} has no snapshot with files yet" + (
+            ": the workspace's files are served as they are" if kept else ": starting with an empty workspace")
+        logger.info("SpotWarp start restore: %s", line)
+        return {"restored": False, "kept": kept, "reason": line, "line": line}
+    answer = {**hub_restore_json(result), "kept": kept}
+    answer["line"] = start_restore_line(answer, workspace)
+    logger.info("SpotWarp start restore: %s", answer["line"])
+    return answer
+
+
+def start_restore_line(restored: Mapping[str, Any], workspace: str) -> str:
+    """One sentence for a start's restore (`hub_restore_json` with `kept`): what came back, what stayed."""
+    where = f"snapshot {restored.get('id')} ({restored.get('host')}, {restored.get('created')})"
+    if restored.get("kept"):
+        text = (f"the workspace {workspace} already holds files: kept as they are ({restored.get('files_kept', 0)} "
+                f"on disk), {restored.get('files_restored', 0)} missing restored from {where}")
+    else:
+        text = (f"restored {restored.get('files_restored', 0)} files ({restored.get('bytes_restored', 0)} bytes) into "
+                f"{workspace} from {where}")
+    skipped = restored.get("server_state_skipped") or []
+    if skipped:
+        text += f"; {len(skipped)} files of Jupyter's own state left as this server has them ({skipped[0]}...)"
+    return text + ("; kernels resume from the newest snapshot" if restored.get("notebooks") else "")
 
 
 GRANT_SCOPE = "custom:jupyter_server:{action}:{resource}"

@@ -176,7 +176,7 @@ class Project:
 
     def restore(self, ref: str = "latest", *, via: str, files_only: bool = False, chosen: Manifest | None = None,
                 progress: Progress | None = None, kernels: KernelRestorer | None = None,
-                run: str | None = None) -> RestoreResult | None:
+                run: str | None = None, keep_existing: bool = False) -> RestoreResult | None:
         """Files back into the workspace, then (through `kernels`) the live kernels of the snapshot's notebooks.
 
         Journaled (restore_started / restore_finished, with `via`) so `report` shows the time to resume, unless
@@ -184,6 +184,7 @@ class Project:
         snapshot holding files is restored, and None says there is none (a new project). `chosen`: what
         `choose(ref, files_only)` already answered (a door that shows the id before the work). `run`: the
         server run restoring (as its notices name it), so a run's own restore never counts as its recovery.
+        `keep_existing` (a kept home): files and notebooks on disk stay as they are; only missing ones come back.
         """
         if via not in VIAS:
             raise ValueError(f"unknown door {via!r}: one of {', '.join(VIAS)}")
@@ -199,10 +200,15 @@ class Project:
         with self._journal(manifest.id, via, journaled, run) as outcome:
             files = None
             if self.workspace is not None:
-                files = self.engine.restore_files(manifest, self.workspace, progress=progress)
+                records = self._records(ref, manifest)
+                if keep_existing:  # a notebook the user kept is theirs as it is; a missing one comes back whole
+                    records = {nb: r for nb, r in records.items()
+                               if not os.path.lexists(os.path.join(self.workspace, *nb.split("/")))}
+                files = self.engine.restore_files(manifest, self.workspace, progress=progress,
+                                                  keep_existing=keep_existing)
                 outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
                 # cells run but not saved before the snapshot: the notebook holds every cell behind the state
-                rebuilt = bring_back_run_cells(self.workspace, self._records(ref, manifest))
+                rebuilt = bring_back_run_cells(self.workspace, records)
             restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
             if kernels is not None:
                 outcome.update(kernels=len(restored), kernels_failed=sum(1 for k in restored if k.error))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -244,7 +245,10 @@ def test_each_user_sees_only_their_own_snapshots(two_users: Hub):
         status = hub.call("GET", name, "spotwarp/api/status").json()
         assert status["storage"] == f"{hub.storage_root}/{name}/default"  # the prefix comes from the hub's identity
         assert status["workspace"] == str(hub.home(name).resolve())
-        assert status["start_restore"] == {"restored": False, "reason": "the workspace already holds files"}
+        start = status["start_restore"]  # a kept home, and nothing stored yet: served as it is
+        assert start["restored"] is False and start["kept"] is True, start
+        assert start["reason"] == "project 'default' has no snapshot with files yet: the workspace's files are " \
+            "served as they are" == start["line"], start
         assert [s["id"] for s in listing(hub, name)] == [taken[name]["id"]]
         assert taken[name]["message"] == f"{name}'s work" and taken[name]["files"] >= 2
 
@@ -462,6 +466,165 @@ def test_new_server_on_an_empty_home_restores_that_users_workspace(two_users: Hu
     assert all(s["id"] != last["id"] for s in listing(hub, "bob"))
 
 
+# -- a respawned server resumes the training by itself, its home kept or new --------------------------
+TRAIN_SETUP = """%load_ext spotwarp
+%spotwarp policy --every 0.2s --no-after-cell
+import random, time, spotwarp
+random.seed(5)
+w, seen = 0.0, []
+"""
+TRAIN = """for step in spotwarp.resumable(range(60), name="train"):
+    w = w * 0.9 + random.random()
+    seen.append(repr(w))
+    print(f"step {len(seen)}", flush=True)
+    time.sleep(0.1)
+print(f"done: {len(seen)} steps")
+"""
+
+
+def _reference_run() -> list[str]:
+    import random
+
+    rng, w, seen = random.Random(5), 0.0, []
+    for _ in range(60):
+        w = w * 0.9 + rng.random()
+        seen.append(repr(w))
+    return seen
+
+
+def _cell_text(path: Path, cell_id: str) -> str:
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except (OSError, ValueError):
+        return ""  # not there yet, or being replaced
+    return "".join("".join(o.get("text", "")) for c in cells if c.get("id") == cell_id for o in c.get("outputs", []))
+
+
+def _train_and_lose_the_server(hub: Hub, name: str, kernel: str) -> None:
+    """In `name`'s kernel: the setup cell, then the training cell, sent as JupyterLab sends them (with their ids);
+    once snapshots inside the loop are committed, the server and the kernel are SIGKILLed (a lost pod)."""
+    import asyncio
+
+    from tornado.httpclient import HTTPRequest
+    from tornado.websocket import websocket_connect
+
+    from lab_server import Execution
+
+    before = {s["id"] for s in listing(hub, name)}
+
+    async def run() -> int:
+        request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{name}/api/kernels/{kernel}/channels",
+                              headers={"Authorization": f"token {hub.tokens[name]}"}, request_timeout=60)
+        conn = await websocket_connect(request)
+        try:
+            pid_run = Execution("import os as _o; print(_o.getpid())")
+            setup = Execution(TRAIN_SETUP, cell_id="setup")
+            for execution in (pid_run, setup):
+                await conn.write_message(execution.request)
+                while not execution.done:
+                    execution.feed(await asyncio.wait_for(conn.read_message(), 120))
+            await conn.write_message(Execution(TRAIN, cell_id="train").request)
+            in_loop = await asyncio.to_thread(
+                poll, "snapshots inside the training loop", lambda: len([
+                    s for s in listing(hub, name) if s["id"] not in before and s["kind"] == "kernel"]) >= 4,
+                120, 0.1, hub.log)
+            assert in_loop
+            return int(pid_run.output().strip())
+        finally:
+            conn.close()
+
+    kernel_pid = asyncio.run(run())
+    server_pid = hub.api("GET", f"users/{name}").json()["servers"][""]["state"]["pid"]
+    os.kill(kernel_pid, signal.SIGKILL)
+    os.kill(server_pid, signal.SIGKILL)
+    hub.stop(name)  # the hub finds its server gone
+
+
+def _resumed(hub: Hub, name: str) -> dict[str, Any]:
+    """Once the respawned server's resume of train.ipynb finished: its entry; the outputs and state checked."""
+    def entry() -> dict[str, Any] | None:
+        status = hub.call("GET", name, "spotwarp/api/status").json()
+        found = [e for e in status.get("resume") or [] if e["notebook"] == "train.ipynb"]
+        return found[0] if found and found[0]["state"] in ("finished", "failed") else None
+
+    done = poll("the resumed training cell to finish", entry, timeout=180, log=hub.log)
+    assert done["state"] == "finished" and done["cell"] == "train", done
+    notebook = hub.home(name) / "train.ipynb"
+    text = poll("the resumed cell's last output in the notebook", lambda: "done:" in _cell_text(notebook, "train")
+                and _cell_text(notebook, "train"), timeout=60, log=hub.log)
+    assert "done: 60 steps" in text
+    steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ")]
+    assert steps == list(range(1, 61)), steps  # the loop went on at the next step, nothing run twice
+    assert run_in_kernel(hub, name, done["kernel_id"], "print(seen == _ref)".replace(
+        "_ref", repr(_reference_run()))).strip() == "True"  # bit for bit an uninterrupted run's values
+    return done
+
+
+def _file_id_database_held(hub: Hub, name: str) -> list[str]:
+    """The paths of jupyter_server_fileid's database the user's server holds open (' (deleted)': replaced under it)."""
+    pid = hub.api("GET", f"users/{name}").json()["servers"][""]["state"]["pid"]
+    held = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if "file_id_manager.db" in target:
+            held.append(target)
+    return held
+
+
+def test_a_respawned_server_resumes_the_training_with_its_home_kept_or_new(two_users: Hub):
+    hub = two_users
+    home = hub.home("alice")
+    cells = [{"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [], "source": src}
+             for cid, src in (("setup", TRAIN_SETUP), ("train", TRAIN))]
+    (home / "train.ipynb").write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {
+        "name": "python3", "language": "python", "display_name": "Python 3"}}, "nbformat": 4, "nbformat_minor": 5}))
+    # JupyterLab opening the notebook: collaboration gives it a room, and the file-id database an entry
+    reply = hub.call("PUT", "alice", "api/collaboration/session/train.ipynb", json={"format": "json", "type": "notebook"})
+    assert reply.status_code in (200, 201), reply.text
+    reply = hub.call("POST", "alice", "api/sessions", json={"path": "train.ipynb", "name": "train.ipynb",
+                                                            "type": "notebook", "kernel": {"name": "python3"}})
+    assert reply.status_code == 201, reply.text
+    _train_and_lose_the_server(hub, "alice", reply.json()["kernel"]["id"])
+
+    # the home outlived the server: its files stay as they are, the kernel resumes from the newest snapshot
+    (home / "notes.md").write_text("# alice's notes, after the last snapshot\n")
+    hub.start("alice")
+    hub.wait_ready("alice")
+    entry = _resumed(hub, "alice")
+    assert "the notebook on disk kept as it is" in entry["line"], entry["line"]
+    assert (home / "notes.md").read_text() == "# alice's notes, after the last snapshot\n"
+    start = hub.call("GET", "alice", "spotwarp/api/status").json()["start_restore"]
+    assert start["restored"] is True and start["kept"] is True and "kept as they are" in start["line"], start
+    log = hub.log.read_text()
+    assert re.search(r"\[I [\d: .-]+ [^\]]*\] SpotWarp start restore: the workspace .* already holds files", log)
+    assert re.search(r"\[I [\d: .-]+ [^\]]*\] SpotWarp resume: train.ipynb: restored from snapshot", log)
+
+    # again, and this time the server comes back on a new, empty home; the home was backed up whole meanwhile (the
+    # backup loop's, or the panel's Snapshot now), with whatever Jupyter keeps in it
+    snapshot(hub, "alice", "the whole home")
+    _train_and_lose_the_server(hub, "alice", entry["kernel_id"])
+    shutil.rmtree(home)
+    home.mkdir()
+    logged = len(hub.log.read_text())
+    hub.start("alice")
+    hub.wait_ready("alice")
+    entry = _resumed(hub, "alice")
+    start = hub.call("GET", "alice", "spotwarp/api/status").json()["start_restore"]
+    assert start["restored"] is True and start["kept"] is False, start
+    # Jupyter's own state was never backed up nor written under the running server: its file-id database is the
+    # one it opened, and the outputs went live into the open notebook
+    held = _file_id_database_held(hub, "alice")
+    assert held and not any(p.endswith("(deleted)") for p in held), held
+    after = hub.log.read_text()[logged:]
+    assert "readonly database" not in after, after[-4000:]
+    assert "outputs of cell train go live into the notebook's shared document" in after, after[-4000:]
+    # another user's token is refused on alice's server, as ever
+    assert hub.call("GET", "alice", "spotwarp/api/status", as_user="bob").status_code in (302, 403)
+
+
 # -- the same isolation without a hub: every door refuses another user's prefix -------------------
 HUB_ENV = {"JUPYTERHUB_USER": "alice", "JUPYTERHUB_SERVER_NAME": "",
            "SPOTWARP_STORAGE": "s3://team/spotwarp/{username}/{server_name}"}
@@ -595,9 +758,13 @@ def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
     assert done["restored"] is True and done["id"] == taken.id and done["files_restored"] == 2
     assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
     (fresh / "notes.md").write_text("changed since\n")
-    assert restore_on_start(engine, str(fresh), "if-empty", None) == \
-        {"restored": False, "reason": "the workspace already holds files"}
+    (fresh / "src" / "train.py").unlink()
+    kept = restore_on_start(engine, str(fresh), "if-empty", None)  # a kept workspace: only what it lacks
+    assert kept["restored"] is True and kept["kept"] is True and (kept["files_kept"], kept["files_restored"]) == (1, 1), kept
+    assert kept["line"].startswith(f"the workspace {fresh} already holds files: kept as they are (1 on disk), 1 "
+                                   f"missing restored from snapshot {taken.id}"), kept["line"]
     assert (fresh / "notes.md").read_text() == "changed since\n"  # never overwritten
+    assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
 
     # a damaged snapshot: reported, not raised (the server still starts), nothing half-written
     oid = taken.files["entries"]["notes.md"]["chunks"][0]["id"]
@@ -608,7 +775,8 @@ def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
     assert done["restored"] is False and oid in done["error"]
     assert not (other / "notes.md").exists()
     empty = SnapshotEngine(Settings.resolve(project="none", storage=str(tmp_path / "store"), env={}))
-    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"].endswith("no snapshot with files yet")
+    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"] == \
+        "project 'none' has no snapshot with files yet: starting with an empty workspace"
 
 
 def test_restore_on_start_setting_is_checked(monkeypatch):
