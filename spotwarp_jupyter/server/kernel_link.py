@@ -14,7 +14,21 @@ import uuid
 from queue import Empty
 from typing import Any
 
-from ..protocol import COMM_TARGET, KernelRequest, ProtocolError, loaded_mark_path, read_kernel_answer, read_loaded_mark
+from ..protocol import (
+    COMM_TARGET,
+    NOTICE_REPLY,
+    NOTICE_REQUEST,
+    RENAME_REPLY,
+    RENAME_REQUEST,
+    KernelRequest,
+    NoticeAnswer,
+    NoticeRequest,
+    ProtocolError,
+    answers_request,
+    loaded_mark_path,
+    read_kernel_answer,
+    read_loaded_mark,
+)
 
 
 class KernelUnavailable(Exception):
@@ -49,6 +63,16 @@ def _marked_by_a_live_process(path: str) -> bool:
     except PermissionError:  # alive, another user's
         return True
     return True
+
+
+def untrack_control_requests(kernel_manager: Any) -> None:
+    """SpotWarp's control requests are no user activity: the kernel's busy/idle status around them must not
+    mark a kernel running a cell idle (what the server then asks it would wait for the cell's end), nor keep
+    an idle kernel from being culled."""
+    untracked = getattr(kernel_manager, "untracked_message_types", None)
+    if isinstance(untracked, list):
+        new = [t for t in (NOTICE_REQUEST, NOTICE_REPLY, RENAME_REQUEST, RENAME_REPLY) if t not in untracked]
+        kernel_manager.untracked_message_types = [*untracked, *new]
 
 
 async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, content: dict[str, Any],
@@ -142,3 +166,28 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest
                 raise KernelUnavailable("SpotWarp is not loaded in this kernel (%load_ext spotwarp)")
     finally:
         client.stop_channels()
+
+
+async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeout: float,
+                                      notice: NoticeRequest) -> NoticeAnswer | str:
+    """Ask one kernel over its control channel to snapshot at its next safe point; its answer, or why none came."""
+    if not await spotwarp_loaded(kernel_manager, kernel_id):
+        # a kernel without SpotWarp would log an ERROR for a control message it does not know
+        return "SpotWarp is not loaded in this kernel"
+    try:
+        content = await ask_control(kernel_manager, kernel_id, NOTICE_REQUEST, notice.to_message(), timeout)
+    except KernelUnavailable as exc:
+        return str(exc)
+    try:
+        answer = NoticeAnswer.from_message(content, notice)
+    except ProtocolError as exc:
+        return f"unreadable answer: {exc}"
+    return answer if answer.ok else str(answer.error)
+
+
+def snapshot_answering(manifests: list[Any], notebook: str | None, request_id: str) -> Any:
+    """The kernel snapshot taken for request `request_id` (its manifest names the id), or None yet."""
+    for m in manifests:
+        if m.kind == "kernel" and notebook in m.kernels and answers_request(m.requests, request_id):
+            return m
+    return None

@@ -1,0 +1,40 @@
+"""A project snapshot never names older kernel state than one already committed for the same notebook.
+
+Kernel snapshots are written in the background; one taken earlier may commit after a later one (a writer
+that took longer). Each record carries the instant of its state (`state_at`), and project snapshots (a
+preemption's final one, a server's request, the continuous backup) pick the newest state, so `latest`
+never moves back in training.
+"""
+
+from __future__ import annotations
+
+from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.service import KernelAnswer, Project
+
+
+def _snapshot(engine: SnapshotEngine, step: int, state_at: float):
+    return engine.snapshot_kernel({"step": step}, "train.ipynb", f"step {step}",
+                                  annotations={"state_at": state_at, "positions": {"train": step}})
+
+
+def test_a_project_snapshot_keeps_the_newest_state_whatever_committed_last(tmp_path):
+    (tmp_path / "ws").mkdir()
+    (tmp_path / "ws" / "config.yaml").write_text("lr: 0.01\n")
+    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
+    project = Project(engine, str(tmp_path / "ws"))
+    _snapshot(engine, 100, state_at=2000.0)
+    older = _snapshot(engine, 67, state_at=1000.0)  # taken first, committed last
+    assert engine.manifests("train.ipynb")[0].id == older.id
+
+    # the kernel answered with the snapshot it committed last: the project snapshot still holds step 100
+    final = project.snapshot("final snapshot", [KernelAnswer("k1", "train.ipynb", committed=older.id)])
+    assert final.kernels["train.ipynb"]["positions"] == {"train": 100}
+    assert engine.restore_kernel(final.id, namespace := {}, "train.ipynb") and namespace["step"] == 100
+    # a kernel that did not answer keeps its newest state, not the last committed
+    backup = project.snapshot("backup", [KernelAnswer("k1", "train.ipynb", error="busy", asked=True)])
+    assert backup.kernels["train.ipynb"]["positions"] == {"train": 100}
+
+    # newer state committed last is taken as it is
+    newest = _snapshot(engine, 126, state_at=3000.0)
+    again = project.snapshot("again", [KernelAnswer("k1", "train.ipynb", committed=newest.id)])
+    assert again.kernels["train.ipynb"]["positions"] == {"train": 126}
