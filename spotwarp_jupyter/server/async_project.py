@@ -20,7 +20,7 @@ from .. import __version__
 from ..engine import Manifest, SnapshotEngine
 from ..engine.coordination import FENCED, SERVING, STANDBY, WRITERS, Fenced
 from ..engine.errors import SpotWarpError
-from ..protocol import KernelRequest, NoticeAnswer, NoticeRequest
+from ..protocol import SERVER_REQUEST, KernelRequest, NoticeAnswer, NoticeRequest
 from ..service import (
     VIA_REST,
     KernelAnswer,
@@ -229,7 +229,7 @@ class AsyncProject:
         kernel id -> `{"id", "notebook"}` of that snapshot, or why none came within `kernel_timeout`."""
         if not kernels:
             return {}
-        request = NoticeRequest.new(fatal=False)
+        request = NoticeRequest.new(fatal=False, reason=SERVER_REQUEST)
         acks = await asyncio.gather(*(request_safe_point_snapshot(self.kernel_manager, k["kernel_id"],
                                                                   CONTROL_TIMEOUT_S, request) for k in kernels))
         out: dict[str, Any] = {k["kernel_id"]: ack for k, ack in zip(kernels, acks) if isinstance(ack, str)}
