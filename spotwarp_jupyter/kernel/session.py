@@ -10,6 +10,7 @@ flight are taken at the next safe point. What a snapshot reuses is increments.py
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from types import ModuleType
@@ -101,6 +102,7 @@ class KernelSession:
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
+        self.run_id = secrets.token_hex(6)  # this kernel's run: its records' `state_at` compare with each other
 
     @property
     def full_every(self) -> int:
@@ -144,10 +146,10 @@ class KernelSession:
         """What a snapshot's kernel record says of this kernel beyond its variables (docs/design.md): the
         notebook's former names, the policy (a restored kernel keeps it), training positions (the widget's offer),
         the cell running when it was taken and where (`at`: `step` of a resumable loop, `cell` end, other `call`),
-        and the instant of the state (`state_at`: a record committed later may hold older state, see
-        engine/manifests/manifest.py's newest_kernel_records)."""
+        and the instant of the state in this kernel's run (`state_at`, `kernel_run`: one of its records committed
+        later may hold older state, see engine/manifests/manifest.py's newest_kernel_records)."""
         running = self.running
-        return {"state_at": time.time(),
+        return {"state_at": time.time(), "kernel_run": self.run_id,
                 "aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],

@@ -12,9 +12,9 @@ from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.service import KernelAnswer, Project
 
 
-def _snapshot(engine: SnapshotEngine, step: int, state_at: float):
+def _snapshot(engine: SnapshotEngine, step: int, state_at: float, run: str = "run-a"):
     return engine.snapshot_kernel({"step": step}, "train.ipynb", f"step {step}",
-                                  annotations={"state_at": state_at, "positions": {"train": step}})
+                                  annotations={"state_at": state_at, "kernel_run": run, "positions": {"train": step}})
 
 
 def test_a_project_snapshot_keeps_the_newest_state_whatever_committed_last(tmp_path):
@@ -38,3 +38,8 @@ def test_a_project_snapshot_keeps_the_newest_state_whatever_committed_last(tmp_p
     newest = _snapshot(engine, 126, state_at=3000.0)
     again = project.snapshot("again", [KernelAnswer("k1", "train.ipynb", committed=newest.id)])
     assert again.kernels["train.ipynb"]["positions"] == {"train": 126}
+
+    # another kernel run (a new host, whose clock may be behind): its commit is the newest, whatever its clock
+    other = _snapshot(engine, 10, state_at=500.0, run="run-b")
+    after = project.snapshot("new host", [KernelAnswer("k2", "train.ipynb", committed=other.id)])
+    assert after.kernels["train.ipynb"]["positions"] == {"train": 10}
