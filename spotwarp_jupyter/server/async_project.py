@@ -238,7 +238,7 @@ class AsyncProject:
         while waiting:
             manifests = await self.run(self.engine.manifests)
             for kernel_id, ack in list(waiting.items()):
-                found = snapshot_answering(manifests, ack.notebook, request.request_id)
+                found = snapshot_answering(manifests, ack, request.request_id)
                 if found is not None:
                     out[kernel_id] = {"id": found.id, "notebook": ack.notebook}
                     del waiting[kernel_id]

@@ -75,6 +75,16 @@ def untrack_control_requests(kernel_manager: Any) -> None:
         kernel_manager.untracked_message_types = [*untracked, *new]
 
 
+def _own_client(km: Any) -> Any:
+    """A client of the kernel with a session of its own: the kernel's sockets tell peers apart by the session id,
+    and two clients sharing one (a snapshot request and a notice at once) would see one of them go unheard."""
+    client = km.client()
+    session = client.session.clone()
+    session.session = uuid.uuid4().hex
+    client.session = session
+    return client
+
+
 async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, content: dict[str, Any],
                       timeout: float) -> dict[str, Any]:
     """Send `msg_type` on the kernel's control channel (served even while a cell runs); the reply's content."""
@@ -82,7 +92,7 @@ async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, conten
         km = kernel_manager.get_kernel(kernel_id)
     except KeyError:
         raise KernelUnavailable("no such kernel") from None
-    client = km.client()
+    client = _own_client(km)
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
         msg = client.session.msg(msg_type, content)
@@ -137,7 +147,7 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest
         km = kernel_manager.get_kernel(kernel_id)
     except KeyError:
         raise KernelUnavailable("no such kernel") from None
-    client = km.client()
+    client = _own_client(km)
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     deadline = time.monotonic() + timeout
     try:
@@ -185,9 +195,17 @@ async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeo
     return answer if answer.ok else str(answer.error)
 
 
-def snapshot_answering(manifests: list[Any], notebook: str | None, request_id: str) -> Any:
-    """The kernel snapshot taken for request `request_id` (its manifest names the id), or None yet."""
+def snapshot_answering(manifests: list[Any], answer: NoticeAnswer, request_id: str) -> Any:
+    """The kernel snapshot `answer`'s kernel took for request `request_id` (its manifest names the id), or None yet.
+
+    Every kernel asked names the same id, and a kernel snapshot holding the workspace also copies the other
+    notebooks' newest records: one whose state is older than the request (`state_at`) is such a copy."""
     for m in manifests:
-        if m.kind == "kernel" and notebook in m.kernels and answers_request(m.requests, request_id):
-            return m
+        record = m.kernels.get(answer.notebook) if m.kind == "kernel" else None
+        if record is None or not answers_request(m.requests, request_id):
+            continue
+        state_at = record.get("state_at")
+        if isinstance(state_at, (int, float)) and state_at < answer.requested_at:
+            continue
+        return m
     return None

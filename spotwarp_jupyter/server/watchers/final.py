@@ -96,7 +96,7 @@ class PreemptionResponder:
         stop_waiting = notice.deadline - self._files_reserve(manifests, notice.window_s)
         while waiting:
             for kernel_id, ack in list(waiting.items()):
-                found = snapshot_answering(manifests, ack.notebook, request.request_id)
+                found = snapshot_answering(manifests, ack, request.request_id)
                 if found is not None:
                     collected[kernel_id] = {"id": found.id, "notebook": ack.notebook}
                     del waiting[kernel_id]
