@@ -3,7 +3,8 @@
 Kernel snapshots are written in the background; one taken earlier may commit after a later one (a writer
 that took longer). Each record carries the instant of its state (`state_at`), and project snapshots (a
 preemption's final one, a server's request, the continuous backup) pick the newest state, so `latest`
-never moves back in training.
+never moves back in training. A notice's answer is the asked kernel's own snapshot, never the copy of its
+record that another kernel's snapshot of the same notice holds.
 """
 
 from __future__ import annotations
@@ -43,3 +44,23 @@ def test_a_project_snapshot_keeps_the_newest_state_whatever_committed_last(tmp_p
     other = _snapshot(engine, 10, state_at=500.0, run="run-b")
     after = project.snapshot("new host", [KernelAnswer("k2", "train.ipynb", committed=other.id)])
     assert after.kernels["train.ipynb"]["positions"] == {"train": 10}
+
+
+def test_a_notices_answer_is_the_asked_kernels_own_snapshot_not_a_copy_in_another_kernels(tmp_path):
+    from spotwarp_jupyter.protocol import NoticeAnswer
+    from spotwarp_jupyter.server.kernel_link import snapshot_answering
+
+    (tmp_path / "ws").mkdir()
+    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"),
+                                             workspace=str(tmp_path / "ws"), env={}))
+    _snapshot(engine, 6, state_at=1000.0)  # train.ipynb's periodic snapshot
+    # one notice, one id, two kernels: idle.ipynb commits first, its snapshot holding the workspace copies
+    # train.ipynb's newest record
+    idle = engine.snapshot_kernel({"x": 1}, "idle.ipynb", "requested: preemption", requests=["n1"],
+                                  annotations={"state_at": 2001.0, "kernel_run": "run-i"}, cut=engine.cut_workspace())
+    assert idle.kernels["train.ipynb"]["positions"] == {"train": 6}
+    asked = NoticeAnswer("n1", True, requested_at=2000.0, notebook="train.ipynb")
+    assert snapshot_answering(engine.manifests(), asked, "n1") is None
+    own = engine.snapshot_kernel({"step": 42}, "train.ipynb", "requested: preemption", requests=["n1"],
+                                 annotations={"state_at": 2002.0, "kernel_run": "run-a", "positions": {"train": 42}})
+    assert snapshot_answering(engine.manifests(), asked, "n1").id == own.id
