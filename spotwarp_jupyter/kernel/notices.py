@@ -55,7 +55,7 @@ def _on_notice(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> No
     # the next snapshot names the request's id: the server finds exactly the snapshot it asked for
     session.answer_with_next_snapshot(notice.request_id)
     answer = NoticeAnswer(notice.request_id, True, requested_at, session.notebook, session.in_flight is not None)
-    safepoints.request(PREEMPTION)
+    safepoints.request(notice.reason)
     # an idle kernel reaches no safe point by itself: run one on the main thread between messages;
     # in a busy kernel this runs after the cell, by when the request was taken at a step or the cell's end
     kernel.io_loop.add_callback(safepoints.reached, "notice")

@@ -21,6 +21,7 @@ from .async_project import AsyncProject
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
+from .kernel_link import untrack_control_requests
 from .listings import list_through_renames
 from .renames import follow_renames
 from .resume import Resumer
@@ -180,6 +181,7 @@ class SpotWarpApp(ExtensionApp):
         self.service = AsyncProject(engine, workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
         self.service.project.resume_unsigned = bool(config.resume_unsigned)
+        untrack_control_requests(serverapp.kernel_manager)
         self.service.trust.update(key_id=key_id(key.key) if key.key else None, line=None if key.key else key.line)
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace

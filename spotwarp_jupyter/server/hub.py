@@ -126,6 +126,9 @@ def start_restore_line(restored: Mapping[str, Any], workspace: str) -> str:
     return text + ("; kernels resume from the newest snapshot" if restored.get("notebooks") else "")
 
 
+# the preStop hook: a kernel in a training cell answers at its next step; SIGTERM and the final snapshot follow
+PRESTOP_TIMEOUT_S = 5.0
+
 GRANT_SCOPE = "custom:jupyter_server:{action}:{resource}"
 
 
@@ -198,7 +201,7 @@ def _own_server_url(env: Mapping[str, str]) -> str:
     return urlunsplit((url.scheme, netloc, url.path.rstrip("/") + "/", "", ""))
 
 
-def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = 25.0,
+def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = PRESTOP_TIMEOUT_S,
                      message: str = "preStop: the pod is stopping") -> dict[str, Any]:
     """Ask this pod's own server for a snapshot of files and every live kernel, with the server's hub token."""
     import json
@@ -226,7 +229,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="SpotWarp helpers for JupyterHub pods.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prestop", help="a snapshot through this pod's server before Kubernetes stops it")
-    p.add_argument("--timeout", type=float, default=25.0, help="seconds to wait (keep under the grace period)")
+    p.add_argument("--timeout", type=float, default=PRESTOP_TIMEOUT_S,
+                   help="seconds to wait; with the server's shutdown_grace, keep within the pod's grace period")
     args = parser.parse_args(argv)
     try:
         answer = prestop_snapshot(timeout=args.timeout)

@@ -17,7 +17,7 @@ from ..engine.files import Progress
 from ..engine.journal import Journal, restoring
 from ..engine.journal import report as preemption_report
 from ..engine.keys import Trust, resume_trust, vouched
-from ..engine.manifests import Manifest, committed_kernel_record, newest_kernel_records
+from ..engine.manifests import Manifest, committed_kernel_record, newer_state, newest_kernel_records
 from ..engine.snapshots import SnapshotEngine
 from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
 from .run_cells import bring_back_run_cells
@@ -89,7 +89,10 @@ class Project:
         newest = newest_kernel_records(listing)
         for k in kernels or ():
             if k.committed is not None and k.notebook is not None:
-                records[k.notebook] = committed_kernel_record(listing, k.committed, k.notebook)
+                record = committed_kernel_record(listing, k.committed, k.notebook)
+                # never older state than one already committed: `latest` does not move back in training
+                newer = newest.get(k.notebook)
+                records[k.notebook] = newer if newer is not None and newer_state(newer, record) else record
                 fresh.append(k.notebook)
                 continue
             # a busy kernel keeps its newest committed state in the project snapshot

@@ -18,6 +18,7 @@ from spotwarp_jupyter.protocol import (
     COMM_TARGET,
     NOTICE_REPLY,
     NOTICE_REQUEST,
+    SERVER_REQUEST,
     KernelRequest,
     NoticeAnswer,
     NoticeRequest,
@@ -147,6 +148,7 @@ def test_a_malformed_request_gets_one_line_and_changes_nothing(start_kernel, sto
     ({"fatal": True, "deadline": None}, "request_id must be"),
     ({"request_id": "n1", "fatal": "yes"}, "fatal must be true or false"),
     ({"request_id": "n2", "deadline": "soon"}, "deadline must be a time"),
+    ({"request_id": "n3", "fatal": False, "reason": "whatever"}, "reason must be one of"),
 ])
 def test_a_malformed_notice_gets_one_line_and_queues_no_snapshot(start_kernel, store_url, content, error):
     k = start_kernel("host")
@@ -169,6 +171,10 @@ def test_every_message_reads_back_as_built_and_an_answer_to_another_request_is_r
         assert KernelRequest.from_message(request.to_message()) == request
     rename = RenameRequest.new("runs/train.ipynb")
     assert RenameRequest.from_message(rename.to_message()) == rename
+    for notice in (NoticeRequest.new(), NoticeRequest.new(fatal=False, reason=SERVER_REQUEST)):
+        assert NoticeRequest.from_message(notice.to_message()) == notice
+    with pytest.raises(ProtocolError, match="reason"):  # a notice that holds the loop is a preemption
+        NoticeRequest.from_message({**NoticeRequest.new().to_message(), "reason": SERVER_REQUEST})
     for bad in ({"request_id": "r"}, {"request_id": "r", "notebook": " "}, {"notebook": "a.ipynb"}):
         with pytest.raises(ProtocolError):
             RenameRequest.from_message(bad)

@@ -19,6 +19,7 @@ import yaml
 from traitlets.config import Config
 
 from spotwarp_jupyter.engine import Settings
+from spotwarp_jupyter.engine.settings import resolve_setting
 
 from hub_configs import load, spawner_environment
 
@@ -55,6 +56,10 @@ def test_jupyterhub_config_gives_every_user_their_own_prefix(monkeypatch):
     assert "SPOTWARP_STORAGE_OPTIONS" not in env and "SPOTWARP_KEY" not in env  # nothing the hub does not have
     assert config.Spawner.http_timeout >= 120 and config.Spawner.start_timeout >= config.Spawner.http_timeout
     assert config.Spawner.disable_user_config is True
+    # a local spawner stops a server with SIGINT, then SIGTERM after `interrupt_timeout` (10 s by default)
+    from jupyterhub.spawner import LocalProcessSpawner
+    shutdown_grace = resolve_setting("shutdown_grace", env={"SPOTWARP_SHUTDOWN_GRACE": env["SPOTWARP_SHUTDOWN_GRACE"]})
+    assert shutdown_grace <= LocalProcessSpawner.interrupt_timeout.default_value
     # what each single-user server makes of it (JupyterHub's base Spawner passes the string unchanged)
     for user, server, expected in (("alice", "", "alice/default"), ("bob", "gpu", "bob/gpu")):
         settings = Settings.resolve(env={**env, "JUPYTERHUB_USER": user, "JUPYTERHUB_SERVER_NAME": server})
@@ -177,6 +182,9 @@ def test_values_spot_pool_grace_period_and_prestop_hook(values):
     command = single["lifecycleHooks"]["preStop"]["exec"]["command"]
     timeout = float(command[command.index("--timeout") + 1])
     assert 0 < timeout < grace  # the hook leaves time for the final snapshot after SIGTERM
+    # the hook runs first, SIGTERM after it: the server's grace fits in what is left of the pod's
+    shutdown_grace = resolve_setting("shutdown_grace", env=single["extraEnv"])
+    assert timeout + shutdown_grace <= grace
     assert values["hub"]["config"]["KubeSpawner"]["http_timeout"] >= 120
     assert single["startTimeout"] >= values["hub"]["config"]["KubeSpawner"]["http_timeout"]
     # the hook's command exists and fails in one clear line outside a hub pod

@@ -269,9 +269,23 @@ def committed_kernel_record(listing: list[Manifest], snapshot_id: str, notebook:
 
 
 def newest_kernel_records(listing: list[Manifest]) -> dict[str, dict[str, Any]]:
-    """Every notebook's newest committed kernel record in `listing` (newest first, as `engine.manifests()`)."""
+    """Every notebook's newest kernel state in `listing` (newest first, as `engine.manifests()`).
+
+    Among the records of one kernel run, newest by the instant of the state (`state_at`): a snapshot may
+    commit after a later one (a writer that took longer), and a project snapshot naming it would move training
+    back. Across runs (another host, a restarted kernel) the commit order stands: clocks may differ."""
     out: dict[str, dict[str, Any]] = {}
     for manifest in listing:
         for notebook, record in manifest.kernels.items():
-            out.setdefault(notebook, record)
+            if notebook not in out or newer_state(record, out[notebook]):
+                out[notebook] = record
     return out
+
+
+def newer_state(record: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether kernel `record` holds state its kernel run took after `than`'s (False when another run took
+    `than`, or either does not say when)."""
+    a, b = record.get("state_at"), than.get("state_at")
+    run = record.get("kernel_run")
+    return (isinstance(run, str) and run == than.get("kernel_run") and isinstance(a, (int, float))
+            and isinstance(b, (int, float)) and a > b)
