@@ -29,6 +29,8 @@ from .saved_widgets import drop_widget_views
 from .warm_kernels import WarmKernels
 from .watchers import PreemptionResponder, start_watchers
 
+KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"  # jupyter_server's kernel events
+
 
 def _shown(value: Any) -> str | None:
     """A declared default as the help says it: numbers without a needless `.0`; None where it says nothing plain."""
@@ -188,6 +190,10 @@ class SpotWarpApp(ExtensionApp):
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
                            "SPOTWARP_WORKSPACE": self.service.workspace})
         self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
+        # which kernels started after their notebook's stored state, and were not restored (GET status `newer`)
+        events = getattr(serverapp, "event_logger", None)
+        if events is not None:
+            events.add_listener(schema_id=KERNEL_ACTIONS, listener=self.service.kernel_action)
         # a renamed or moved notebook: its kernel learns the new name (its snapshots stay its own)
         follow_renames(serverapp.session_manager, serverapp.kernel_manager, self.service.notebook_of)
         # a folder listed while a file in it is renamed (a first save) is listed, never "Directory not found"

@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, AsyncIterator, Callable, TypeVar
@@ -67,6 +68,11 @@ class AsyncProject:
         # this host's key (key_id, or the line saying it has none) and its resume's trust (engine/keys.py)
         self.trust: dict[str, Any] = {"key_id": None, "line": None}
         self.resumer: Any = None  # the Resumer of this host's resume, once one began (POST resume/run)
+        # kernel id -> when this server started or restarted it, and -> the snapshot it restored it from:
+        # whether a kernel can hold its notebook's stored state (GET status `newer`)
+        self.kernel_started: dict[str, float] = {}
+        self.restored_from: dict[str, str] = {}
+        self.resuming: set[str] = set()  # notebooks whose kernels the resume is restoring now
         self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
@@ -171,7 +177,10 @@ class AsyncProject:
     # -- REST operations ----------------------------------------------------------------------
     async def status(self) -> tuple[ProjectStatus, ServerFacts]:
         """The project with its report and live kernels, and what this server knows of itself."""
-        live = [LiveKernel(k["kernel_id"], k["notebook"], execution_state=self.execution_state(k["kernel_id"]))
+        resumed = {e["kernel_id"]: e["snapshot"] for e in self.resumed if e.get("kernel_id") and e.get("snapshot")}
+        live = [LiveKernel(k["kernel_id"], k["notebook"], execution_state=self.execution_state(k["kernel_id"]),
+                           started_at=None if k["notebook"] in self.resuming else self.kernel_started.get(k["kernel_id"]),
+                           restored_from=self.restored_from.get(k["kernel_id"]) or resumed.get(k["kernel_id"]))
                 for k in await self.live_kernels()]
         status = await self.run(self.project.status, 0, True, live)
         failover = self.heartbeat.describe() if self.heartbeat is not None else \
@@ -282,6 +291,9 @@ class AsyncProject:
     async def _restore_kernels(self, notebooks: frozenset[str], snapshot: str) -> list[KernelRestore]:
         live = [k for k in await self.live_kernels() if k["notebook"] in notebooks]
         answers = await self._ask_all(live, KernelRequest.restore_now(snapshot))
+        for k, a in zip(live, answers):
+            if isinstance(a, dict) and a.get("id"):
+                self.restored_from[k["kernel_id"]] = a["id"]
         return [KernelRestore(k["kernel_id"], k["notebook"], a.get("id"), a.get("restored", []), a.get("warnings", []))
                 if isinstance(a, dict) else KernelRestore(k["kernel_id"], k["notebook"], error=a)
                 for k, a in zip(live, answers)]
@@ -301,3 +313,17 @@ class AsyncProject:
             except Exception as exc:  # noqa: BLE001 - the loop keeps going; status shows the error
                 log.warning("SpotWarp: automatic backup failed: %s", exc)
 
+    async def kernel_action(self, logger: Any = None, schema_id: str = "", data: Any = None) -> None:
+        """jupyter_server's kernel_actions event (jupyter_events calls listeners with these keywords): a kernel
+        started or restarted holds none of the state before."""
+        if not isinstance(data, dict):
+            return
+        kernel_id = data.get("kernel_id")
+        if data.get("status") != "success" or not kernel_id:
+            return
+        if data.get("action") in ("start", "restart"):
+            self.kernel_started[kernel_id] = time.time()
+            self.restored_from.pop(kernel_id, None)
+        elif data.get("action") == "shutdown":
+            self.kernel_started.pop(kernel_id, None)
+            self.restored_from.pop(kernel_id, None)

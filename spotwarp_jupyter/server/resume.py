@@ -235,6 +235,14 @@ class Resumer:
             self.warning = trust.line
 
     async def _one(self, plan: Plan, ref: str, warm: Any = None) -> None:
+        resuming = getattr(self.service, "resuming", set())
+        resuming.add(plan.notebook)  # its kernel, once started, is being restored: GET status offers nothing yet
+        try:
+            await self._resume_one(plan, ref, warm)
+        finally:
+            resuming.discard(plan.notebook)
+
+    async def _resume_one(self, plan: Plan, ref: str, warm: Any) -> None:
         started = time.monotonic()
         sessions = self.serverapp.session_manager
         if await ensure_async(sessions.session_exists(path=plan.api_path)):

@@ -7,6 +7,7 @@ back (`wire.py`). Live kernels are outside: the server passes what they answered
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -64,8 +65,9 @@ class Project:
         else:
             recent = self.journal.events(limit=recent_events) if recent_events > 0 else []
         last = SnapshotSummary.of(listing[0]) if listing else None
-        kernels = [LiveKernel(k.kernel_id, k.notebook, next(
-            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None), k.execution_state) for k in live]
+        kernels = [dataclasses.replace(k, last_snapshot=next(
+            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None), newer=stored_state_not_held(
+            listing, k)) for k in live]
         return ProjectStatus(
             project=self.name, storage=self.engine.settings.storage, workspace=self.workspace,
             snapshots=len(listing), last_snapshot=last, age_s=None if last is None else last.age_s(),
@@ -258,3 +260,23 @@ def _entries(manifest: Manifest | None) -> dict[str, Any]:
     """The files a snapshot names (relative path -> entry); none for None or a snapshot without files."""
     entries = ((manifest.files or {}) if manifest is not None else {}).get("entries")
     return entries if isinstance(entries, dict) else {}
+
+
+def stored_state_not_held(listing: Sequence[Manifest], kernel: LiveKernel) -> dict[str, Any] | None:
+    """The notebook's newest stored kernel state when `kernel` cannot hold it: the state is older than the
+    kernel's start and the server did not restore the kernel (a kept home opened without a resume, a resume
+    refused or off, a restarted kernel). None when the kernel was restored, or its start is unknown."""
+    if kernel.notebook is None or kernel.started_at is None or kernel.restored_from is not None:
+        return None
+    for m in listing:
+        record = m.kernels.get(kernel.notebook)
+        if record is None:
+            continue
+        variables = record.get("variables") or {}
+        state_at = record.get("state_at")
+        at = state_at if isinstance(state_at, (int, float)) else m.created
+        if not variables or at >= kernel.started_at:
+            return None
+        return {"id": m.id, "created": m.created_iso, "age_s": round(max(0.0, time.time() - at), 1),
+                "variables": len(variables)}
+    return None

@@ -67,7 +67,7 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
         "version": server.version, "project": status.project, "storage": status.storage,
         "workspace": status.workspace, "last_snapshot": _last_snapshot(status),
         "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot,
-                     "execution_state": k.execution_state} for k in status.kernels],
+                     "execution_state": k.execution_state, "newer": k.newer} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
         "failover": server.failover, "resume": [dict(e) for e in server.resume], "rejected": dict(status.rejected),
         "trust": dict(server.trust) if server.trust is not None else None,
