@@ -205,6 +205,7 @@ def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = PRES
                      message: str = "preStop: the pod is stopping") -> dict[str, Any]:
     """Ask this pod's own server for a snapshot of files and every live kernel, with the server's hub token."""
     import json
+    import threading
     import urllib.request
 
     env = os.environ if env is None else env
@@ -215,8 +216,24 @@ def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = PRES
         _own_server_url(env) + "spotwarp/api/snapshots", data=json.dumps({"message": message}).encode(),
         method="POST", headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}",
                                 "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - this pod's own server
-        return json.loads(response.read())
+    # the whole call within `timeout`, not each socket operation: a server that trickles never holds the hook past it
+    answer: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - this pod's own server
+                answer["body"] = json.loads(response.read())
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            answer["error"] = exc
+
+    worker = threading.Thread(target=call, name="spotwarp-prestop", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if "error" in answer:
+        raise answer["error"]
+    if "body" not in answer:
+        raise TimeoutError(f"the server did not answer within {timeout:g} s")
+    return answer["body"]
 
 
 def main(argv: list[str] | None = None) -> int:
