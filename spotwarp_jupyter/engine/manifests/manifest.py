@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound, UnreadableManifest
-from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
+from ..signing import key_advice, key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
 from .files_record import stored_form
 from .scope import check_scope
 
@@ -242,7 +242,7 @@ def _check_signature(ident: str, payload: bytes, signature: Any, signer: Any, ke
     if signer is not None and signer != key_id(key):
         raise SignatureError(
             f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
-            "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
+            f"refusing to load it; {key_advice()}"
         )
     raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
 
