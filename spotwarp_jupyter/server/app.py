@@ -171,8 +171,8 @@ class SpotWarpApp(ExtensionApp):
         if warning:
             self.log.warning("SpotWarp: %s", warning)
         # a new pod after a preemption: the user's files are back before anything is served
-        start_restore = restore_on_start(engine, workspace, mode, identity,
-                                         config.fresh_workspace_names, server_log)
+        start_restore = restore_on_start(engine, workspace, mode, identity, config.fresh_workspace_names,
+                                         server_log, resume_unsigned=bool(config.resume_unsigned))
         started = self._host_info_restore()
         if start_restore is None and started is not None:  # what `spotwarp start` restored, in status and the log
             start_restore = {"restored": True, "id": started.get("snapshot"), "kept": bool(started.get("kept")),

@@ -78,7 +78,7 @@ def restore_mode(value: str) -> str:
 
 def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity: HubIdentity | None,
                      ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES,
-                     logger: logging.Logger | None = None) -> dict[str, Any] | None:
+                     logger: logging.Logger | None = None, resume_unsigned: bool | None = None) -> dict[str, Any] | None:
     """Restore the newest snapshot holding files at start; what happened, for `GET status` (`line`: one sentence,
     also logged through `logger`, the server's log).
 
@@ -86,7 +86,7 @@ def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity
     file it holds as it is, newer than any snapshot, and gets back only what is missing (`kept`); in both, the
     kernels resume from the newest snapshot. `auto` restores only under JupyterHub (a plain server has
     `spotwarp start` for this). A failure is reported, never raised: the server still starts so the user can look
-    and retry from the panel.
+    and retry from the panel. `resume_unsigned`: the server's resolved opt-in (None: from the environment).
     """
     logger = logger or log
     if mode == "never" or (mode == "auto" and identity is None):
@@ -95,7 +95,8 @@ def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity
         return None
     kept = not workspace_is_fresh(workspace, ignorable)
     try:
-        result = Project(engine, workspace).restore("latest", via=VIA_HUB, files_only=True, keep_existing=kept)
+        result = Project(engine, workspace, resume_unsigned=resume_unsigned).restore(
+            "latest", via=VIA_HUB, files_only=True, keep_existing=kept)
     except Exception as exc:  # noqa: BLE001 - the server must come up; status shows the error
         line = f"restoring the workspace at start failed: {type(exc).__name__}: {exc}"
         logger.error("SpotWarp start restore: %s", line)
