@@ -189,6 +189,8 @@ class SpotWarpApp(ExtensionApp):
         # notebook relative to the same workspace
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
                            "SPOTWARP_WORKSPACE": self.service.workspace})
+        if config.resume_unsigned:  # the kernels say they were resumed opted in, whatever set it
+            os.environ["SPOTWARP_RESUME_UNSIGNED"] = "true"
         self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
         # which kernels started after their notebook's stored state, and were not restored (GET status `newer`)
         events = getattr(serverapp, "event_logger", None)

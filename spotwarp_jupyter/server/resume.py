@@ -290,7 +290,7 @@ class Resumer:
 
     async def _restore(self, client: Any, ref: str) -> dict[str, Any]:
         """Load SpotWarp in the kernel and restore, as `%spotwarp restore` does; what the kernel says it did."""
-        code = f"%load_ext spotwarp\n{_KERNEL_RESUME}.restore_for_resume({ref!r})"
+        code = f"%load_ext spotwarp\n{_KERNEL_RESUME}.restore_for_resume({ref!r}, {self.warning!r})"
         msg_id = client.execute(code, silent=False, store_history=False, allow_stdin=False,
                                 user_expressions={"outcome": f"{_KERNEL_RESUME}.outcome_json()"})
         reply = await _reply(client, msg_id, RESTORE_TIMEOUT_S)
