@@ -10,9 +10,9 @@ its alias group comes back.
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
 import pytest
+
 from kernels import Kernel
 
 pytestmark = pytest.mark.slow
