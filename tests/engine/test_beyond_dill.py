@@ -1,15 +1,16 @@
 """Training objects plain pickling refuses come back working: kernel A snapshots and dies (SIGKILL), kernel B in
 another folder restores, and each object is checked by what it does there against what it did in A.
 
-One kernel pair runs every kind: a compiled model (the user's backend and options, parameters shared with its
-optimizer), parametrized modules trained through their original tensors, a live DataLoader iterator, a tqdm
-bar, optimizer param groups in their key order, and a running thread refused with its reason while what shares
-its alias group comes back.
+One kernel pair runs every kind: a compiled model and function (the user's backend and options, parameters shared
+with the optimizer), parametrized modules trained through their original tensors, a live DataLoader iterator, a
+tqdm bar, an extension's submodule, optimizer param groups in their key order, and a running thread refused with
+its reason while what shares its alias group comes back.
 """
 
 from __future__ import annotations
 
 import ast
+import os
 
 import pytest
 
@@ -69,6 +70,8 @@ first = next(it)
 bar = tqdm(total=50, desc="epoch 3", unit="batch")
 bar.update(7)
 
+from fasttokenizers import trainers
+
 stop = threading.Event()
 worker = threading.Thread(target=stop.wait, daemon=True)
 worker.start()
@@ -77,6 +80,7 @@ worker.start()
 
 # run in A after the snapshot and in B after the restore: what each object does next
 NEXT = r'''
+import sys
 from torch.nn.utils import parametrize
 from torch._dynamo.eval_frame import OptimizedModule
 
@@ -109,6 +113,9 @@ def _parametrized():
 def _iterator():
     return {"next_batch": next(it)[0].tolist(), "batches_left": len(list(it))}
 
+def _module():
+    return {"module": [trainers.__name__, trainers.BpeTrainer.kind, trainers is sys.modules["fasttokenizers"].trainers]}
+
 def _bar():
     seen = {"bar": [bar.n, bar.total, bar.desc, bar.unit]}
     bar.update(1)
@@ -116,12 +123,20 @@ def _bar():
     return seen
 
 _seen = {}
-for _part in (_keys, _compiled, _parametrized, _iterator, _bar):  # each on its own: one missing name fails one part
+for _part in (_keys, _compiled, _parametrized, _iterator, _module, _bar):  # each on its own: one missing name fails one part
     try:
         _seen.update(_part())
     except Exception as _exc:
         _seen[_part.__name__] = f"{type(_exc).__name__}: {_exc}"
 print("@@" + repr(_seen))
+'''
+
+
+# an extension's submodule as PyO3 makes it (tokenizers.trainers): named without its package, not in sys.modules
+FASTTOKENIZERS = '''
+import types
+trainers = types.ModuleType("trainers")
+trainers.BpeTrainer = type("BpeTrainer", (), {"kind": "bpe"})
 '''
 
 
@@ -136,8 +151,11 @@ def hosts(tmp_path_factory: pytest.TempPathFactory):
     """(what A saw next, A's status, B's restore text, kernel B): one snapshot of every kind, restored once."""
     root = tmp_path_factory.mktemp("beyond")
     (root / "home").mkdir()
+    (root / "site" / "fasttokenizers").mkdir(parents=True)  # a package installed on both hosts
+    (root / "site" / "fasttokenizers" / "__init__.py").write_text(FASTTOKENIZERS)
+    path = os.pathsep.join(p for p in (str(root / "site"), os.environ.get("PYTHONPATH")) if p)
     env = {"SPOTWARP_STORAGE": str(root / "store"), "SPOTWARP_PROJECT": "proj", "HOME": str(root / "home"),
-           "PYTHONHASHSEED": "0"}
+           "PYTHONHASHSEED": "0", "PYTHONPATH": path}
     a = Kernel(root / "hostA", env)
     b = None
     try:
@@ -190,6 +208,14 @@ def test_a_tqdm_bar_continues_from_its_count(seen):
     assert "_bar" not in got, got["_bar"]
     assert got["bar"] == expected["bar"] == [7, 50, "epoch 3", "batch"]
     assert got["bar_after"] == 8
+
+
+def test_an_extension_submodule_is_imported_by_its_real_path(hosts, seen):
+    expected, got = seen
+    _expected, status, restored, _b = hosts
+    assert "trainers (fasttokenizers.trainers)" in status, status
+    assert "not importable" not in restored, restored
+    assert got["module"] == expected["module"] == ["trainers", "bpe", True]
 
 
 def test_optimizer_param_groups_keep_their_key_order(seen):
