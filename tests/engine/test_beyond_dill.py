@@ -3,14 +3,15 @@ another folder restores, and each object is checked by what it does there agains
 
 One kernel pair runs every kind: a compiled model and function (the user's backend and options, parameters shared
 with the optimizer), parametrized modules trained through their original tensors, a live DataLoader iterator, a
-tqdm bar, an extension's submodule, optimizer param groups in their key order, and a running thread refused with
-its reason while what shares its alias group comes back.
+tqdm bar, a TensorBoard writer, an extension's submodule, optimizer param groups in their key order, and a running
+thread refused with its reason while what shares its alias group comes back.
 """
 
 from __future__ import annotations
 
 import ast
 import os
+import shutil
 
 import pytest
 
@@ -25,6 +26,7 @@ import torch, torch.nn as nn
 from torch.nn.utils import parametrize
 from torch.nn.utils.parametrizations import orthogonal, weight_norm
 from torch.utils.data import DataLoader, TensorDataset
+from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 compiles = []
@@ -69,6 +71,9 @@ it = iter(loader)
 first = next(it)
 bar = tqdm(total=50, desc="epoch 3", unit="batch")
 bar.update(7)
+writer = SummaryWriter("runs/exp1", flush_secs=1)
+writer.add_scalar("loss", 0.5, 1)
+writer.flush()
 
 from fasttokenizers import trainers
 
@@ -116,6 +121,14 @@ def _iterator():
 def _module():
     return {"module": [trainers.__name__, trainers.BpeTrainer.kind, trainers is sys.modules["fasttokenizers"].trainers]}
 
+def _writer():
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    writer.add_scalar("loss", 0.25, 2)
+    writer.flush()
+    run = EventAccumulator("runs/exp1")
+    run.Reload()
+    return {"writer": [writer.log_dir, [(e.step, e.value) for e in run.Scalars("loss")]]}
+
 def _bar():
     seen = {"bar": [bar.n, bar.total, bar.desc, bar.unit]}
     bar.update(1)
@@ -123,7 +136,7 @@ def _bar():
     return seen
 
 _seen = {}
-for _part in (_keys, _compiled, _parametrized, _iterator, _module, _bar):  # each on its own: one missing name fails one part
+for _part in (_keys, _compiled, _parametrized, _iterator, _module, _bar, _writer):  # each on its own: one missing name fails one part
     try:
         _seen.update(_part())
     except Exception as _exc:
@@ -161,6 +174,7 @@ def hosts(tmp_path_factory: pytest.TempPathFactory):
     try:
         assert "SpotWarp snapshot" in a.run(WORK)
         status = a.run("%spotwarp status")
+        shutil.copytree(root / "hostA" / "runs", root / "hostB" / "runs")  # the workspace's files, as restored
         expected = _seen(a)
         a.kill()
         b = Kernel(root / "hostB", env)
@@ -216,6 +230,12 @@ def test_an_extension_submodule_is_imported_by_its_real_path(hosts, seen):
     assert "trainers (fasttokenizers.trainers)" in status, status
     assert "not importable" not in restored, restored
     assert got["module"] == expected["module"] == ["trainers", "bpe", True]
+
+
+def test_a_summary_writer_appends_to_the_same_run(seen):
+    expected, got = seen
+    assert "_writer" not in got, got["_writer"]
+    assert got["writer"] == expected["writer"] == ["runs/exp1", [(1, 0.5), (2, 0.25)]]
 
 
 def test_optimizer_param_groups_keep_their_key_order(seen):

@@ -49,8 +49,10 @@ from .data import (  # noqa: F401
 from .handles import _recreate_lock, _recreate_rlock, _reduce_file, _reduce_lock, _reopen_file  # noqa: F401
 from .iterators import (  # noqa: F401
     _new_progress_bar,
+    _new_summary_writer,
     _reduce_loader_iterator,
     _reduce_progress_bar,
+    _reduce_summary_writer,
     _reduce_thread,
     _set_loader_iterator_state,
 )
@@ -160,6 +162,8 @@ class _Reducer:
             return _reduce_loader_iterator(obj)
         if kind == "progress":
             return _reduce_progress_bar(obj)
+        if kind == "summary_writer":
+            return _reduce_summary_writer(obj)
         if kind == "thread":
             return _reduce_thread(obj)
         if isinstance(obj, _CODE_TYPES):

@@ -1,10 +1,13 @@
-"""Live iterators and progress: a DataLoader's iterator, a tqdm bar, a running thread.
+"""Live iterators, progress and logs: a DataLoader's iterator, a tqdm bar, a TensorBoard writer, a running thread.
 
 A single-process DataLoader iterator over a map-style dataset is saved with the indices it has still to
 yield (its batch sampler's rest, drawn once into a list that the live iterator then reads too), so the restored
 one yields the very batches the old one would have. One with worker processes, or over an iterable dataset, holds
 what it has in flight in other processes: it is refused with the reason. A tqdm bar comes back with its count,
-total, description and settings, drawing on the restored kernel's output. A thread cannot come back: refused with
+total, description and settings, drawing on the restored kernel's output. A TensorBoard `SummaryWriter` comes back
+writing to the same run folder (relative to the working folder when it lay under it), in a new event file beside
+those restored with the workspace: TensorBoard reads the run as one. What it had not flushed at the snapshot is
+not in the workspace's files. A thread cannot come back: refused with
 the reason, which skips only the variable that holds it.
 """
 
@@ -81,6 +84,30 @@ def _new_progress_bar(cls: type, settings: dict[str, Any], count: int, postfix: 
     if postfix:
         bar.set_postfix_str(postfix, refresh=False)
     return bar
+
+
+# --- TensorBoard -----------------------------------------------------------------------------------
+
+def is_summary_writer(cls: type) -> bool:
+    writer = sys.modules.get("torch.utils.tensorboard.writer")
+    return writer is not None and issubclass(cls, writer.SummaryWriter)
+
+
+def _reduce_summary_writer(writer: Any):
+    import os
+
+    log_dir, here = str(writer.log_dir), os.getcwd()
+    under = os.path.isabs(log_dir) and log_dir.startswith(here + os.sep)  # an absolute name in the workspace
+    settings = {"max_queue": writer.max_queue, "flush_secs": writer.flush_secs,
+                "filename_suffix": writer.filename_suffix}
+    return (_new_summary_writer, (type(writer), os.path.relpath(log_dir, here) if under else log_dir, under,
+                                  settings))
+
+
+def _new_summary_writer(cls: type, log_dir: str, under: bool, settings: dict[str, Any]) -> Any:
+    import os
+
+    return cls(log_dir=os.path.join(os.getcwd(), log_dir) if under else log_dir, **settings)
 
 
 # --- threads ---------------------------------------------------------------------------------------

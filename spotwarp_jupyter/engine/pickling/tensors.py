@@ -16,7 +16,7 @@ from typing import Any
 
 from .context import restore_device, saved
 from .handles import FILE_TYPES, LOCK_TYPES
-from .iterators import is_loader_iterator, is_progress_bar
+from .iterators import is_loader_iterator, is_progress_bar, is_summary_writer
 from .torch_modules import is_compiled_module, is_parametrized_module
 
 
@@ -166,7 +166,7 @@ _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionar
 
 def _kind_of(cls: type) -> str | None:
     """How objects of `cls` are reduced: "code", "file", "lock", "thread", "tensor", "ndarray", "memmap",
-    "dataloader", "loader_iterator", "optimizer", "compiled", "parametrized", "progress", "state_dict" or None
+    "dataloader", "loader_iterator", "optimizer", "compiled", "parametrized", "progress", "summary_writer", "state_dict" or None
     (plain)."""
     try:
         return _KINDS[cls]
@@ -209,6 +209,8 @@ def _classify(cls: type) -> str | None:
         return "loader_iterator"
     if is_progress_bar(cls):
         return "progress"
+    if is_summary_writer(cls):
+        return "summary_writer"
     if torch is not None and issubclass(cls, torch.optim.Optimizer):
         return "optimizer"
     if callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)):
