@@ -250,3 +250,21 @@ def test_a_running_thread_is_refused_with_its_reason_and_its_alias_group_comes_b
     assert "worker" in status and reason in status
     assert "worker" in restored and reason in restored
     assert b.value("['worker' in globals(), type(stop).__name__, stop.is_set()]") == [False, "Event", False]
+
+
+def test_what_cannot_come_back_is_refused_with_its_reason():
+    import torch
+    from tqdm import tqdm
+
+    from spotwarp_jupyter.engine.variables.capture import capture_namespace
+
+    loader = torch.utils.data.DataLoader(list(range(8)), batch_size=2, num_workers=1)
+    workers = iter(loader)
+    bar = tqdm(range(3), disable=True)
+    try:
+        image = capture_namespace({"workers": workers, "bar": bar, "loader": loader})
+    finally:
+        workers._shutdown_workers()
+    assert "with worker processes cannot be saved" in image.skipped["workers"]
+    assert "a bar wrapping an iterable cannot be saved" in image.skipped["bar"]
+    assert [g.names for g in image.groups] == [["loader"]]
