@@ -7,10 +7,12 @@ NumPy arrays and torch tensors (parameters, gradients, optimizer state, on any d
 their bytes out of band, as buffers that go straight to storage without an in-memory copy.
 Objects with `state_dict()` / `load_state_dict()` (torchdata's StatefulDataLoader, a GradScaler,
 user classes) are saved with their state dict and get it back through `load_state_dict` on load;
-torch modules, optimizers and schedulers already pickle their whole state and are left as they are.
+torch modules and schedulers pickle their whole state; optimizers are rebuilt from their state dict.
 
 This module holds the picklers; the routes live in data (arrays, state_dict objects, loaders),
-tensors (torch tensors), classes (classes saved by value) and context (`__main__`, devices).
+tensors (torch tensors), torch_modules (compiled and parametrized modules, compiled functions),
+iterators (a loader's live iterator, tqdm bars, TensorBoard writers, threads refused with a reason),
+handles (files, locks), classes (classes saved by value) and context (`__main__`, devices).
 Streams name every rebuilder as `spotwarp_jupyter.engine.pickling.<name>`, whichever module defines it.
 """
 

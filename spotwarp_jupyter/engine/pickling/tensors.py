@@ -165,9 +165,9 @@ _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionar
 
 
 def _kind_of(cls: type) -> str | None:
-    """How objects of `cls` are reduced: "code", "file", "lock", "thread", "tensor", "ndarray", "memmap",
-    "dataloader", "loader_iterator", "optimizer", "compiled", "parametrized", "progress", "summary_writer", "state_dict" or None
-    (plain)."""
+    """How objects of `cls` are reduced: "code", "file", "lock", "thread", "tensor", "compiled", "parametrized",
+    "ndarray", "memmap", "dataloader", "loader_iterator", "progress", "summary_writer", "optimizer", "state_dict"
+    or None (plain)."""
     try:
         return _KINDS[cls]
     except (KeyError, TypeError):

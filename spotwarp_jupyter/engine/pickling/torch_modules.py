@@ -3,9 +3,9 @@
 `torch.compile(module)` (or of a function) is saved as "compile it again with the same backend and options": the
 module itself is saved in the stream (its parameters stay the very tensors an optimizer of the same group holds),
 and the restored one is compiled anew on its first call; nothing of dynamo's own state (guards, caches, config
-modules) is saved. A module with parametrizations (`parametrize`,
-`weight_norm`, `orthogonal`) is saved as its own class and state, parametrizations and their original tensors
-included, and gets its parametrized properties back: the originals an optimizer trains are the ones restored.
+modules) is saved. A module with parametrizations (`parametrize`, `weight_norm`, `orthogonal`) is saved as its own
+class and state, parametrizations and their original tensors included, and gets its parametrized properties back:
+the originals an optimizer trains are the ones restored.
 """
 
 from __future__ import annotations
