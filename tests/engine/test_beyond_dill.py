@@ -17,7 +17,7 @@ import pytest
 
 from kernels import Kernel
 
-pytestmark = pytest.mark.slow
+KERNELS = pytest.mark.slow  # one kernel pair for the module: ~25 s
 
 WORK = r'''
 %load_ext spotwarp
@@ -192,6 +192,7 @@ def seen(hosts) -> tuple[dict, dict]:
     return expected, _seen(b)
 
 
+@KERNELS
 def test_compiled_models_and_functions_come_back_compiled_sharing_the_optimizers_parameters(seen):
     expected, got = seen
     assert "_compiled" not in got, got["_compiled"]
@@ -202,6 +203,7 @@ def test_compiled_models_and_functions_come_back_compiled_sharing_the_optimizers
                                                               expected["affine"])
 
 
+@KERNELS
 def test_parametrized_modules_train_their_original_tensors(seen):
     expected, got = seen
     assert "_parametrized" not in got, got["_parametrized"]
@@ -210,6 +212,7 @@ def test_parametrized_modules_train_their_original_tensors(seen):
     assert got["param_step"] == expected["param_step"]
 
 
+@KERNELS
 def test_a_live_dataloader_iterator_yields_the_batch_the_old_one_would_have(seen):
     expected, got = seen
     assert "_iterator" not in got, got["_iterator"]
@@ -217,6 +220,7 @@ def test_a_live_dataloader_iterator_yields_the_batch_the_old_one_would_have(seen
     assert got["batches_left"] == expected["batches_left"] == 8
 
 
+@KERNELS
 def test_a_tqdm_bar_continues_from_its_count(seen):
     expected, got = seen
     assert "_bar" not in got, got["_bar"]
@@ -224,6 +228,7 @@ def test_a_tqdm_bar_continues_from_its_count(seen):
     assert got["bar_after"] == 8
 
 
+@KERNELS
 def test_an_extension_submodule_is_imported_by_its_real_path(hosts, seen):
     expected, got = seen
     _expected, status, restored, _b = hosts
@@ -232,18 +237,21 @@ def test_an_extension_submodule_is_imported_by_its_real_path(hosts, seen):
     assert got["module"] == expected["module"] == ["trainers", "bpe", True]
 
 
+@KERNELS
 def test_a_summary_writer_appends_to_the_same_run(seen):
     expected, got = seen
     assert "_writer" not in got, got["_writer"]
     assert got["writer"] == expected["writer"] == ["runs/exp1", [(1, 0.5), (2, 0.25)]]
 
 
+@KERNELS
 def test_optimizer_param_groups_keep_their_key_order(seen):
     expected, got = seen
     assert got["opt_keys"][0] == got["popt_keys"][0] == "params"
     assert (got["opt_keys"], got["popt_keys"]) == (expected["opt_keys"], expected["popt_keys"])
 
 
+@KERNELS
 def test_a_running_thread_is_refused_with_its_reason_and_its_alias_group_comes_back(hosts):
     _expected, status, restored, b = hosts
     reason = "a thread cannot be saved"
