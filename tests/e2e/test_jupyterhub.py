@@ -9,6 +9,7 @@ with each user's own API token, as a browser or a script of that user would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import re
@@ -21,11 +22,13 @@ from typing import Any, Iterator
 
 import pytest
 import requests
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
 
 from spotwarp_jupyter.engine import ConfigError, Settings, SnapshotEngine
 from spotwarp_jupyter.server.hub import HubIdentity, restore_on_start, shared_prefix_warning, workspace_is_fresh
 
+from lab_server import Execution
 from real_hub import (
     HUB_KEY_SECRET,
     TRAIN,
@@ -210,13 +213,6 @@ def test_a_shared_user_runs_no_code_unless_the_share_grants_it(two_users: Hub):
 
 def run_in_kernel(hub: Hub, owner: str, kernel: str, code: str) -> str:
     """Run `code` in `owner`'s kernel through the hub's proxy (the kernel websocket, as JupyterLab does)."""
-    import asyncio
-
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    from lab_server import Execution
-
     async def run() -> str:
         request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{owner}/api/kernels/{kernel}/channels",
                               headers={"Authorization": f"token {hub.tokens[owner]}"}, request_timeout=60)
@@ -380,6 +376,78 @@ def test_a_respawned_server_resumes_the_training_with_its_home_kept_or_new(two_u
     assert "outputs of cell train go live into the notebook's shared document" in after, after[-4000:]
     # another user's token is refused on alice's server, as ever
     assert hub.call("GET", "alice", "spotwarp/api/status", as_user="bob").status_code in (302, 403)
+
+
+LONG_SETUP = """%load_ext spotwarp
+%spotwarp policy --every 10m --no-after-cell
+import pathlib
+progress = pathlib.Path({progress!r})
+"""
+LONG = """import time, spotwarp
+for step in spotwarp.resumable(range(100000), name="long"):
+    done = step + 1
+    progress.write_text(str(done))
+    time.sleep(0.02)
+"""
+
+
+def test_a_prestop_hook_while_training_then_sigterm_commit_the_newest_state(two_users: Hub, tmp_path, monkeypatch):
+    """The pod is stopped while bob trains: the preStop hook (through the server's own token) gets a snapshot
+    taken at a step after it asked, while the cell goes on; SIGTERM's final snapshot then commits, and no
+    snapshot holds older training state than one committed before it."""
+    hub, name = two_users, "bob"
+    progress = tmp_path / "progress"
+    reply = hub.call("POST", name, "api/sessions", json={"path": "long.ipynb", "name": "long.ipynb",
+                                                         "type": "notebook", "kernel": {"name": "python3"}})
+    assert reply.status_code == 201, reply.text
+    kernel = reply.json()["kernel"]["id"]
+    env = server_environment(hub, name)
+    for variable in ("JUPYTERHUB_USER", "JUPYTERHUB_SERVER_NAME"):  # reading the store as bob's server does
+        monkeypatch.setenv(variable, env.get(variable, ""))
+    settings = Settings.resolve(env=env)
+    engine = SnapshotEngine(settings, key=env["SPOTWARP_KEY"].encode())
+
+    def position(manifest) -> int:
+        return (manifest.kernels.get("long.ipynb") or {}).get("positions", {}).get("long", -1)
+
+    def steps() -> int:  # the loop's count, read between its writes
+        return int(poll("the loop's step count", lambda: (text := progress.read_text() if progress.exists()
+                                                            else "").isdigit() and text, 30, 0.01))
+
+    async def train_and_stop() -> tuple[int, subprocess.CompletedProcess]:
+        request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{name}/api/kernels/{kernel}/channels",
+                              headers={"Authorization": f"token {hub.tokens[name]}"}, request_timeout=60)
+        conn = await websocket_connect(request)
+        try:
+            setup = Execution(LONG_SETUP.format(progress=str(progress)), cell_id="setup")
+            await conn.write_message(setup.request)
+            while not setup.done:
+                setup.feed(await asyncio.wait_for(conn.read_message(), 120))
+            await conn.write_message(Execution(LONG, cell_id="long").request)
+            await asyncio.to_thread(poll, "the loop past step 20", lambda: steps() > 20, 120, 0.05, hub.log)
+            asked_at = steps()
+            hook = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "spotwarp_jupyter.server.hub",
+                                                            "prestop", "--timeout", "5"],
+                                           env=env, capture_output=True, text=True, timeout=60)
+            return asked_at, hook
+        finally:
+            conn.close()
+
+    asked_at, hook = asyncio.run(train_and_stop())
+    assert hook.returncode == 0, hook.stderr
+    assert steps() > asked_at  # the cell went on: the hook never waited for its end
+    by_hook = next(m for m in engine.manifests() if m.id in hook.stdout)
+    # the kernel's state as of a step after the request, not its last committed one
+    assert by_hook.stats.get("kernels_fresh") == ["long.ipynb"], by_hook.stats
+    assert position(by_hook) >= asked_at, (position(by_hook), asked_at)
+    committed = {m.id for m in engine.manifests()}
+    hub.stop(name)  # the spawner's SIGINT/SIGTERM: the server's final snapshot, then its exit
+    engine = SnapshotEngine(settings, key=env["SPOTWARP_KEY"].encode())
+    final = [m for m in engine.manifests() if m.id not in committed]
+    assert final, "no final snapshot after SIGTERM"
+    assert position(final[0]) >= max(position(m) for m in engine.manifests()), [
+        (m.id, m.message, position(m)) for m in engine.manifests()]
+    assert position(final[0]) >= position(by_hook) > 0
 
 
 # -- the same isolation without a hub: every door refuses another user's prefix -------------------
