@@ -9,11 +9,12 @@
 Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
 scaled to about that many GB of state; counts are a dict of that many small notebook objects.
 Every figure is the median of --reps runs divided by a raw reference of the same byte count measured
-in the same run: full and unchanged snapshots against this disk's best sequential write (the better of
-a buffered write + fsync and O_DIRECT with several 64 MiB blocks in flight), a restore into a fresh
-process (cold cache) against its best sequential read (the better of a cold buffered read and
-O_DIRECT). The last column repeats full and restore against the old references (buffered write +
-fsync, buffered cold read), so the change of reference stays visible for one release. `usable` is the same restore's time until the small
+in the same run: full and unchanged snapshots against this disk's best sequential write, a restore into a
+fresh process (cold cache) against its best sequential read; each best is the minimum over shapes
+(common.disk_limits: buffered, dd-style 64 MiB O_DIRECT blocks, batches of four 64 MiB blocks, two and
+four threads streaming 8 MiB O_DIRECT requests with no barrier). The last column repeats full and restore
+against the old references (buffered, or batches of four 64 MiB blocks), so the change of reference stays
+visible for one release. `usable` is the same restore's time until the small
 variables are bound (a progressive restore); the large ones arrive by `restore`.
 A ratio that grows with size means something does not scale: the last column flags it.
 `--breakdown` adds, per size, where a full snapshot's seconds go (serialize, hash, write,
@@ -199,9 +200,9 @@ def measure(build: Callable[[], dict], scratch: Path, reps: int, breakdown: bool
         restore.append(child["restore_s"])
         usable.append(child["usable_s"])
         shutil.rmtree(store)
-    # the best write and read this disk does (buffered+fsync or O_DIRECT), and the old buffered references
+    # the best write and read this disk does (minimum over shapes, common.disk_limits), and the old references
     w, r = median([x.best_write_s for x in limits]), median([x.best_read_s for x in limits])
-    old_w, old_r = median([x.buffered_write_s for x in limits]), median([x.buffered_read_s for x in limits])
+    old_w, old_r = median([x.old_best_write_s for x in limits]), median([x.old_best_read_s for x in limits])
     return {"breakdown": breakdown_row(children, reads, nbytes) if breakdown else None,
             "snapshot_breakdown": snapshot_breakdown_row(snapshots, limits, nbytes) if breakdown else None,
             "engine": children[-1].get("engine", "?"),
@@ -303,8 +304,8 @@ def main() -> None:
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"\nSpotWarp scaling: medians of {args.reps}; each figure as a ratio to this disk's best of the same bytes "
-          "(snapshots: best write, buffered+fsync or O_DIRECT; restores: best read), then seconds; "
-          "'old ref': against a buffered write + fsync and a buffered cold read")
+          "(snapshots: best write, restores: best cold read, each the minimum over shapes), then seconds; "
+          "'old ref': against the better of buffered and batches of four 64 MiB O_DIRECT blocks")
     if results["sizes"]:
         print_table("state size (reference workload scaled)", "state", results["sizes"])
     if results["counts"]:
