@@ -88,8 +88,8 @@ def group_bytes(group: dict[str, Any]) -> int:
 
 
 def _allocate(size: int, head: int = 0) -> Any:
-    """A writable buffer for a restored array: large ones are anonymous maps whose pages the reads fault in
-    chunk by chunk, as they reach them (`Store.read_object_into`): memory is taken as the restore goes.
+    """A writable buffer for a restored array: large ones are anonymous maps, untouched until `_fill` queues
+    their population ahead of the reads: the map becomes the array's own memory, with no staging copy.
     A buffer stored with a `head` object (the bytes before its first page, see save.chunk_views) starts that
     far before a page, so its other chunks land on pages and are read straight into place with O_DIRECT.
 
