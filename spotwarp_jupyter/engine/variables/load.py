@@ -104,6 +104,14 @@ def _allocate(size: int, head: int = 0) -> Any:
     return memoryview(region)[skip:] if skip else region
 
 
+def _read_into(store: Store, oid: str, part: memoryview, populating: list[Future]) -> None:
+    """Read one chunk into its place; its pages' population not started by then is dropped: the read faults
+    them in itself, and a populating thread behind the readers would only contend with them for the CPU."""
+    for piece in populating:
+        piece.cancel()
+    store.read_object_into(oid, part)
+
+
 def _populate(piece: memoryview) -> None:
     with phase("populate", piece.nbytes):
         pages.populate_view(piece)
@@ -158,18 +166,19 @@ def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: d
     chunks = buf["chunks"]
     target = _allocate(buf["size"], chunks[0]["size"] if len(chunks) > 1 and chunks[0]["size"] < PAGE else 0)
     view = memoryview(target)
-    if not isinstance(target, bytearray):
-        populating.extend(pages.populate_ahead(view, _populate))
+    ahead = pages.populate_ahead(view, _populate) if not isinstance(target, bytearray) else []
+    populating.extend(ahead)
     reads = []
     offset = 0
     for chunk in chunks:
         oid, part = chunk["id"], view[offset:offset + chunk["size"]]
+        pieces = ahead[offset // pages.POPULATE_PIECE:-(-(offset + chunk["size"]) // pages.POPULATE_PIECE)]
         offset += chunk["size"]
         first = placed.get(oid)
         if first is not None and first[1].nbytes == part.nbytes:
             copies.append((first, part))
             continue
-        read = pool.submit(store.read_object_into, oid, part)
+        read = pool.submit(_read_into, store, oid, part, pieces)
         placed.setdefault(oid, (read, part))
         reads.append(read)
     return target, reads
