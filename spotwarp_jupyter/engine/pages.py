@@ -119,8 +119,7 @@ def populate_ahead(view: memoryview, fill: Callable[[memoryview], object] | None
 
     Readers filling the destination then find its pages in and never fault (an O_DIRECT read faults its
     pages before its I/O starts, leaving the disk idle meanwhile). One thread, in the order asked, so the
-    pages come in the order the reads are queued; a piece a read reached first is nearly free to populate
-    again. Each queued piece holds its view, so the memory stays mapped until its piece is done or cancelled.
+    pages come in the order the reads are queued; a caller cancels the pieces its reads reach first. Each queued piece holds its view, so the memory stays mapped until its piece is done or cancelled.
     `fill` populates one piece (populate_view, or a caller's wrapper that times it).
     """
     if _libc is None or view.readonly or view.nbytes == 0:

@@ -11,7 +11,7 @@ SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
 
 A fresh destination's pages: a restore queues their population on one thread ahead of the reads
 (pages.populate_ahead), so an O_DIRECT read finds them in and the disk does not idle while a read faults
-its 8 MiB in; a read that overtakes the populator faults its own pages. A read through the page cache
+its 8 MiB in; a read that starts before its pages' population faults them in itself. A read through the page cache
 copies into the destination page by page, and a fault per page costs more than the copy, so those pages
 are populated first in one call.
 """
