@@ -5,6 +5,7 @@
     python benchmarks/bench_scaling.py --sizes 4 --counts none --reps 1   # the large end once
     python benchmarks/bench_scaling.py --sizes 1,4 --counts none --reps 3 --breakdown   # where restores' seconds go
     PYTHONPATH=/other/tree python benchmarks/bench_scaling.py ...   # restores by another tree's package (before/after)
+    python benchmarks/bench_scaling.py --sizes 1,4 --counts none --trees /main,/branch   # both, alternated, same snapshots
 
 Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
 scaled to about that many GB of state; counts are a dict of that many small notebook objects.
