@@ -276,6 +276,15 @@ class DiskLimits:
         return self.reads["buffered"]
 
     @property
+    def direct_write_s(self) -> float | None:
+        """The batches of four 64 MiB O_DIRECT blocks (the old O_DIRECT reference)."""
+        return self.writes["4x64MiB batches"]
+
+    @property
+    def direct_read_s(self) -> float | None:
+        return self.reads["4x64MiB batches"]
+
+    @property
     def best_write_s(self) -> float:
         return _fastest(self.writes)
 
