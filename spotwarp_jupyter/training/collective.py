@@ -11,7 +11,8 @@ stored: a rank that dies before leaves no manifest, and the previous snapshot is
 A new run of the same loop (same name) continues from the newest collective snapshot: every rank loads it
 (DCP reshards to the number of ranks of this run), reading each file only after checking its content hash, and
 the pass it was taken in goes on after its last completed step; earlier passes of the loop yield nothing.
-No background thread and no exit hook: nothing here waits on `destroy_process_group`.
+No thread of SpotWarp's touches the process group and nothing runs at exit: nothing here waits on
+`destroy_process_group`, or needs it called.
 """
 
 from __future__ import annotations
@@ -22,15 +23,17 @@ import pickle
 import shutil
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
 from typing import Any, Callable
 
+import blake3
+
 from .. import safepoints
 from ..engine import DamagedObjectError, Manifest, Settings, SnapshotEngine, SpotWarpError
-from ..engine.hashing import object_hasher
-from ..engine.manifests import new_snapshot_id
+from ..engine.manifests import new_snapshot_id, package_versions
 from . import loaders
 from .rng import capture_rng, restore_rng
 
@@ -112,6 +115,8 @@ class CollectivePass:
         self.in_step = False
         self.finished = False
         _start_clock()
+        if self.rank == 0 and not _resume:  # the manifest's package versions: learnt once, off the training steps
+            threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         if name not in _resume:
             _resume[name] = self._find_snapshot()
         saved = _resume[name]
@@ -410,7 +415,8 @@ def _clear_stale(base: str) -> None:
 
 
 def _hash_file(path: str) -> str:
-    hasher = object_hasher()
+    """The file's object id (engine.hashing's blake3), hashed by as many threads as help."""
+    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
     hasher.update_mmap(path)
     return hasher.hexdigest()
 
