@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import safepoints
-from ..training import register_state_providers
+from ..engine import SnapshotEngine
+from ..training import collective, register_state_providers
 from ..training.resumable import on_resume as resume_hooks
 from . import access_hook, banner_tip, notices
 from . import comm as comm_target
@@ -39,6 +40,7 @@ def load_ipython_extension(ipython) -> None:
     comm_target.register()
     _idle["loop"] = getattr(getattr(ipython, "kernel", None), "io_loop", None)
     notices.install(ipython)  # preemption notices and renames reach the kernel even while a cell runs
+    collective.engine_factory = lambda: _ranks_engine(magics.session)
     if getattr(ipython, "kernel", None) is not None:
         named = notebook_from_server()  # read after install: a rename from now on is heard, one before is here
         if named:
@@ -54,6 +56,15 @@ def load_ipython_extension(ipython) -> None:
                 _show_widget(magics)
 
             ipython.events.register("pre_run_cell", first_cell)
+
+
+def _ranks_engine(session: Any) -> SnapshotEngine:
+    """In a torch.distributed rank this kernel forked: an engine of its own on the kernel's project, storage, key
+    and fence (the kernel's engine, its locks and threads, are not the rank's to use)."""
+    parent = session._engine
+    if parent is None:
+        return SnapshotEngine(session.settings)
+    return SnapshotEngine(session.settings, key=parent.key, fence=parent.fence)
 
 
 def _in_a_cell(ipython) -> bool:
@@ -180,5 +191,6 @@ def unload_ipython_extension(ipython) -> None:
     cell_outputs.uninstall(ipython, magics.session.outputs)
     comm_target.unregister()
     notices.uninstall(ipython)
+    collective.engine_factory = None
     banner_tip.uninstall()
     session_module.set_current(None)

@@ -53,7 +53,7 @@ engine_factory: Callable[[], SnapshotEngine] | None = None
 _engine: tuple[int, SnapshotEngine] | None = None
 _passes: dict[str, int] = {}  # name -> passes started in this process
 _resume: dict[str, Manifest | None] = {}  # name -> the snapshot this process continues from (None: none)
-_notice_taken = False
+_notice_taken: int | None = None  # the notice file's stamp when this process last snapshotted for it
 _due: float | None = None
 _interval: float | None = None
 
@@ -161,14 +161,14 @@ class CollectivePass:
         wanted = 1 if safepoints.take_pending() else 0
         if _due is not None and time.monotonic() >= _due:
             wanted = 1
-        notice = os.environ.get(NOTICE_FILE_ENV)
-        if notice and not _notice_taken and os.path.exists(notice):
+        notice = _notice_stamp()
+        if notice is not None and notice != _notice_taken:
             wanted = 2
         flag = self.torch.tensor([wanted], dtype=self.torch.int32, device=self.device)
         self.dist.all_reduce(flag, op=self.dist.ReduceOp.MAX)
         agreed = int(flag.item())
         if agreed == 2:
-            _notice_taken = True
+            _notice_taken = notice
         if agreed and self.completed > 0:
             self.snapshot("notice" if agreed == 2 else "cadence")
 
@@ -310,6 +310,17 @@ def _one_line(exc: BaseException) -> str:
         rank, (inner, _trace) = min(failures.items())
         return f"rank {rank}: {_one_line(inner)}"
     return f"{type(exc).__name__}: {exc}" if not isinstance(exc, SpotWarpError) else str(exc)
+
+
+def _notice_stamp() -> int | None:
+    """The notice file's modification time (each notice rewrites it), None without one: one stat a step."""
+    path = os.environ.get(NOTICE_FILE_ENV)
+    if not path:
+        return None
+    try:
+        return os.stat(path).st_mtime_ns
+    except OSError:
+        return None
 
 
 # -- cadence -------------------------------------------------------------------------------------------

@@ -14,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,9 @@ import pytest
 import torch
 
 from spotwarp_jupyter.engine import Manifest, Settings, SnapshotEngine
+from spotwarp_jupyter.protocol import NoticeRequest
 
+from kernels import notice_request
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow  # each launch starts torch in 3-5 processes and a gloo group
@@ -186,3 +189,26 @@ def test_fsdp2_snapshot_reshards(tmp_path: Path, fsdp_saved: tuple[Path, dict], 
     for fqn, values in saved["optim"]["state"].items():
         for key, value in values.items():
             assert torch.equal(torch.as_tensor(restored["optim"]["state"][fqn][key]), torch.as_tensor(value)), (fqn, key)
+
+
+def test_a_notice_to_the_kernel_reaches_every_rank(start_kernel, store_url: str, tmp_path: Path) -> None:
+    """The kernel's cell launches the ranks; a notice sent to the busy kernel makes all of them snapshot at one step."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "ddp", "epochs": 1, "gate_at": [0, 10]}
+    k = start_kernel("host", SPOTWARP_EVERY="1h")
+    k.run(f"%load_ext spotwarp\nimport sys\nsys.path.insert(0, {str(PROGRAM.parent)!r})\nimport dcp_training")
+    cell = f"import torch.multiprocessing as mp\nmp.start_processes(dcp_training.worker, args=({cfg!r},), nprocs=2, start_method='fork')"
+    launched = threading.Thread(target=k.run, args=(cell,))
+    launched.start()
+    try:
+        wait_for(lambda: (out / "reached").exists(), "rank 0 held at step 10", timeout=120)
+        notice = NoticeRequest.new(fatal=False)
+        assert notice_request(k, notice.to_message())["ok"]
+    finally:
+        (out / "gate").touch()
+        launched.join(timeout=300)
+    assert (out / "result-0.json").exists() and (out / "result-1.json").exists()
+    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
+    assert (snapshot.collective["reason"], snapshot.collective["step"], snapshot.collective["world_size"]) == ("notice", 11, 2)
