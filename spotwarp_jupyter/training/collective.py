@@ -50,7 +50,12 @@ STAGING_GRACE_S = 3600.0
 # ranks it forks inherit (otherwise: the environment, SPOTWARP_PROJECT, SPOTWARP_STORAGE, SPOTWARP_KEY)
 engine_factory: Callable[[], SnapshotEngine] | None = None
 
+# runs in rank 0 after its first commit of a run (a kernel installs one: its cell launching the ranks is then
+# recorded as running inside a loop, so that a new host runs it again)
+after_first_commit: Callable[[Manifest], None] | None = None
+
 _engine: tuple[int, SnapshotEngine] | None = None
+_committed_once = False
 _passes: dict[str, int] = {}  # name -> passes started in this process
 _resume: dict[str, Manifest | None] = {}  # name -> the snapshot this process continues from (None: none)
 _notice_taken: int | None = None  # the notice file's stamp when this process last snapshotted for it
@@ -221,7 +226,18 @@ class CollectivePass:
                           RuntimeWarning, stacklevel=3)
             return None
         _schedule(time.perf_counter() - started)
+        self._first_commit(eng, snapshot_id)
         return snapshot_id
+
+    def _first_commit(self, eng: SnapshotEngine, snapshot_id: str) -> None:
+        global _committed_once
+        if self.rank != 0 or _committed_once or after_first_commit is None:
+            return
+        _committed_once = True
+        try:
+            after_first_commit(eng.get(snapshot_id))
+        except Exception as exc:  # noqa: BLE001 - the training goes on; the collective snapshot is committed
+            log.warning("SpotWarp: after collective snapshot %s: %s", snapshot_id, exc)
 
     def _commit(self, eng: SnapshotEngine, lock: Any, snapshot_id: str, reports: list[Any], reason: str,
                 started: float) -> dict[str, Any]:
