@@ -123,7 +123,9 @@ class CollectivePass:
         if self.rank == 0 and not _resume:  # the manifest's package versions: learnt once, off the training steps
             threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         if name not in _resume:
+            drawn = capture_rng()
             _resume[name] = self._find_snapshot()
+            restore_rng(drawn)  # a storage client may draw from `random` (retry jitter): the training must not see it
         saved = _resume[name]
         if saved is not None and self.index < int(saved.collective["pass"]):
             self._it: Iterator[Any] = iter(())  # done before the snapshot was taken
@@ -195,6 +197,7 @@ class CollectivePass:
         from torch.distributed import checkpoint as dcp
 
         started = time.perf_counter()
+        extras = self._extras()  # before any I/O: a storage client may draw from `random` (retry jitter)
         eng = engine()
         snap = [new_snapshot_id() if self.rank == 0 else None]
         self.dist.broadcast_object_list(snap, src=0)
@@ -207,8 +210,8 @@ class CollectivePass:
             try:  # collective: a failure in one rank's write is raised in every rank
                 dcp.save(_state_dicts(self.state), storage_writer=dcp.FileSystemWriter(stage, sync_files=eng.store.local))
                 mine = _store_files(eng, stage, self.rank)
-                extras = eng.store.put_object(pickle.dumps(self._extras(), protocol=5))
-                report: Any = {"files": mine, "extras": list(extras)}
+                position = eng.store.put_object(pickle.dumps(extras, protocol=5))
+                report: Any = {"files": mine, "extras": list(position)}
             except (Exception, dcp.api.CheckpointException) as exc:  # noqa: BLE001 - the training goes on
                 report = {"error": f"rank {self.rank}: {_one_line(exc)}"}
             reports: list[Any] = [None] * self.world
@@ -220,6 +223,7 @@ class CollectivePass:
             if lock is not None:
                 lock.__exit__(None, None, None)
             _clear_staging(stage, self.rank)
+            restore_rng(extras["rng_now"])  # the training draws as if no snapshot had been taken
         result = outcome[0]
         if isinstance(result, dict) and "error" in result:
             warnings.warn(f"SpotWarp: collective snapshot of {self.name!r} not committed: {result['error']}",

@@ -114,9 +114,25 @@ def test_killed_run_continues_bit_identical(tmp_path: Path, baseline: Path) -> N
         run.wait()
     before = steps_logged(out, 0)
     assert before == STEPS + 3
+    # newer snapshots of other kinds, then gc: a loop's newest collective snapshot and its objects stay
+    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    engine.snapshot_kernel({"x": 1})
+    engine.gc(keep=1, grace_s=0)
+    assert [m.id for m in collective(store)] == [snapshot.id] and engine.verify().ok
     done = launch(tmp_path, store, out)
     assert done.returncode == 0, done.stdout + done.stderr
     assert steps_logged(out, 0) - before == EPOCHS * STEPS - 6  # it continued after step 6, not from the start
+    assert_same_run(out, baseline)
+
+
+def test_snapshot_and_resume_through_an_object_store(tmp_path: Path, object_storage, baseline: Path) -> None:
+    env = _env(tmp_path, **object_storage.kernel_env())
+    out = tmp_path / "out"
+    done = launch(tmp_path, tmp_path, out, env=env, request_at=[[0, 5]], stop_after_request=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+    done = launch(tmp_path, tmp_path, out, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_logged(out, 0) == 6 + EPOCHS * STEPS - 6  # the second launch continued after step 6
     assert_same_run(out, baseline)
 
 
