@@ -3,7 +3,8 @@
 Ranks (gloo, forked as a notebook cell forks them) each time, alternating, on the same state and the same store
 folder: a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
 manifest), then a plain `dcp.load` from that folder against SpotWarp's restore (each file checked against its
-hash). Both include the DCP state-dict helpers. Figures are medians of `--reps`, as ratios (goal: 1.1).
+hash). Both include the DCP state-dict helpers. Figures are medians of `--reps`, as ratios (goal: 1.1). Also the
+price of every step (the ranks' agreement on whether to snapshot), as a share of a training step of the model.
 
     python benchmarks/bench_distributed.py [--mb 256] [--ranks 2] [--reps 3] [--dir DIR] [--json]
 """
@@ -71,6 +72,16 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         manifest = collective.newest(collective.engine().manifests(), "bench")
         times["plain_load"].append(_timed(lambda: plain_load(rep)))
         times["load"].append(_timed(lambda: loop._load(manifest)))
+    # the price of every step: the ranks' agreement (one all-reduce of a flag), against a step of this model
+    steps = 500
+    bare = _timed(lambda: [None for _ in collective.CollectivePass(range(steps), "agreement", state)]) / steps
+
+    def train_step() -> None:
+        model(torch.randn(8, width)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step_s = statistics.median(_timed(train_step) for _ in range(5))
     if rank == 0:
         medians = {k: statistics.median(v) for k, v in times.items()}
         state_bytes = sum(p.numel() * 4 for p in model.parameters()) * 3  # weights and Adam's two moments
@@ -78,7 +89,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
             json.dump({"ranks": args.ranks, "state_mb": round(state_bytes / 2**20), "reps": args.reps,
                        **{f"{k}_s": round(v, 3) for k, v in medians.items()},
                        "save_ratio": round(medians["save"] / medians["plain_save"], 3),
-                       "load_ratio": round(medians["load"] / medians["plain_load"], 3)}, f)
+                       "load_ratio": round(medians["load"] / medians["plain_load"], 3),
+                       "agreement_us": round(bare * 1e6, 1), "train_step_s": round(step_s, 4),
+                       "step_overhead_pct": round(100 * bare / step_s, 3)}, f)
 
 
 def main() -> None:
@@ -106,6 +119,8 @@ def main() -> None:
           f"-> {result['save_ratio']:.2f}x (goal 1.1x)")
     print(f"  load: plain dcp.load {result['plain_load_s']:.3f} s, collective restore {result['load_s']:.3f} s "
           f"-> {result['load_ratio']:.2f}x (goal 1.1x)")
+    print(f"  each step: the ranks' agreement {result['agreement_us']:.0f} us, {result['step_overhead_pct']:.2f}% of a "
+          f"training step of this model ({result['train_step_s'] * 1e3:.0f} ms)")
 
 
 if __name__ == "__main__":

@@ -17,6 +17,8 @@ No thread of SpotWarp's touches the process group and nothing runs at exit: noth
 
 from __future__ import annotations
 
+import contextlib
+import io
 import logging
 import os
 import pickle
@@ -27,7 +29,7 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import Any, Callable
+from typing import IO, Any, Callable
 
 import blake3
 
@@ -199,12 +201,22 @@ class CollectivePass:
         started = time.perf_counter()
         extras = self._extras()  # before any I/O: a storage client may draw from `random` (retry jitter)
         eng = engine()
-        snap = [new_snapshot_id() if self.rank == 0 else None]
+        lock, held, snap = None, None, [None]
+        if self.rank == 0:  # the write lock first (gc leaves the new objects alone); its failure stops every rank
+            try:
+                lock = eng.writing()
+                held = lock.__enter__()
+                snap[0] = new_snapshot_id()
+            except (OSError, SpotWarpError) as exc:
+                lock, snap[0] = None, {"error": f"rank 0: {exc}"}
         self.dist.broadcast_object_list(snap, src=0)
+        if isinstance(snap[0], dict):
+            restore_rng(extras["rng_now"])
+            warnings.warn(f"SpotWarp: collective snapshot of {self.name!r} not taken: {snap[0]['error']}",
+                          RuntimeWarning, stacklevel=3)
+            return None
         snapshot_id = str(snap[0])
         stage = _staging(eng, snapshot_id)
-        lock = eng.writing() if self.rank == 0 else None
-        held = lock.__enter__() if lock is not None else None
         outcome: list[Any] = [None]
         try:
             try:  # collective: a failure in one rank's write is raised in every rank
@@ -286,20 +298,16 @@ class CollectivePass:
 
         record = manifest.collective
         eng = engine()
-        stage = tempfile.mkdtemp(prefix=f"spotwarp-load-{manifest.id}-{self.rank}-")
+        state_dicts = _state_dicts(self.state)
         try:
-            state_dicts = _state_dicts(self.state)
-            try:
-                dcp.load(state_dicts, storage_reader=_checked_reader(eng, stage, record["files"]))
-            except dcp.api.CheckpointException as exc:  # raised in every rank when one rank's read failed
-                raise SpotWarpError(f"resumable {self.name!r}: snapshot {manifest.id} cannot be loaded: "
-                                    f"{_one_line(exc)}") from None
-            _set_state_dicts(self.state, state_dicts)
-            saved_world = int(record["world_size"])
-            oid, size = record["ranks"][self.rank % saved_world]
-            extras = pickle.loads(eng.store.read_object(oid, int(size)))
-        finally:
-            shutil.rmtree(stage, ignore_errors=True)
+            dcp.load(state_dicts, storage_reader=_checked_reader(eng, record["files"]))
+        except dcp.api.CheckpointException as exc:  # raised in every rank when one rank's read failed
+            raise SpotWarpError(f"resumable {self.name!r}: snapshot {manifest.id} cannot be loaded: "
+                                f"{_one_line(exc)}") from None
+        _set_state_dicts(self.state, state_dicts)
+        saved_world = int(record["world_size"])
+        oid, size = record["ranks"][self.rank % saved_world]
+        extras = pickle.loads(eng.store.read_object(oid, int(size)))
         wanted = int(extras["position"])
         if saved_world != self.world:  # the same share of the pass, in this run's partition of the data
             wanted = wanted * saved_world // self.world
@@ -496,42 +504,55 @@ def _clear_staging(stage: str, rank: int) -> None:
                 pass
 
 
-def _checked_reader(eng: SnapshotEngine, stage: str, files: Mapping[str, Any]) -> Any:
-    """A DCP reader over the snapshot's objects: each file this rank reads is checked against its hash first."""
+def _checked_reader(eng: SnapshotEngine, files: Mapping[str, Any]) -> Any:
+    """A DCP reader over the snapshot's objects: no file is read before it is checked against its hash (nothing
+    unchecked is unpickled). On a local store the object file is hashed in place, then read by DCP; from an object
+    store each file is downloaded once, checked, and handed to DCP from memory."""
     from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.filesystem import FileSystem
 
     store = eng.store
+    downloaded: dict[str, bytes | bytearray] = {}
+    hashed: set[str] = set()
+
+    def ref(name: str) -> tuple[str, int]:
+        if name not in files:
+            raise SpotWarpError(f"the collective snapshot names no file {name!r}: refusing it")
+        return str(files[name][0]), int(files[name][1])
+
+    class Objects(FileSystem):
+        @contextlib.contextmanager
+        def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
+            if mode != "rb":
+                raise SpotWarpError(f"a collective snapshot is read-only (asked to open {path} with {mode!r})")
+            oid, size = ref(os.path.basename(str(path)))
+            if not store.local:
+                if oid not in downloaded:
+                    downloaded[oid] = store.read_object(oid, size)  # DamagedObjectError unless it matches its hash
+                yield io.BytesIO(downloaded[oid])
+                return
+            local = store.object_path(oid)
+            if oid not in hashed:
+                if not os.path.exists(local):
+                    raise DamagedObjectError(oid, "missing from storage")
+                if os.path.getsize(local) != size or _hash_file(local) != oid:
+                    raise DamagedObjectError(oid, "its content does not match its hash")
+                hashed.add(oid)
+            with open(local, "rb") as stream:
+                yield stream
 
     class CheckedReader(FileSystemReader):
-        def _ensure(self, rel: str) -> None:
-            path = os.path.join(stage, rel)
-            if os.path.lexists(path):
-                return
-            if rel not in files:
-                raise SpotWarpError(f"collective snapshot names no file {rel!r}: refusing it")
-            oid, size = str(files[rel][0]), int(files[rel][1])
-            if store.local:
-                source = store.object_path(oid)
-                if not os.path.exists(source):
-                    raise DamagedObjectError(oid, "missing from storage")
-                if _hash_file(source) != oid:
-                    raise DamagedObjectError(oid, "its content does not match its hash")
-                os.symlink(source, path)
-            else:
-                data = store.read_object(oid, size)  # checked against its hash
-                with open(path, "wb") as f:
-                    f.write(data)
-
-        def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
-            self._ensure(".metadata")
-            return super().read_metadata(*args, **kwargs)
+        def __init__(self) -> None:
+            super().__init__("spotwarp-objects")  # a name only: every file is one of the store's objects
+            self.fs = Objects()
 
         def read_data(self, plan: Any, planner: Any) -> Any:
-            for rel in sorted({self.storage_data[item.storage_index].relative_path for item in plan.items}):
-                self._ensure(rel)
-            return super().read_data(plan, planner)
+            try:
+                return super().read_data(plan, planner)
+            finally:
+                downloaded.clear()
 
-    return CheckedReader(stage)
+    return CheckedReader()
 
 
 __all__ = ["CollectivePass", "check_state", "engine", "newest", "process_group"]
