@@ -428,7 +428,7 @@ def _sampler(iterable: Any) -> Any:
 # -- files: DCP's folder <-> content-addressed objects ---------------------------------------------------
 
 def _staging(eng: SnapshotEngine, snapshot_id: str) -> str:
-    """Where DCP writes: beside the objects on a local store (they are then linked, not copied), else a temp folder."""
+    """Where DCP writes: beside the objects on a local store (its files are then moved in, not copied), else a temp folder."""
     if eng.store.local:
         base = os.path.join(eng.store.root, "staging")
         _clear_stale(base)
@@ -468,13 +468,10 @@ def _store_files(eng: SnapshotEngine, stage: str, rank: int) -> dict[str, list[A
         if not (entry.name.startswith(f"__{rank}_") or (rank == 0 and entry.name == ".metadata")):
             continue
         oid, size = _hash_file(entry.path), entry.stat().st_size
-        if store.local:
+        if store.local:  # moved, not copied: the same bytes under their name (an object already there: identical)
             target = store.object_path(oid)
             os.makedirs(os.path.dirname(target), exist_ok=True)
-            try:
-                os.link(entry.path, target)
-            except FileExistsError:
-                pass
+            os.replace(entry.path, target)
             _fsync_dir(os.path.dirname(target))
         else:
             with open(entry.path, "rb") as f:
