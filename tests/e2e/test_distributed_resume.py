@@ -20,6 +20,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from new_hosts import PROJECT_KEY, kill_host, notebook, resume_entry, start_host, wait_for
 
@@ -27,7 +28,12 @@ pytestmark = pytest.mark.slow  # real servers and kernels, ranks forked and kill
 
 PROGRAM = Path(__file__).resolve().parents[1] / "support" / "dcp_training.py"
 SETUP = "%load_ext spotwarp\nimport dcp_training\nimport torch.multiprocessing as mp\ncfg = {cfg!r}\n"
-LAUNCH = "mp.start_processes(dcp_training.worker, args=(cfg,), nprocs=2, start_method='fork')\nprint('launch done')\n"
+# the number of ranks comes from the host (what a cell reading torch.cuda.device_count() does)
+LAUNCH = """import json, os
+ranks = {**cfg, **json.loads(os.environ.get("RANKS", "{}"))}
+mp.start_processes(dcp_training.worker, args=(ranks,), nprocs=ranks["nprocs"], start_method="fork")
+print("launch done")
+"""
 
 
 def _port() -> int:
@@ -40,11 +46,9 @@ def _lines(path: Path) -> int:
     return len(path.read_text().splitlines()) if path.exists() else 0
 
 
-def test_a_cell_launching_ranks_resumes_on_a_new_host(tmp_path: Path, hosts: list) -> None:
-    store, out = str(tmp_path / "store"), tmp_path / "out"
-    out.mkdir()
-    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "ddp", "epochs": 2, "request_at": [[0, 5]],
-           "gate_at": [1, 3]}
+def lose_host_a(tmp_path: Path, hosts: list, store: str, cfg: dict) -> None:
+    """Host A runs the notebook, its ranks commit a collective snapshot after step 6; then A is SIGKILLed."""
+    out = Path(cfg["out"])
     a = start_host(tmp_path, "a", store, PYTHONHASHSEED="0", SPOTWARP_EVERY="1h")
     hosts.append(a)
     shutil.copy(PROGRAM, a.workspace / "dcp_training.py")
@@ -55,15 +59,22 @@ def test_a_cell_launching_ranks_resumes_on_a_new_host(tmp_path: Path, hosts: lis
     nb.run(SETUP.format(cfg=cfg), cell_id="setup")
     nb.send(LAUNCH, cell_id="launch")
     wait_for(lambda: (out / "reached").exists(), 180, "rank 0 held at epoch 1 step 3", a)
-    snapshots = Path(store) / "proj" / "snapshots"
-    docs = [json.loads(p.read_text()) for p in snapshots.glob("*.json")]
+    docs = [json.loads(p.read_text()) for p in (Path(store) / "proj" / "snapshots").glob("*.json")]
     [ranks] = [d for d in docs if d["kind"] == "collective"]
-    assert (ranks["collective"]["pass"], ranks["collective"]["step"]) == (0, 6)
+    assert (ranks["collective"]["pass"], ranks["collective"]["step"], ranks["collective"]["world_size"]) == (0, 6, 2)
     newest = max((d for d in docs if d["kind"] == "kernel"), key=lambda d: d["created_ts"])["kernels"]["train.ipynb"]
     assert newest["at"] == "step" and newest["running"]["id"] == "launch"
     os.killpg(os.getpgid(kernel_pid), signal.SIGKILL)  # the kernel and the ranks it forked
     kill_host(a)
-    (out / "gate").touch()  # the gate held host A's rank 0; the run on B passes it
+    (out / "gate").touch()  # the gate held host A's rank 0; a run on B passes it
+
+
+def test_a_cell_launching_ranks_resumes_on_a_new_host(tmp_path: Path, hosts: list) -> None:
+    store, out = str(tmp_path / "store"), tmp_path / "out"
+    out.mkdir()
+    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "ddp", "epochs": 2, "request_at": [[0, 5]],
+           "gate_at": [1, 3]}
+    lose_host_a(tmp_path, hosts, store, cfg)
     before = _lines(out / "losses-0.jsonl")
 
     b = start_host(tmp_path, "b", store, PYTHONHASHSEED="0", SPOTWARP_EVERY="1h")
@@ -88,3 +99,26 @@ def test_a_cell_launching_ranks_resumes_on_a_new_host(tmp_path: Path, hosts: lis
         lines = [json.loads(line) for line in (out / f"losses-{rank}.jsonl").read_text().splitlines()]
         expected = [json.loads(line) for line in (reference / f"losses-{rank}.jsonl").read_text().splitlines()]
         assert {(e, i): loss for e, i, loss in lines} == {(e, i): loss for e, i, loss in expected}
+
+
+def test_fsdp2_ranks_resume_on_a_host_with_fewer(tmp_path: Path, hosts: list) -> None:
+    """2 FSDP2 ranks on host A; host B launches 1 (its cell reads the count from the host): the state resharded."""
+    store, out = str(tmp_path / "store"), tmp_path / "out"
+    out.mkdir()
+    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "fsdp", "epochs": 2, "request_at": [[0, 5]],
+           "gate_at": [1, 3], "dump_after_request": True}
+    lose_host_a(tmp_path, hosts, store, cfg)
+    saved = torch.load(out / "full-2.pt")
+    b = start_host(tmp_path, "b", store, PYTHONHASHSEED="0", SPOTWARP_EVERY="1h",
+                   RANKS=json.dumps({"nprocs": 1, "dump_restored": True}))
+    hosts.append(b)
+    entry = wait_for(lambda: resume_entry(b).get("state") == "finished" and resume_entry(b), 300,
+                     "the resume entry to say finished", b)
+    assert entry["cell"] == "launch", entry
+    restored = torch.load(out / "full-1.pt")
+    assert set(restored["model"]) == set(saved["model"])
+    for name, tensor in saved["model"].items():
+        assert torch.equal(restored["model"][name], tensor), name
+    for fqn, values in saved["optim"]["state"].items():
+        for key, value in values.items():
+            assert torch.equal(torch.as_tensor(restored["optim"]["state"][fqn][key]), torch.as_tensor(value)), (fqn, key)

@@ -4,11 +4,14 @@ The launcher forks `nprocs` workers with `torch.multiprocessing.start_processes(
 joins a gloo process group and trains over `spotwarp.resumable(loader, name="train", state=...)`.
 
 CONFIG keys: `out` (folder for results), `nprocs`, `port`, `mode` (`ddp`, or `fsdp`: FSDP2 `fully_shard`),
-`epochs`; optional `request_at` ([[epoch, step], ...]: rank 0 asks for a snapshot after those steps), `gate_at` ([epoch, step]: rank 0
-writes `out/reached` there and waits until `out/gate` exists), `stop_after_request` (after the first requested
-snapshot, write the full state to `out/full-<nprocs>.pt` and stop), `dump_restored` (write the full state as
-loaded, before any step, to `out/full-<nprocs>.pt` and stop), `die_at` ([rank, n]: that rank SIGKILLs itself in
-its n-th state_dict() call, inside a snapshot).
+`epochs`; optional:
+- `request_at` ([[epoch, step], ...]): rank 0 asks for a snapshot after those steps (`step` counts the items this
+  run's pass has yielded);
+- `gate_at` ([epoch, step]): rank 0 writes `out/reached` there and waits until `out/gate` exists;
+- `stop_after_request`: after the first requested snapshot, write the full state to `out/full-<nprocs>.pt`, stop;
+- `dump_after_request`: the same, and go on;
+- `dump_restored`: write the full state as loaded, before any step, to `out/full-<nprocs>.pt`, and stop;
+- `die_at` ([rank, n]): that rank SIGKILLs itself in its n-th state_dict() call, inside a snapshot.
 Per rank: `out/losses-<rank>.jsonl` (epoch, first sample, loss) and, at the end, `out/result-<rank>.json`
 (parameters, the next random draws).
 """
@@ -93,11 +96,14 @@ def worker(rank: int, cfg: dict) -> None:
         for epoch in range(cfg["epochs"]):
             sampler.set_epoch(epoch)
             for step, (xb, yb, index) in enumerate(spotwarp.resumable(loader, name="train", state=state)):
-                if cfg.get("dump_restored") or (requested and cfg.get("stop_after_request")):
+                stop = cfg.get("dump_restored") or (requested and cfg.get("stop_after_request"))
+                if stop or (requested == 1 and cfg.get("dump_after_request")):
                     full = full_state(model, opt)  # collective: every rank takes part, rank 0 holds the result
                     if rank == 0:
                         torch.save(full, os.path.join(out, f"full-{n}.pt"))
-                    return
+                    if stop:
+                        return
+                    requested = 2  # dumped once
                 if rank == 0 and [epoch, step] == cfg.get("gate_at"):
                     open(os.path.join(out, "reached"), "w").close()
                     deadline = time.monotonic() + 120
@@ -113,7 +119,7 @@ def worker(rank: int, cfg: dict) -> None:
                 if [epoch, step] in cfg.get("request_at", []):
                     if rank == 0:  # one rank asks; all snapshot at the next step
                         safepoints.request("user")
-                    requested = True
+                    requested = requested or 1
     params = full_state(model, opt)["model"]
     result = {"params": {k: v.flatten().tolist() for k, v in params.items()},
               "draws": [torch.rand(3).tolist(), random.random(), float(np.random.rand())]}
