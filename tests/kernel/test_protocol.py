@@ -16,8 +16,6 @@ import pytest
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.protocol import (
     COMM_TARGET,
-    NOTICE_REPLY,
-    NOTICE_REQUEST,
     SERVER_REQUEST,
     KernelRequest,
     NoticeAnswer,
@@ -29,6 +27,7 @@ from spotwarp_jupyter.protocol import (
 from spotwarp_jupyter.server.watchers import Notice
 
 from jupyter_api import execute, open_notebook
+from kernels import notice_request
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -79,19 +78,6 @@ def comm_request(kernel, data, timeout: float = 60) -> dict:
         if msg["msg_type"] == "comm_msg" and msg["content"].get("comm_id") == comm_id:
             return msg["content"]["data"]
     raise AssertionError("no answer on the comm")
-
-
-def notice_request(kernel, content, timeout: float = 30) -> dict:
-    """Send a notice on the control channel (as the server does) and return the kernel's answer."""
-    msg = kernel.kc.session.msg(NOTICE_REQUEST, content)
-    kernel.kc.control_channel.send(msg)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reply = kernel.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            assert reply["msg_type"] == NOTICE_REPLY
-            return reply["content"]
-    raise AssertionError("no answer to the notice")
 
 
 def test_a_kernel_answers_each_request_with_its_id(start_kernel, store_url):

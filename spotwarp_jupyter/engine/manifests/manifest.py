@@ -102,6 +102,9 @@ class Manifest:
     generation: int = 0  # the writer's lease generation (0: no failover); `latest` never goes to a lower one
     holder: str | None = None  # the writer's candidate id under failover
     requests: list[str] = field(default_factory=list)  # ids of the requests this snapshot answers (protocol.py)
+    # a collective snapshot of a `resumable` loop over torch.distributed ranks: its DCP files and each rank's
+    # position, as objects (kind "collective"; docs/distributed.md)
+    collective: dict[str, Any] = field(default_factory=dict)
 
     @property
     def order(self) -> tuple[int, float, str]:
@@ -144,6 +147,7 @@ class Manifest:
             **({"generation": self.generation} if self.generation else {}),
             **({"holder": self.holder} if self.holder else {}),
             **({"requests": list(self.requests)} if self.requests else {}),
+            **({"collective": self.collective} if self.collective else {}),
         }
         if self.scope is not None:
             body["scope"] = self.scope
@@ -182,7 +186,7 @@ class Manifest:
                 check_scope(doc.get("id", name), doc.get("scope"), scope)
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
-        for record in ("kernels", "files", "env", "stats", "objects"):
+        for record in ("kernels", "files", "env", "stats", "objects", "collective"):
             if not isinstance(doc.get(record) or {}, dict):
                 raise ManifestError(f"snapshot manifest {name}: its {record!r} record is malformed")
         requests = doc.get("requests") or []
@@ -213,6 +217,7 @@ class Manifest:
             generation=int(doc.get("generation") or 0),
             holder=doc.get("holder"),
             requests=requests,
+            collective=doc.get("collective") or {},
         )
 
 
