@@ -185,28 +185,33 @@ class SpotWarpApp(ExtensionApp):
         self.service.project.resume_unsigned = bool(config.resume_unsigned)
         untrack_control_requests(serverapp.kernel_manager)
         self.service.trust.update(key_id=key_id(key.key) if key.key else None, line=None if key.key else key.line)
+        self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
+        self._hook_into_server(settings, config)
+        self._backup_task: asyncio.Task | None = None
+        self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
+                      self.service.workspace)
+
+    def _hook_into_server(self, settings: Settings, config: SpotWarp) -> None:
+        """What the server and its kernels share with SpotWarp: the environment kernels inherit, kernel events,
+        renames, listings and saves."""
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
                            "SPOTWARP_WORKSPACE": self.service.workspace})
         if config.resume_unsigned:  # the kernels say they were resumed opted in, whatever set it
             os.environ["SPOTWARP_RESUME_UNSIGNED"] = "true"
-        self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
         # which kernels started after their notebook's stored state, and were not restored (GET status `newer`)
-        events = getattr(serverapp, "event_logger", None)
+        events = getattr(self.serverapp, "event_logger", None)
         if events is not None:
             events.add_listener(schema_id=KERNEL_ACTIONS, listener=self.service.kernel_action)
         # a renamed or moved notebook: its kernel learns the new name (its snapshots stay its own)
-        follow_renames(serverapp.session_manager, serverapp.kernel_manager, self.service.notebook_of)
+        follow_renames(self.serverapp.session_manager, self.serverapp.kernel_manager, self.service.notebook_of)
         # a folder listed while a file in it is renamed (a first save) is listed, never "Directory not found"
-        list_through_renames(serverapp.contents_manager)
+        list_through_renames(self.serverapp.contents_manager)
         # a saved notebook keeps the status widget as text: reopened, it shows no "model not found"
-        register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)
+        register = getattr(self.serverapp.contents_manager, "register_pre_save_hook", None)
         if register is not None:
             register(drop_widget_views)
-        self._backup_task: asyncio.Task | None = None
-        self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
-                      self.service.workspace)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers())
