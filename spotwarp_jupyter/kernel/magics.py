@@ -228,7 +228,7 @@ class SpotWarpMagics(Magics):
         took = time.perf_counter() - started
         source = self.session.source_notebook(manifest)
         whose = "" if source == self.session.notebook else f"notebook {source!r}, "
-        # a short summary line first, then the details one per line (issue 24: not one long sentence)
+        # a short summary line first, then the details one per line (not one long sentence)
         print(f"SpotWarp restored {len(result.restored)} variables from {manifest.id} "
               f"({whose}{manifest.host}, {manifest.created_iso}) in {format_duration(took)}")
         if result.restored:

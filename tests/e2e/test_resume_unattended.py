@@ -1,4 +1,4 @@
-"""Issue 22: the session resumes by itself on the new host, nobody at the keyboard.
+"""The session resumes by itself on the new host, nobody at the keyboard.
 
 Host A (`spotwarp start`, a notebook session driven as JupyterLab drives it: execute requests carrying the cell id)
 runs a setup cell and a `resumable` DataLoader loop (shuffled, seeded generator) and is SIGKILLed mid-loop with its

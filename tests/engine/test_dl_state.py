@@ -1,4 +1,4 @@
-"""Deep-learning state across hosts (issue 28): kernel A snapshots and is SIGKILLed, kernel B in another
+"""Deep-learning state across hosts: kernel A snapshots and is SIGKILLed, kernel B in another
 folder restores, and each check is of behaviour (what the restored objects still do), not only of values.
 """
 

@@ -1,4 +1,4 @@
-"""Progressive restore (issue 16): small variables first, large ones arriving behind them.
+"""Progressive restore: small variables first, large ones arriving behind them.
 
 The large objects are held back by a test-only storage (`gated://`, tests/support/gated_fs.py) until the test
 opens its gate, so "still loading" is a state the test controls, not a timing guess.

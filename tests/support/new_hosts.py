@@ -1,4 +1,4 @@
-"""Hosts for the resume tests (issue 22): `spotwarp start` servers sharing a store, notebooks, waiting, killing."""
+"""Hosts for the resume tests: `spotwarp start` servers sharing a store, notebooks, waiting, killing."""
 
 from __future__ import annotations
 
