@@ -14,8 +14,11 @@ for the last repetition SIGTERM to the server. Figures:
   written               bytes the final snapshot wrote (only what changed since the last snapshot)
   raw write             the same byte count written with fsync, measured in the same run (the write limit)
   exit                  SIGTERM to the server's exit
+  preStop hook          with --prestop: the Kubernetes hook (`python -m spotwarp_jupyter.server.hub prestop`)
+                        run mid-training before the SIGTERM, as the kubelet does, with deploy/values.yaml's
+                        timeout and grace: its request answered (a kernel snapshot at the loop's next step)
 
-Run: python benchmarks/bench_preemption.py [--scale 0.1] [--repeat 3] [--interval 20]
+Run: python benchmarks/bench_preemption.py [--scale 0.1] [--repeat 3] [--interval 20] [--prestop]
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,7 +45,7 @@ from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
 from spotwarp_jupyter.engine.journal.events import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal  # noqa: E402
 from spotwarp_jupyter.engine.units import format_size  # noqa: E402
 
-from lab_server import Execution, LabServer, host_env  # noqa: E402
+from lab_server import TOKEN, Execution, LabServer, host_env  # noqa: E402
 from metadata_servers import WATCHER_ENV_OFF, FakeAws  # noqa: E402
 
 PROJECT = "bench-preempt"
@@ -89,6 +93,8 @@ def main() -> int:
     parser.add_argument("--scale", type=float, default=0.1, help="workload scale: 1.0 is about 2 GB, 0.1 about 200 MB")
     parser.add_argument("--repeat", type=int, default=3, help="AWS notices (a SIGTERM follows them)")
     parser.add_argument("--interval", type=float, default=20.0, help="seconds between automatic snapshots")
+    parser.add_argument("--prestop", action="store_true",
+                        help="run the preStop hook before the SIGTERM, with deploy/values.yaml's timeout and grace")
     parser.add_argument("--keep", help="folder to work in, kept afterwards (default: a temporary one, removed)")
     args = parser.parse_args()
 
@@ -106,7 +112,8 @@ def _run(args: argparse.Namespace, root: Path) -> int:
     ws.mkdir(parents=True, exist_ok=True)
     (ws / "train.ipynb").write_text('{"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}')
     aws = FakeAws()
-    grace = 30
+    grace = 10 if args.prestop else 30  # deploy/values.yaml's SPOTWARP_SHUTDOWN_GRACE with its hook
+    hook_timeout = 5  # deploy/values.yaml's prestop --timeout
     env = host_env(root / "home", **{**WATCHER_ENV_OFF, "SPOTWARP_WATCHERS": "signals,aws",
                                      "SPOTWARP_AWS_METADATA_URL": aws.url, "SPOTWARP_METADATA_POLL_INTERVAL": "0.5",
                                      "SPOTWARP_SHUTDOWN_GRACE": str(grace),
@@ -132,6 +139,16 @@ def _run(args: argparse.Namespace, root: Path) -> int:
                                  "automatic snapshot", args.interval * 4 + 120)
             time.sleep(args.interval / 2)  # benchmark pacing: the notice lands mid-interval
             posted = time.time()
+            hook_s = None
+            if sigterm and args.prestop:
+                hook_env = {**env, "JUPYTERHUB_SERVICE_URL": server.url, "JUPYTERHUB_API_TOKEN": TOKEN}
+                hook_started = time.monotonic()
+                hook = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.server.hub", "prestop", "--timeout",
+                                       str(hook_timeout)], env=hook_env, capture_output=True, text=True, check=False)
+                hook_s = round(time.monotonic() - hook_started, 2)
+                print(f"preStop hook: {hook_s:.2f} s, exit {hook.returncode}: {(hook.stdout or hook.stderr).strip()}",
+                      flush=True)
+                posted = time.time()
             if sigterm:
                 sent = time.monotonic()
                 os.kill(server.proc.pid, signal.SIGTERM)
@@ -152,6 +169,7 @@ def _run(args: argparse.Namespace, root: Path) -> int:
                             "kernel_write_s": round(float(kernel_snapshot.stats.get("duration_s") or 0), 2),
                             "posted_to_commit_s": round(done.time - posted, 3), "written": written,
                             "age_s": round(posted - automatic.created, 1), "exit_s": round(exit_s, 2) if sigterm else None,
+                            "hook_s": hook_s,
                             "groups_reused": kernel_snapshot.stats.get("groups_reused"),
                             "full_reason": kernel_snapshot.stats.get("full_reason"),
                             # inside the kernel write: pickling and fingerprinting, then the writes' tail, of it the sync
@@ -174,6 +192,9 @@ def _run(args: argparse.Namespace, root: Path) -> int:
         rows.append((f"{r['source']}: kernel snapshot", reuse, "", ""))
         rows.append((f"{r['source']}: written / raw write of it", f"{format_size(r['written'])} / {ref:.2f} s",
                      "", f"{r['notice_to_commit_s'] / ref:.1f}x raw" if ref > 0 else ""))
+        if r["hook_s"] is not None:
+            rows.append(("preStop hook: run -> answered (training)", f"{r['hook_s']:.2f} s", f"< {hook_timeout} s",
+                         "ok" if r["hook_s"] < hook_timeout else "MISSED"))
         if r["exit_s"] is not None:
             rows.append(("SIGTERM: signal -> server exited", f"{r['exit_s']:.2f} s", f"< {grace} s grace",
                          "ok" if r["exit_s"] < grace else "MISSED"))

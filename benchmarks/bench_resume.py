@@ -7,7 +7,7 @@ Each run then starts a new host on a copy of that store, twice:
            `%load_ext spotwarp` + `%spotwarp restore latest`, run the cell again
 Both are timed from the start command to the loop's first step (its first output); the resume run is split into
 files restored / server serving / kernel started / kernel state restored / cell started / first step.
-Goal (issue 22): resume / by hand at most 1.1x. Medians of --repeat runs.
+Goal: resume / by hand at most 1.1x. Medians of --repeat runs.
 
 --failover: the same loss through `spotwarp launch --provider local --watch --dead-after 4s --standby 1` (one
 candidate waits in standby; --standby 0: launched once the loss is detected): the holder trains, is SIGKILLed with

@@ -5,15 +5,17 @@
     python benchmarks/bench_scaling.py --sizes 4 --counts none --reps 1   # the large end once
     python benchmarks/bench_scaling.py --sizes 1,4 --counts none --reps 3 --breakdown   # where restores' seconds go
     PYTHONPATH=/other/tree python benchmarks/bench_scaling.py ...   # restores by another tree's package (before/after)
+    python benchmarks/bench_scaling.py --sizes 1,4 --counts none --trees /main,/branch   # both, alternated, same snapshots
 
 Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
 scaled to about that many GB of state; counts are a dict of that many small notebook objects.
 Every figure is the median of --reps runs divided by a raw reference of the same byte count measured
-in the same run: full and unchanged snapshots against this disk's best sequential write (the better of
-a buffered write + fsync and O_DIRECT with several 64 MiB blocks in flight), a restore into a fresh
-process (cold cache) against its best sequential read (the better of a cold buffered read and
-O_DIRECT). The last column repeats full and restore against the old references (buffered write +
-fsync, buffered cold read), so the change of reference stays visible for one release. `usable` is the same restore's time until the small
+in the same run: full and unchanged snapshots against this disk's best sequential write, a restore into a
+fresh process (cold cache) against its best sequential read; each best is the minimum over shapes
+(common.disk_limits: buffered, dd-style 64 MiB O_DIRECT blocks, batches of four 64 MiB blocks, two and
+four threads streaming 8 MiB O_DIRECT requests with no barrier). The last column repeats full and restore
+against the old references (buffered, or batches of four 64 MiB blocks), so the change of reference stays
+visible for one release. `usable` is the same restore's time until the small
 variables are bound (a progressive restore); the large ones arrive by `restore`.
 A ratio that grows with size means something does not scale: the last column flags it.
 `--breakdown` adds, per size, where a full snapshot's seconds go (serialize, hash, write,
@@ -30,6 +32,7 @@ import argparse
 import contextlib
 import gc
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -92,6 +95,14 @@ out = {"engine": spotwarp_jupyter.__file__.rsplit("/", 2)[0], "usable_s": usable
        "restore_s": time.perf_counter() - started, "names": len(ns),
        "cpu_s": time.process_time() - cpu, "peak_growth": rss("VmHWM") - rss_before,
        "final_growth": rss("VmRSS") - rss_before}
+# the first training step of the restored model: its pages really resident, the optimizer's state ready
+if "model" in ns:
+    step_started = time.perf_counter()
+    model, opt = ns["model"], ns["opt"]
+    model(torch.randn(4, model[0].in_features)).square().mean().backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)
+    out["first_step_s"] = time.perf_counter() - step_started
 if phases is not None:
     out["phases"] = phases.as_dict()
 print(json.dumps(out))
@@ -111,14 +122,16 @@ def small_objects(count: int) -> dict:
     return {"items": {f"k{i}": Item(i) for i in range(count)}}
 
 
-def restore_in_child(store: Path, breakdown: bool) -> dict:
-    """A restore of `store`'s latest snapshot into a fresh process: its figures (and phases, when asked)."""
+def restore_in_child(store: Path, breakdown: bool, tree: str | None = None) -> dict:
+    """A restore of `store`'s latest snapshot into a fresh process: its figures (and phases, when asked).
+    `tree`: the checkout whose package restores (PYTHONPATH), else the one this process's PYTHONPATH names."""
     drop_cache(store)
+    env = dict(os.environ, PYTHONPATH=tree) if tree else None
     # run from the store's folder: `-c` puts the working folder first on sys.path, and run from a checkout
     # that would import its package whatever PYTHONPATH names
     out = subprocess.run([sys.executable, "-c", RESTORE_CHILD, str(store), str(HERE)]
                          + (["breakdown"] if breakdown else []), capture_output=True, text=True, check=True,
-                         cwd=store.parent)
+                         cwd=store.parent, env=env)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -168,14 +181,18 @@ def snapshot_breakdown_row(snapshots: list[dict], limits: list, nbytes: int) -> 
             "best_write_s": median([x.best_write_s for x in limits])}
 
 
-def measure(build: Callable[[], dict], scratch: Path, reps: int, breakdown: bool = False) -> dict[str, float]:
-    """Full, unchanged and restore times for the state `build` makes, each as a ratio to a raw reference of its bytes.
+def measure(build: Callable[[], dict], scratch: Path, reps: int, breakdown: bool = False,
+            trees: list[str | None] | None = None) -> list[dict[str, float]]:
+    """Full, unchanged and restore times for the state `build` makes, each as a ratio to a raw reference of its
+    bytes; one row per tree in `trees` (whose package restores: the same snapshots, references and cold cache,
+    the trees alternated within each repetition, the first one changing every repetition).
 
     Every repetition's snapshots are taken first; the state is then freed, so each restore (into a fresh
     process) runs beside no second copy of it: the 8 GB point fits in 24 GB.
     """
-    full, unchanged, restore, usable, limits = [], [], [], [], []
-    children, reads, stores, snapshots = [], [], [], []
+    trees = trees or [None]
+    full, unchanged, limits, reads, stores, snapshots = [], [], [], [], [], []
+    children: dict[str | None, list[dict]] = {tree: [] for tree in trees}
     ns = build()
     for rep in range(reps):
         store = scratch / f"store-{rep}"
@@ -190,26 +207,32 @@ def measure(build: Callable[[], dict], scratch: Path, reps: int, breakdown: bool
     nbytes = stores[-1][1]
     del ns, engine
     gc.collect()
-    for store, size in stores:
+    for rep, (store, size) in enumerate(stores):
         limits.append(disk_limits(scratch / "raw.bin", max(size, 1)))
         if breakdown:
             reads.append(read_cpu(scratch / "raw.bin"))
-        child = restore_in_child(store, breakdown)
-        children.append(child)
-        restore.append(child["restore_s"])
-        usable.append(child["usable_s"])
+        for tree in trees[rep % len(trees):] + trees[:rep % len(trees)]:
+            children[tree].append(restore_in_child(store, breakdown, tree))
         shutil.rmtree(store)
-    # the best write and read this disk does (buffered+fsync or O_DIRECT), and the old buffered references
+    # the best write and read this disk does (minimum over shapes, common.disk_limits), and the old references
     w, r = median([x.best_write_s for x in limits]), median([x.best_read_s for x in limits])
-    old_w, old_r = median([x.buffered_write_s for x in limits]), median([x.buffered_read_s for x in limits])
-    return {"breakdown": breakdown_row(children, reads, nbytes) if breakdown else None,
+    old_w, old_r = median([x.old_best_write_s for x in limits]), median([x.old_best_read_s for x in limits])
+    rows = []
+    for tree in trees:
+        done = children[tree]
+        restore, usable = [c["restore_s"] for c in done], [c["usable_s"] for c in done]
+        first_step = [c["restore_s"] + c["first_step_s"] for c in done if "first_step_s" in c]
+        rows.append({
+            "breakdown": breakdown_row(done, reads, nbytes) if breakdown else None,
             "snapshot_breakdown": snapshot_breakdown_row(snapshots, limits, nbytes) if breakdown else None,
-            "engine": children[-1].get("engine", "?"),
+            "engine": done[-1].get("engine", "?"), "load": os.getloadavg(),
             "bytes": nbytes, "raw_write_s": w, "raw_read_s": r, "old_write_s": old_w, "old_read_s": old_r,
             "full_s": median(full), "unchanged_s": median(unchanged), "restore_s": median(restore),
             "usable_s": median(usable), "full_x": median(full) / w, "unchanged_x": median(unchanged) / w,
             "restore_x": median(restore) / r, "usable_x": median(usable) / r,
-            "full_old_x": median(full) / old_w, "restore_old_x": median(restore) / old_r}
+            "to_first_step_s": median(first_step) if first_step else float("nan"),
+            "full_old_x": median(full) / old_w, "restore_old_x": median(restore) / old_r})
+    return rows
 
 
 def growth(rows: list[dict], key: str) -> str:
@@ -221,9 +244,13 @@ def growth(rows: list[dict], key: str) -> str:
 
 
 def print_table(title: str, label: str, rows: list[dict], per_object: bool = False) -> None:
-    print(f"\n{title} (restores by the package in {rows[0]['engine']})")
+    engines = sorted({row["engine"] for row in rows})
+    print(f"\n{title} (restores by the package in {', '.join(engines)}; 'to step': restore to the end of the "
+          "restored model's first training step, seconds)")
     header = (f"{label:>10} {'bytes':>10} {'best w/r s':>12} {'full':>14} {'unchanged':>14} {'restore':>14} "
-              f"{'usable':>14} {'old ref full/restore':>21}")
+              f"{'usable':>14} {'to step':>8} {'old ref full/restore':>21} {'load':>5}")
+    if len(engines) > 1:
+        header += "  tree"
     if per_object:
         header += f" {'us/object full/unch/restore':>28}"
     print(header)
@@ -232,10 +259,12 @@ def print_table(title: str, label: str, rows: list[dict], per_object: bool = Fal
         cell = lambda k: f"{row[k + '_x']:.2f}x {row[k + '_s']:.2f}s"  # noqa: E731
         print(f"{row['point']:>10} {row['bytes'] / 1e6:>8.1f}MB {row['raw_write_s']:>5.2f}/{row['raw_read_s']:<5.2f} "
               f"{cell('full'):>14} {cell('unchanged'):>14} {cell('restore'):>14} {cell('usable'):>14}"
-              f" {row['full_old_x']:>9.2f}x/{row['restore_old_x']:.2f}x"
+              f" {row.get('to_first_step_s', float('nan')):>8.2f}"
+              f" {row['full_old_x']:>9.2f}x/{row['restore_old_x']:.2f}x {row['load'][0]:>5.2f}"
+              + (f"  {row['engine']}" if len(engines) > 1 else "")
               + (" " + "/".join(f"{row[k + '_s'] / int(row['point']) * 1e6:.1f}" for k in ("full", "unchanged", "restore"))
                  if per_object else ""))
-    if len(rows) > 1:
+    if len(rows) > 1 and len(engines) == 1:
         print(f"{'trend':>10} {'':>10} {'':>12} " + " ".join(f"{growth(rows, k + '_x'):>14}"
                                                         for k in ("full", "unchanged", "restore", "usable")))
 
@@ -247,6 +276,7 @@ def print_breakdown(rows: list[dict]) -> None:
                        "seconds may add up to more than the restore's)")
     for row in rows:
         b = row["breakdown"]
+        print(f"{row['point']:>8} restored by {row['engine']} (load {row['load'][0]:.2f})")
         lines = [(name, p["wall_s"], p["cpu_s"]) for name, p in b["phases"].items()]
         lines += [("restore (all)", b["restore_s"], b["restore_cpu_s"]),
                   ("raw read buffered", b["buffered_wall_s"], b["buffered_cpu_s"]),
@@ -285,26 +315,31 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (default: a temp dir)")
     parser.add_argument("--json", action="store_true", help="also print the figures as JSON")
+    parser.add_argument("--trees", default=None,
+                        help="checkouts whose packages restore, comma separated, alternated in each repetition "
+                             "against the same snapshots (before/after: --trees /main,/branch)")
     parser.add_argument("--breakdown", action="store_true",
                         help="also show where each restore's seconds go, per phase, and its CPU per GB against "
                              "a raw read's (adds a cold buffered and an O_DIRECT read per repetition)")
     args = parser.parse_args()
+    trees = [t.strip() for t in args.trees.split(",")] if args.trees else None
     scratch = Path(args.dir or tempfile.mkdtemp(prefix="spotwarp-scaling-"))
     scratch.mkdir(parents=True, exist_ok=True)
     results: dict[str, list[dict]] = {"sizes": [], "counts": []}
     try:
         for gb in _points(args.sizes, float):
             print(f"state of {gb} GB ...", flush=True)
-            results["sizes"].append({"point": f"{gb} GB", **measure(lambda: workload.build(gb / REFERENCE_GB),
-                                                                    scratch, args.reps, args.breakdown)})
+            rows = measure(lambda: workload.build(gb / REFERENCE_GB), scratch, args.reps, args.breakdown, trees)
+            results["sizes"].extend({"point": f"{gb} GB", **row} for row in rows)
         for count in _points(args.counts, int):
             print(f"{count} small objects ...", flush=True)
-            results["counts"].append({"point": f"{count}", **measure(lambda: small_objects(count), scratch, args.reps)})
+            rows = measure(lambda: small_objects(count), scratch, args.reps, trees=trees)
+            results["counts"].extend({"point": f"{count}", **row} for row in rows)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     print(f"\nSpotWarp scaling: medians of {args.reps}; each figure as a ratio to this disk's best of the same bytes "
-          "(snapshots: best write, buffered+fsync or O_DIRECT; restores: best read), then seconds; "
-          "'old ref': against a buffered write + fsync and a buffered cold read")
+          "(snapshots: best write, restores: best cold read, each the minimum over shapes), then seconds; "
+          "'old ref': against the better of buffered and batches of four 64 MiB O_DIRECT blocks")
     if results["sizes"]:
         print_table("state size (reference workload scaled)", "state", results["sizes"])
     if results["counts"]:

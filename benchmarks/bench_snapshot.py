@@ -6,7 +6,7 @@
 Every time is a median of --reps runs, divided by a reference measured in the same run: this disk's
 best sequential write and read of the state's bytes (the better of a buffered write + fsync or cold read
 and O_DIRECT with several 64 MiB blocks in flight). The rows marked "old reference" repeat the snapshot
-and restore figures against the buffered write + fsync and the buffered cold read used before issue 26.
+and restore figures against the buffered write + fsync and the buffered cold read (the older references).
 `--breakdown` adds where the synchronous full snapshot's seconds go (serialize, hash, write,
 fsync: wall and CPU seconds per phase, medians), gathered by spotwarp_jupyter.engine.timings.
 """
@@ -164,7 +164,7 @@ def main() -> None:
             if rep < args.reps - 1:
                 shutil.rmtree(store)
         raw_w = median([x.best_write_s for x in limits])
-        old_w = median([x.buffered_write_s for x in limits])  # the reference before issue 26: buffered + fsync
+        old_w = median([x.buffered_write_s for x in limits])  # the older reference: buffered + fsync
         figures["raw_write_s"] = raw_w
         figures["buffered_write_s"] = old_w
         figures["direct_write_s"] = median([x.direct_write_s or float("nan") for x in limits])

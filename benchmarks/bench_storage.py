@@ -15,7 +15,7 @@ Two workloads: BENCH.md's reference notebook (many tensors: request latency coun
 array (few 64 MiB objects: bandwidth counts). The ratios are SpotWarp throughput over plain fsspec's best
 throughput on the same bytes (1.0 = as fast as the best plain transfer; the goal for a restore is at
 most 1.1x its time, a ratio of at least 0.91). The "one call" ratios against a single put/get (the
-reference before issue 26) follow. Medians of --reps repetitions.
+older reference) follow. Medians of --reps repetitions.
 
     python benchmarks/bench_storage.py --scale 0.1 --reps 3
 """

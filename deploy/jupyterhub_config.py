@@ -19,6 +19,9 @@ c.Spawner.environment.update({
     "SPOTWARP_RESTORE_ON_START": "auto",
     # files are backed up every 2 minutes when something changed; kernels snapshot themselves
     "SPOTWARP_BACKUP_INTERVAL": "2m",
+    # the final snapshot after SIGINT/SIGTERM fits the time a local spawner gives a stopping server
+    # (SIGINT, then SIGTERM after LocalProcessSpawner.interrupt_timeout, 10 s); on Kubernetes see values.yaml
+    "SPOTWARP_SHUTDOWN_GRACE": "10",
 })
 
 # Storage credentials and endpoint: name the hub's variables to pass on, never write secrets here.

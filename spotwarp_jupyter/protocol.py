@@ -36,6 +36,8 @@ NOTICE_REPLY = "spotwarp_notice_reply"
 RENAME_REQUEST = "spotwarp_rename_request"
 RENAME_REPLY = "spotwarp_rename_reply"
 PREEMPTION = "preemption"  # the safe-point reason of a notice's snapshot
+SERVER_REQUEST = "server request"  # the reason of a project snapshot's (Snapshot now, preStop) at a busy kernel
+NOTICE_REASONS = (PREEMPTION, SERVER_REQUEST)
 
 SNAPSHOT, STATUS, RESTORE = "snapshot", "status", "restore"
 KERNEL_REQUESTS = (SNAPSHOT, STATUS, RESTORE)
@@ -171,14 +173,15 @@ class NoticeRequest:
     request_id: str
     fatal: bool = True
     deadline: float | None = None  # wall-clock seconds
+    reason: str = PREEMPTION  # what the snapshot's message says it was taken for
 
     @classmethod
-    def new(cls, fatal: bool = True, deadline: float | None = None) -> "NoticeRequest":
-        return cls(new_request_id(), fatal, deadline)
+    def new(cls, fatal: bool = True, deadline: float | None = None, reason: str = PREEMPTION) -> "NoticeRequest":
+        return cls(new_request_id(), fatal, deadline, reason)
 
     def to_message(self) -> dict[str, Any]:
         """The control message's content."""
-        return {"request_id": self.request_id, "fatal": self.fatal, "deadline": self.deadline}
+        return {"request_id": self.request_id, "fatal": self.fatal, "deadline": self.deadline, "reason": self.reason}
 
     @classmethod
     def from_message(cls, content: Any) -> "NoticeRequest":
@@ -191,7 +194,11 @@ class NoticeRequest:
         if deadline is not None and (isinstance(deadline, bool) or not isinstance(deadline, (int, float))
                                      or not math.isfinite(deadline)):
             raise ProtocolError("a notice's deadline must be a time in seconds or null")
-        return cls(_request_id(content), fatal, None if deadline is None else float(deadline))
+        reason = content.get("reason", PREEMPTION)
+        if reason not in NOTICE_REASONS or (fatal and reason != PREEMPTION):
+            raise ProtocolError(f"a notice's reason must be one of {', '.join(NOTICE_REASONS)} (a fatal one: "
+                                f"{PREEMPTION})")
+        return cls(_request_id(content), fatal, None if deadline is None else float(deadline), reason)
 
 
 @dataclass(frozen=True)

@@ -1,6 +1,6 @@
 """No function of the package over ~60 lines: each readable whole.
 
-Modules have no size cap (issue 23): a module is as long as its concept needs, and one concept is never
+Modules have no size cap: a module is as long as its concept needs, and one concept is never
 cut into fragments to meet a number. A function kept larger goes in KEPT with a one-line reason.
 """
 

@@ -100,7 +100,16 @@ export function StatusView({ status, error, now }: IStatusViewProps): JSX.Elemen
           {kernels.map(k => (
             <li key={k.kernel_id}>
               {k.notebook || k.kernel_id}: {lastOf(k.last_snapshot, now)}
-              {k.execution_state === 'busy' && ' · busy: running a cell (it answers once the cell ends)'}
+              {k.execution_state === 'busy' &&
+                ' · busy: running a cell (a resumable loop answers at its next step, other cells when they end)'}
+              {k.newer && (
+                <div className="jp-SpotWarp-newer">
+                  The store holds newer state of this notebook than this kernel: snapshot {k.newer.id} (
+                  {k.newer.variables} variables, {formatAge(k.newer.created, now)}), taken before the kernel started
+                  and not restored into it. Run <code>%spotwarp restore latest</code> in the notebook to bring it
+                  back.
+                </div>
+              )}
             </li>
           ))}
         </ul>

@@ -167,9 +167,24 @@ export interface components {
                 last_snapshot: string | null;
                 /**
                  * @description The kernel's state as the server last heard it (busy while a cell runs, idle, starting); a busy
-                 *     kernel answers no request until its cell ends, and is not gone
+                 *     kernel answers at the next step of a `resumable` loop, else when its cell ends, and is not gone
                  */
                 execution_state: string | null;
+                /**
+                 * @description The notebook's newest stored kernel state when this kernel cannot hold it: stored before the
+                 *     kernel started, and the server did not restore the kernel from it (a kept home opened without a
+                 *     resume, a resume refused or off, a restarted kernel). `%spotwarp restore latest` in the notebook,
+                 *     or Restore in the panel, brings it back.
+                 */
+                newer: {
+                    id: string;
+                    /** @description When that snapshot was committed (ISO 8601, UTC) */
+                    created: string;
+                    /** @description Seconds since the state was taken */
+                    age_s: number;
+                    /** @description How many variables it holds */
+                    variables: number;
+                } | null;
             }[];
             /** @description Preemption watchers */
             watchers: components["schemas"]["Watcher"][];
@@ -198,9 +213,10 @@ export interface components {
                 [key: string]: string;
             };
             /**
-             * @description What the server restored into an empty workspace when it started (restore-on-start, on by
-             *     default under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`.
-             *     Null when nothing was restored at start.
+             * @description What the server restored when it started (`spotwarp start`, or restore-on-start, on by default
+             *     under JupyterHub): snapshot id, files and bytes restored, seconds taken, or `error`; `kept` true
+             *     when the workspace already held files (kept as they are, only missing ones restored: `files_kept`),
+             *     and `line`, the sentence the server's log holds. Null when nothing was restored at start.
              */
             start_restore?: {
                 [key: string]: unknown;

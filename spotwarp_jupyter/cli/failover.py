@@ -310,7 +310,7 @@ def _read_hosts(store: Any, ids: list[str], now: float) -> tuple[list[dict[str, 
             continue
         # the writer's clock against this one: for display only (the watch never decides on it)
         age_s = max(0.0, now - float(doc["time"]))
-        stale = age_s > stale_after(doc)  # not serving, whatever its last beat said ("silent": issue 24's name)
+        stale = age_s > stale_after(doc)  # not serving, whatever its last beat said ("silent")
         hosts.append({**doc, "age_s": round(age_s, 1), "stale": stale, "silent": stale})
     return hosts, unreadable
 

@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ..engine import ConfigError, ManifestError
+from ..engine import ConfigError, ManifestError, SpotWarpError
 from ..engine.coordination import Fence
 from ..engine.settings import resolve_setting
 from ..engine.units import format_duration, format_size
@@ -44,7 +44,7 @@ def cmd_restore(args: argparse.Namespace) -> int:
 
 
 def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool = False,
-             past_refused: bool = False) -> RestoreResult | None:
+             past_refused: bool = False, keep_existing: bool = False) -> RestoreResult | None:
     """`project.restore`, with a progress bar on a terminal once the snapshot is chosen.
 
     `past_refused` (a failover candidate, restoring `latest` unattended): a newer snapshot that fails its checks
@@ -62,7 +62,8 @@ def _restore(project: Project, ref: str, via: str, quiet: bool, files_only: bool
         return None
     bar = _ProgressBar(f"restoring {manifest.id}", enabled=False if quiet or project.workspace is None else None)
     try:
-        return project.restore(ref, via=via, files_only=files_only, chosen=manifest, progress=bar)
+        return project.restore(ref, via=via, files_only=files_only, chosen=manifest, progress=bar,
+                               keep_existing=keep_existing)
     finally:
         bar.close()
 
@@ -127,32 +128,11 @@ def cmd_start(args: argparse.Namespace) -> int:
     unsigned_ok = bool(getattr(args, "resume_unsigned", False)) or bool(resolve_setting("resume_unsigned"))
     started = time.perf_counter()
     summary: dict[str, Any] = {"workspace": workspace, "restored": None}
-    if not os.path.isdir(workspace) or not os.listdir(workspace):
-        # a standby candidate journals nothing (Project.restore): it writes nothing to the project
-        project = Project(engine, workspace, resume_unsigned=unsigned_ok)
-        result = _restore(project, args.snapshot, VIA_START, quiet=args.json, files_only=True,
-                          past_refused=args.candidate_id is not None)
-        if result is None:
-            print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
-        else:
-            summary["restored"] = start_restore_json(result)
-            trust = project.resume_trust(result.snapshot.id, args.snapshot) if result.snapshot.notebooks and \
-                not getattr(args, "no_resume", False) else None
-            if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
-                print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
-            elif key.line and not key.key:
-                print(f"spotwarp: {key.line}", file=sys.stderr)
-            if trust is not None:
-                summary["trust"] = trust.as_dict()
-            if not args.json:
-                print(_resumed_from(result))
-                print(_restore_summary(result))
-                if result.snapshot.notebooks and getattr(args, "no_resume", False):
-                    print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "
-                          f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
-                elif result.snapshot.notebooks and trust is not None and trust.allowed:
-                    print(f"kernels of {', '.join(result.snapshot.notebooks)} are started and restored by the server "
-                          "(docs/resume.md; --no-resume leaves that to you)")
+    kept = os.path.isdir(workspace) and bool(os.listdir(workspace))
+    if kept:
+        _start_kept(engine, workspace, args, unsigned_ok, summary)
+    else:
+        _start_fresh(engine, workspace, args, unsigned_ok, key, summary)
     os.makedirs(workspace, exist_ok=True)
     summary["prepared_s"] = round(time.perf_counter() - started, 3)
     if args.json:
@@ -163,6 +143,84 @@ def cmd_start(args: argparse.Namespace) -> int:
     if getattr(args, "resume_unsigned", False):
         env["SPOTWARP_RESUME_UNSIGNED"] = "true"  # the flag beats the variable and c.SpotWarp.resume_unsigned
     return _serve(args, workspace, env)
+
+
+def _start_fresh(engine: Any, workspace: str, args: argparse.Namespace, unsigned_ok: bool, key: Any,
+                 summary: dict[str, Any]) -> None:
+    """`spotwarp start` on a missing or empty workspace (a new host): the newest snapshot's files come back, said
+    with how old it is, and whether a key vouches for what the resume runs."""
+    # a store rolled back is never resumed unattended: Project.choose raises RolledBack for `latest`
+    # a standby candidate journals nothing (Project.restore): it writes nothing to the project
+    project = Project(engine, workspace, resume_unsigned=unsigned_ok)
+    result = _restore(project, args.snapshot, VIA_START, quiet=args.json, files_only=True,
+                      past_refused=args.candidate_id is not None)
+    if result is None:
+        print(f"spotwarp: project {engine.settings.project!r} has no snapshot yet: starting with an empty workspace")
+    else:
+        summary["restored"] = {**start_restore_json(result), "line": _resumed_from(result)[len("spotwarp: "):]}
+        trust = project.resume_trust(result.snapshot.id, args.snapshot) if result.snapshot.notebooks and \
+            not getattr(args, "no_resume", False) else None
+        if trust is not None and trust.line:  # unattended code no key vouches for: said before anything runs
+            print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
+        elif key.line and not key.key:
+            print(f"spotwarp: {key.line}", file=sys.stderr)
+        if trust is not None:
+            summary["trust"] = trust.as_dict()
+        if not args.json:
+            print(_resumed_from(result))
+            print(_restore_summary(result))
+            if result.snapshot.notebooks and getattr(args, "no_resume", False):
+                print(f"kernel state of {', '.join(result.snapshot.notebooks)} comes back when the notebook's "
+                      f"kernel runs `%load_ext spotwarp` then `%spotwarp restore`")
+            elif result.snapshot.notebooks and trust is not None and trust.allowed:
+                print(f"kernels of {', '.join(result.snapshot.notebooks)} are started and restored by the server "
+                      "(docs/resume.md; --no-resume leaves that to you)")
+
+
+def _start_kept(engine: Any, workspace: str, args: argparse.Namespace, unsigned_ok: bool,
+                summary: dict[str, Any]) -> None:
+    """`spotwarp start` on a workspace that already holds files: what came back and whether a key vouches for
+    what the resume runs go into `summary`, and are said in one line each."""
+    result = _kept_home_restore(engine, workspace, args, unsigned_ok)
+    if result is None:
+        return
+    summary["restored"] = {**start_restore_json(result), "kept": True, "line": _kept_line(result)}
+    if not args.json:
+        print(f"spotwarp: {summary['restored']['line']}")
+    if result.snapshot.notebooks and not getattr(args, "no_resume", False):
+        trust = Project(engine, workspace, resume_unsigned=unsigned_ok).resume_trust(result.snapshot.id, args.snapshot)
+        summary["trust"] = trust.as_dict()
+        if trust.line:
+            print(f"spotwarp: {'WARNING: ' if trust.allowed else ''}{trust.line}", file=sys.stderr)
+
+
+def _kept_home_restore(engine: Any, workspace: str, args: argparse.Namespace,
+                       unsigned_ok: bool) -> RestoreResult | None:
+    """A workspace that outlived its server (a kept home): its files stay as they are, only missing ones come
+    back, and the kernels resume from the newest snapshot. None (said in one line) when there is nothing to
+    resume from, or the store cannot be trusted to go on unattended: the workspace is then served as it is."""
+    try:
+        project = Project(engine, workspace, resume_unsigned=unsigned_ok)
+        result = _restore(project, args.snapshot, VIA_START, quiet=True, files_only=True,
+                          past_refused=args.candidate_id is not None, keep_existing=True)
+    except SpotWarpError as exc:
+        print(f"spotwarp: the workspace {workspace} already holds files; nothing resumed: {exc}", file=sys.stderr)
+        return None
+    if result is None:
+        print(f"spotwarp: the workspace {workspace} already holds files; project {engine.settings.project!r} has no "
+              "snapshot yet: serving it as it is")
+    return result
+
+
+def _kept_line(result: RestoreResult) -> str:
+    """One sentence for a kept workspace's start: what stayed, what came back, where the kernels come from."""
+    snap, files = result.snapshot, result.files
+    text = (f"the workspace {result.workspace} already holds files: kept as they are "
+            f"({files.files_kept if files else 0} on disk), {files.files_restored if files else 0} missing restored "
+            f"from snapshot {snap.id} ({snap.host}, {snap.created})")
+    if files is not None and files.server_state_skipped:
+        text += f"; {len(files.server_state_skipped)} files of Jupyter's own state left as they are"
+    return text + ("; kernels resume from the newest snapshot" if snap.notebooks else "")
 
 
 def _plain_start_fence(args: argparse.Namespace, engine: Any) -> Fence:
@@ -211,7 +269,8 @@ def _server_env(engine: Any, fence: Fence, workspace: str, started_at: float,
            "SPOTWARP_START_RESTORE": json.dumps(None if restored is None else {
                "snapshot": restored["id"], "duration_s": summary["prepared_s"],
                "files_restored": restored.get("files_restored"),
-               "bytes_restored": restored.get("bytes_restored"), "ref": summary.get("ref", "latest")}),
+               "bytes_restored": restored.get("bytes_restored"), "ref": summary.get("ref", "latest"),
+               "kept": bool(restored.get("kept")), "line": restored.get("line")}),
            **fence.env()}
     for name in ("SPOTWARP_CANDIDATE_ID", "SPOTWARP_GENERATION"):
         if not fence.candidate:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class SpotWarpError(Exception):
     """Base class: a failure the user should see as one clear line."""
@@ -26,6 +28,9 @@ class DamagedObjectError(SpotWarpError):
         self.object_id = object_id
         self.detail = detail
         super().__init__(f"object {object_id} is damaged: {detail}; the snapshot cannot be trusted (run `spotwarp verify`)")
+
+    def __reduce__(self) -> tuple[Any, tuple[str, str]]:
+        return type(self), (self.object_id, self.detail)  # raised again in another process (a rank's peers)
 
 
 class ManifestError(SpotWarpError):

@@ -114,12 +114,17 @@ def settle_key(project: str, storage: str, stored: Iterable[Any] | None,
         key = create_key(project, storage, env)
         return KeyState(key, "created", f"created a signing key for project {project!r} (key id {key_id(key)}) in "
                         f"{key_path(project, storage, env)}: `spotwarp key` shows how to carry it to another host")
-    return KeyState(None, "none", no_key_line(project, any(getattr(m, "signed", False) for m in snapshots)))
+    opted_in = env.get("SPOTWARP_RESUME_UNSIGNED", "").strip().lower() in ("1", "true", "yes", "on")
+    return KeyState(None, "none", no_key_line(project, any(getattr(m, "signed", False) for m in snapshots), opted_in))
 
 
-def no_key_line(project: str, signed: bool) -> str:
-    """Why a host without the project's key resumes no kernel, and what to do."""
+def no_key_line(project: str, signed: bool, opted_in: bool = False) -> str:
+    """Why a host without the project's key resumes no kernel, and what to do; or, opted in to resuming what no
+    key vouches for (`resume_unsigned`), that it does so."""
     what = "is signed" if signed else "has unsigned snapshots (written by a host without its key, or by someone else)"
+    if opted_in:
+        return (f"project {project!r} {what}, and this host has no key for it: WARNING: kernels resume all the same "
+                "(resume_unsigned), running code no key vouches for; set SPOTWARP_KEY to the project's key")
     return (f"project {project!r} {what}, and this host has no key for it: files are restored, no kernel is "
             "resumed; set SPOTWARP_KEY to the project's key (`spotwarp key` on a host that has it), or accept the "
             "risk with `spotwarp start --resume-unsigned`")

@@ -95,6 +95,12 @@ def _choose(listing: list[Manifest], keep: int) -> tuple[list[Manifest], list[Ma
         if newest in dropped:
             dropped.remove(newest)
             kept.append(newest)
+    # each collective loop's newest (docs/distributed.md): what its ranks continue from
+    for loop in {str(m.collective.get("name")) for m in listing if m.collective}:
+        newest = next(m for m in listing if m.collective and str(m.collective.get("name")) == loop)
+        if newest in dropped:
+            dropped.remove(newest)
+            kept.append(newest)
     # a variable that failed to restore is carried forward marked damaged: the snapshot that holds it stays
     holders = {str(info.get("from")) for m in kept for record in m.kernels.values() if isinstance(record, dict)
                for info in (record.get("damaged") or {}).values() if isinstance(info, dict)}

@@ -71,5 +71,15 @@ def check_record(doc: Any, key: bytes | None, project: str, name: str) -> dict[s
         return body
     if signer is not None and signer != key_id(key):
         raise RecordRefused(f"{name} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
-                            "refusing it; use the same SPOTWARP_KEY on every host of the project")
+                            f"refusing it; {key_advice()}")
     raise RecordRefused(f"{name} was altered after it was signed, or signed for another name: refusing it")
+
+
+def key_advice() -> str:
+    """What to do about a record signed with another key: one key per project, or, under JupyterHub (where the
+    hub derives each user's key), that only the user's own servers' records load."""
+    user = os.environ.get("JUPYTERHUB_USER")
+    if user:
+        return (f"under JupyterHub each user's servers sign with that user's own key, so only {user}'s own "
+                "snapshots load here")
+    return "use the same SPOTWARP_KEY on every host of the project"

@@ -526,9 +526,12 @@ class SnapshotEngine:
                               **(extra_stats or {})}
             return self._commit(lock, manifest, started)
 
-    def restore_files(self, manifest: Manifest, workspace: str, progress: Progress | None = None) -> FileRestoreReport:
-        """Bring the snapshot's files back into `workspace` (checked, verified, never outside it)."""
-        return restore_files(self.store, manifest.files or {}, workspace, progress=progress)
+    def restore_files(self, manifest: Manifest, workspace: str, progress: Progress | None = None,
+                      keep_existing: bool = False) -> FileRestoreReport:
+        """Bring the snapshot's files back into `workspace` (checked, verified, never outside it); `keep_existing`:
+        only those missing there."""
+        return restore_files(self.store, manifest.files or {}, workspace, progress=progress,
+                             keep_existing=keep_existing)
 
     # -- maintenance --------------------------------------------------------------------------
     def verify(self, ref: str | None = None) -> VerifyReport:

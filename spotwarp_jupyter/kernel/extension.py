@@ -5,7 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from .. import safepoints
-from ..training import register_state_providers
+from ..engine import SnapshotEngine
+from ..training import collective, register_state_providers
 from ..training.resumable import on_resume as resume_hooks
 from . import access_hook, banner_tip, notices
 from . import comm as comm_target
@@ -39,6 +40,8 @@ def load_ipython_extension(ipython) -> None:
     comm_target.register()
     _idle["loop"] = getattr(getattr(ipython, "kernel", None), "io_loop", None)
     notices.install(ipython)  # preemption notices and renames reach the kernel even while a cell runs
+    collective.engine_factory = lambda: _ranks_engine(magics.session)
+    collective.after_first_commit = lambda manifest: _record_launching_cell(magics.session, manifest)
     if getattr(ipython, "kernel", None) is not None:
         named = notebook_from_server()  # read after install: a rename from now on is heard, one before is here
         if named:
@@ -54,6 +57,28 @@ def load_ipython_extension(ipython) -> None:
                 _show_widget(magics)
 
             ipython.events.register("pre_run_cell", first_cell)
+
+
+def _ranks_engine(session: Any) -> SnapshotEngine:
+    """In a torch.distributed rank this kernel forked: an engine of its own on the kernel's project, storage, key
+    and fence (the kernel's engine, its locks and threads, are not the rank's to use)."""
+    parent = session._engine
+    if parent is None:
+        return SnapshotEngine(session.settings)
+    return SnapshotEngine(session.settings, key=parent.key, fence=parent.fence)
+
+
+def _record_launching_cell(session: Any, manifest: Any) -> None:
+    """In rank 0 of ranks a cell forked, after their first collective snapshot: commit this kernel's variables as
+    they were at the fork (the cell is still blocked launching) with that cell as running at a loop's step, so an
+    unattended resume on a new host runs it again and the ranks continue from their snapshot (docs/distributed.md).
+    Rank 0's own random states are not the kernel's: they are left out."""
+    if session.running is None:
+        return
+    extras = {name: value for name, value in session.extras().items() if name != "rng"}
+    engine = _ranks_engine(session)
+    engine.snapshot_kernel(session.namespace, session.notebook, f"launching cell of {manifest.collective.get('name')!r}",
+                           session.hidden, session.capture_options(), extras, annotations=session.annotations("step"))
 
 
 def _in_a_cell(ipython) -> bool:
@@ -180,5 +205,6 @@ def unload_ipython_extension(ipython) -> None:
     cell_outputs.uninstall(ipython, magics.session.outputs)
     comm_target.unregister()
     notices.uninstall(ipython)
+    collective.engine_factory = collective.after_first_commit = None
     banner_tip.uninstall()
     session_module.set_current(None)

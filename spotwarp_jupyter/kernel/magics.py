@@ -14,7 +14,7 @@ from ..engine import Settings, SpotWarpError
 from ..engine.settings import AUTO, LOCATION, POLICY, configured, resolve_settings
 from ..engine.settings import every as parse_every
 from ..engine.units import format_duration, format_size, parse_duration, parse_size
-from ..service.wire import kernel_status_text
+from ..service.wire import kernel_status_text, newer_snapshot_line
 from . import session as session_module
 from .policy import Policy
 from .session import KernelSession
@@ -130,7 +130,14 @@ class SpotWarpMagics(Magics):
     # -- subcommands --------------------------------------------------------------------------
     def _do_status(self, rest: str) -> None:
         self._no_args("status", rest)
-        print(kernel_status_text(self.session.status_record()))
+        text = kernel_status_text(self.session.status_record())
+        from ..widget.status import newer_snapshot  # the widget's offer; loaded only when asked
+
+        try:  # a kept home or --no-resume: the store may hold newer state of this notebook than the kernel
+            newer = newer_snapshot(self.session)
+        except SpotWarpError:
+            newer = None  # the store unreadable now: the status says the rest
+        print(text + ("\n" + newer_snapshot_line(newer) if newer else ""))
 
     @magic_arguments()
     @argument("--every", help="a fixed interval between automatic snapshots, e.g. 30s, 5m, 1h; auto: adapted")
@@ -221,7 +228,7 @@ class SpotWarpMagics(Magics):
         took = time.perf_counter() - started
         source = self.session.source_notebook(manifest)
         whose = "" if source == self.session.notebook else f"notebook {source!r}, "
-        # a short summary line first, then the details one per line (issue 24: not one long sentence)
+        # a short summary line first, then the details one per line (not one long sentence)
         print(f"SpotWarp restored {len(result.restored)} variables from {manifest.id} "
               f"({whose}{manifest.host}, {manifest.created_iso}) in {format_duration(took)}")
         if result.restored:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import time
 from typing import Any
 
@@ -33,6 +34,7 @@ from ..protocol import (
     one_line,
     rename_answer,
 )
+from ..training.collective import NOTICE_FILE_ENV
 from . import session as session_module
 
 log = logging.getLogger("spotwarp")
@@ -55,11 +57,41 @@ def _on_notice(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> No
     # the next snapshot names the request's id: the server finds exactly the snapshot it asked for
     session.answer_with_next_snapshot(notice.request_id)
     answer = NoticeAnswer(notice.request_id, True, requested_at, session.notebook, session.in_flight is not None)
-    safepoints.request(PREEMPTION)
+    safepoints.request(notice.reason)
+    _relay_to_ranks(notice.request_id)
     # an idle kernel reaches no safe point by itself: run one on the main thread between messages;
     # in a busy kernel this runs after the cell, by when the request was taken at a step or the cell's end
     kernel.io_loop.add_callback(safepoints.reached, "notice")
     kernel.session.send(stream, NOTICE_REPLY, answer.to_message(), msg, idents)
+
+
+def _relay_to_ranks(request_id: str) -> None:
+    """Workers this kernel forked (torch.distributed ranks in a `resumable` loop with `state`) watch a file
+    named in their environment: rewriting it is a notice, which all of them take at the same step."""
+    path = os.environ.get(NOTICE_FILE_ENV)
+    if not path:
+        return
+    try:
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(request_id)
+    except OSError as exc:
+        log.warning("SpotWarp: the notice could not be relayed to this kernel's training ranks: %s", exc)
+
+
+def _notice_file() -> str:
+    """This kernel's notice file for its ranks, none yet: beside its connection file, else in the temporary folder."""
+    try:
+        from ipykernel.connect import get_connection_file
+
+        folder = os.path.dirname(get_connection_file())
+    except (ImportError, RuntimeError):
+        folder = tempfile.gettempdir()
+    path = os.path.join(folder, f"spotwarp-notice-{os.getpid()}")
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+    return path
 
 
 def _on_rename(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> None:
@@ -147,6 +179,7 @@ def install(ipython: Any) -> bool:
         return False
     handlers[NOTICE_REQUEST] = lambda stream, idents, msg: _on_notice(kernel, stream, idents, msg)
     handlers[RENAME_REQUEST] = lambda stream, idents, msg: _on_rename(kernel, stream, idents, msg)
+    os.environ[NOTICE_FILE_ENV] = _notice_file()  # inherited by the processes the kernel starts
     _mark_loaded(True)
     return True
 
@@ -158,6 +191,12 @@ def uninstall(ipython: Any) -> None:
         handlers.pop(NOTICE_REQUEST, None)
         handlers.pop(RENAME_REQUEST, None)
         _mark_loaded(False)
+    path = os.environ.pop(NOTICE_FILE_ENV, None)
+    if path:
+        try:
+            os.remove(path)
+        except OSError:
+            pass
 
 
 def _mark_loaded(loaded: bool) -> None:

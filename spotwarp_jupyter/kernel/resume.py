@@ -17,8 +17,9 @@ from .session import current
 _outcome: dict[str, Any] = {}
 
 
-def restore_for_resume(ref: str = "latest") -> None:
-    """Restore `ref` (the notebook's newest snapshot for `latest`) into this kernel; remember what it said."""
+def restore_for_resume(ref: str = "latest", warning: str | None = None) -> None:
+    """Restore `ref` (the notebook's newest snapshot for `latest`) into this kernel; remember what it said.
+    `warning`: the server's, when it resumes code no key vouches for (opted in): said with the kernel's line."""
     global _outcome
     try:
         session = current()
@@ -34,7 +35,7 @@ def restore_for_resume(ref: str = "latest") -> None:
                 "created_ts": manifest.created, "notebook": session.notebook, "at": record.get("at"), "running": record.get("running"),
                 "positions": record.get("positions") or {}, "resume": session.policy.resume,
                 "restored": len(result.restored), "warnings": list(result.warnings),
-                "damaged": sorted(record.get("damaged") or {})}
+                "damaged": sorted(record.get("damaged") or {}), "warning": warning}
     session.resumed = resumed_facts(_outcome)
     running = record.get("running") if isinstance(record.get("running"), dict) else {}
     if isinstance(running.get("outputs"), list):  # what the cell printed up to the snapshot leads its run again
@@ -54,6 +55,8 @@ def resumed_facts(outcome: dict[str, Any]) -> dict[str, Any]:
     else:
         line += (f": cell {running.get('id')} was interrupted outside a resumable loop and is not run again (run it, "
                  f"or click 'Run cell {running.get('id')}' in the SpotWarp panel)")
+    if outcome.get("warning"):
+        line += f"; WARNING: {outcome['warning']}"
     return {"snapshot": outcome["snapshot"], "positions": dict(outcome["positions"]),
             "cell": None if running is None else running.get("id"), "rerun": rerun, "line": line}
 

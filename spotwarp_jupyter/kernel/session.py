@@ -10,6 +10,7 @@ flight are taken at the next safe point. What a snapshot reuses is increments.py
 from __future__ import annotations
 
 import logging
+import secrets
 import threading
 import time
 from types import ModuleType
@@ -101,6 +102,7 @@ class KernelSession:
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
         self._lock = threading.RLock()
+        self.run_id = secrets.token_hex(6)  # this kernel's run: its records' `state_at` compare with each other
 
     @property
     def full_every(self) -> int:
@@ -143,9 +145,12 @@ class KernelSession:
     def annotations(self, at: str = "call") -> dict[str, Any]:
         """What a snapshot's kernel record says of this kernel beyond its variables (docs/design.md): the
         notebook's former names, the policy (a restored kernel keeps it), training positions (the widget's offer),
-        the cell running when it was taken and where (`at`: `step` of a resumable loop, `cell` end, other `call`)."""
+        the cell running when it was taken and where (`at`: `step` of a resumable loop, `cell` end, other `call`),
+        and the instant of the state in this kernel's run (`state_at`, `kernel_run`: one of its records committed
+        later may hold older state, see engine/manifests/manifest.py's newest_kernel_records)."""
         running = self.running
-        return {"aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
+        return {"state_at": time.time(), "kernel_run": self.run_id,
+                "aliases": sorted(set(self.aliases) - {self.notebook}), "policy": self.policy.as_dict(),
                 "positions": resumable_positions(),
                 "cells": [{"id": cell_id, "source": source} for cell_id, source in list(self.cells_run.items())],
                 "running": None if running is None else self._running_record(running),
@@ -424,6 +429,7 @@ class KernelSession:
         self._flight_done.set()
         self._deferred: list[str] = []
         self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
+        self._flight_requests: list[str] = []  # those the snapshot in flight answers
         self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
         self.started_at = time.time()
         self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
@@ -476,6 +482,7 @@ class KernelSession:
                                            annotations=annotations, cut=cut)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
+            self._flight_requests = list(requests or [])
             try:
                 self.in_flight = start(commit, self.namespace, self.hidden, options,
                                        self.extras, on_done=self._background_done, reuse=plan, urgent=urgent)
@@ -506,6 +513,8 @@ class KernelSession:
                 self.increments.remember(manifest, self.name_in(manifest))
                 self._committed(manifest)
             else:
+                # its requests (a notice, a server's request) are answered by the next snapshot instead
+                self._requests[:0] = self._flight_requests
                 self.last_error = (result.error if result else None) or "background snapshot failed"
                 if self.last_error.startswith(StaleBaseline.__name__):
                     self.increments.baseline = None

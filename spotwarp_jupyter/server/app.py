@@ -21,12 +21,15 @@ from .async_project import AsyncProject
 from .handlers import handlers
 from .heartbeat import Heartbeat
 from .hub import FRESH_WORKSPACE_NAMES, HubIdentity, restore_mode, restore_on_start, shared_prefix_warning
+from .kernel_link import untrack_control_requests
 from .listings import list_through_renames
 from .renames import follow_renames
 from .resume import Resumer
 from .saved_widgets import drop_widget_views
 from .warm_kernels import WarmKernels
 from .watchers import PreemptionResponder, start_watchers
+
+KERNEL_ACTIONS = "https://events.jupyter.org/jupyter_server/kernel_actions/v1"  # jupyter_server's kernel events
 
 
 def _shown(value: Any) -> str | None:
@@ -120,6 +123,20 @@ class SpotWarp(Configurable):
                                 defaults={"workspace": root_dir})
 
 
+def _into_server_log(server_log: Any) -> None:
+    """SpotWarp's own logger writes through the server log's handlers: its lines get their time and level."""
+    import logging
+
+    spotwarp = logging.getLogger("spotwarp")
+    handlers = getattr(server_log, "handlers", None) or []
+    if spotwarp.handlers or not handlers:
+        return
+    for handler in handlers:
+        spotwarp.addHandler(handler)
+    if spotwarp.level == logging.NOTSET:
+        spotwarp.setLevel(logging.INFO)
+
+
 class SpotWarpApp(ExtensionApp):
     """Serves `{base_url}spotwarp/api/` and backs the workspace up while JupyterLab runs."""
 
@@ -134,6 +151,8 @@ class SpotWarpApp(ExtensionApp):
         # traitlets has already typed its value into the trait
         given = getattr(serverapp, "cli_config", {}).get("SpotWarp", {})
         flags = {name: getattr(config, name) for name in given if name in SETTINGS}
+        server_log = getattr(serverapp, "log", self.log)
+        _into_server_log(server_log)
         try:
             settings = config.resolve(flags, serverapp.root_dir)
             workspace = settings.workspace
@@ -152,28 +171,47 @@ class SpotWarpApp(ExtensionApp):
         if warning:
             self.log.warning("SpotWarp: %s", warning)
         # a new pod after a preemption: the user's files are back before anything is served
-        start_restore = restore_on_start(engine, workspace, mode, identity,
-                                         config.fresh_workspace_names)
+        start_restore = restore_on_start(engine, workspace, mode, identity, config.fresh_workspace_names,
+                                         server_log, resume_unsigned=bool(config.resume_unsigned))
+        started = self._host_info_restore()
+        if start_restore is None and started is not None:  # what `spotwarp start` restored, in status and the log
+            start_restore = {"restored": True, "id": started.get("snapshot"), "kept": bool(started.get("kept")),
+                             **{k: started[k] for k in ("files_restored", "bytes_restored", "duration_s", "line")
+                                if started.get(k) is not None}}
+            if started.get("line"):
+                server_log.info("SpotWarp start restore: %s", started["line"])
         self.service = AsyncProject(engine, workspace, serverapp.root_dir,
                                       serverapp.kernel_manager, serverapp.session_manager, config.kernel_timeout)
         self.service.project.resume_unsigned = bool(config.resume_unsigned)
+        untrack_control_requests(serverapp.kernel_manager)
         self.service.trust.update(key_id=key_id(key.key) if key.key else None, line=None if key.key else key.line)
+        self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
+        self._hook_into_server(settings, config)
+        self._backup_task: asyncio.Task | None = None
+        self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
+                      self.service.workspace)
+
+    def _hook_into_server(self, settings: Settings, config: SpotWarp) -> None:
+        """What the server and its kernels share with SpotWarp: the environment kernels inherit, kernel events,
+        renames, listings and saves."""
         # kernels inherit the server's environment: they snapshot into the same project, and name their
         # notebook relative to the same workspace
         os.environ.update({"SPOTWARP_PROJECT": settings.project, "SPOTWARP_STORAGE": settings.storage,
                            "SPOTWARP_WORKSPACE": self.service.workspace})
-        self.settings.update({"spotwarp": self.service, "spotwarp_start_restore": start_restore})
+        if config.resume_unsigned:  # the kernels say they were resumed opted in, whatever set it
+            os.environ["SPOTWARP_RESUME_UNSIGNED"] = "true"
+        # which kernels started after their notebook's stored state, and were not restored (GET status `newer`)
+        events = getattr(self.serverapp, "event_logger", None)
+        if events is not None:
+            events.add_listener(schema_id=KERNEL_ACTIONS, listener=self.service.kernel_action)
         # a renamed or moved notebook: its kernel learns the new name (its snapshots stay its own)
-        follow_renames(serverapp.session_manager, serverapp.kernel_manager, self.service.notebook_of)
+        follow_renames(self.serverapp.session_manager, self.serverapp.kernel_manager, self.service.notebook_of)
         # a folder listed while a file in it is renamed (a first save) is listed, never "Directory not found"
-        list_through_renames(serverapp.contents_manager)
+        list_through_renames(self.serverapp.contents_manager)
         # a saved notebook keeps the status widget as text: reopened, it shows no "model not found"
-        register = getattr(serverapp.contents_manager, "register_pre_save_hook", None)
+        register = getattr(self.serverapp.contents_manager, "register_pre_save_hook", None)
         if register is not None:
             register(drop_widget_views)
-        self._backup_task: asyncio.Task | None = None
-        self.log.info("SpotWarp: project %s, storage %s, workspace %s", settings.project, settings.storage,
-                      self.service.workspace)
 
     def initialize_handlers(self) -> None:
         self.handlers.extend(handlers())
@@ -211,6 +249,19 @@ class SpotWarpApp(ExtensionApp):
         hub = self.settings.get("spotwarp_start_restore") or {}
         return restored.get("snapshot") or (hub.get("id") if hub.get("restored") else None)
 
+    def _host_info_restore(self) -> dict | None:
+        """What `spotwarp start` restored (SPOTWARP_START_RESTORE), None when it restored nothing or is unknown."""
+        try:
+            restored = json.loads(os.environ.get("SPOTWARP_START_RESTORE") or "null")
+        except ValueError:
+            return None
+        return restored if isinstance(restored, dict) else None
+
+    def _kept_home(self) -> bool:
+        """Whether the files the resume starts from were a kept workspace's (only missing ones restored)."""
+        hub = self.settings.get("spotwarp_start_restore") or {}
+        return bool((self._host_info_restore() or {}).get("kept") or (hub.get("restored") and hub.get("kept")))
+
     def _start_resume(self, caught_up: str | None = None, gate: asyncio.Event | None = None) -> None:
         """A new host: files were restored at start, so resume the notebooks' kernels (server/resume.py).
 
@@ -227,7 +278,7 @@ class SpotWarpApp(ExtensionApp):
             return
         self._resume_task = asyncio.ensure_future(
             Resumer(self.service, self.serverapp, gate, getattr(self, "_warm", None)).resume(
-                snapshot, restored.get("ref") or "latest"))
+                snapshot, restored.get("ref") or "latest", kept=self._kept_home() and not caught_up))
 
     def _host_info(self, serverapp) -> dict:
         """What the heartbeat says of this server: where it listens, when `spotwarp start` began, what it restored."""

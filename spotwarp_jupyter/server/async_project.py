@@ -12,6 +12,7 @@ import contextlib
 import dataclasses
 import logging
 import os
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any, AsyncIterator, Callable, TypeVar
@@ -20,7 +21,7 @@ from .. import __version__
 from ..engine import Manifest, SnapshotEngine
 from ..engine.coordination import FENCED, SERVING, STANDBY, WRITERS, Fenced
 from ..engine.errors import SpotWarpError
-from ..protocol import KernelRequest
+from ..protocol import SERVER_REQUEST, KernelRequest, NoticeAnswer, NoticeRequest
 from ..service import (
     VIA_REST,
     KernelAnswer,
@@ -32,10 +33,12 @@ from ..service import (
     ServerFacts,
     SnapshotSummary,
 )
-from .kernel_link import KernelUnavailable, ask_kernel
+from .kernel_link import KernelUnavailable, ask_kernel, request_safe_point_snapshot, snapshot_answering
 
 log = logging.getLogger("spotwarp")
 T = TypeVar("T")
+CONTROL_TIMEOUT_S = 2.0  # a kernel answers a control request at once, even while a cell runs
+POLL_S = 0.1  # how often the store is read for a requested kernel snapshot
 
 
 class ServerStopping(SpotWarpError):
@@ -65,6 +68,11 @@ class AsyncProject:
         # this host's key (key_id, or the line saying it has none) and its resume's trust (engine/keys.py)
         self.trust: dict[str, Any] = {"key_id": None, "line": None}
         self.resumer: Any = None  # the Resumer of this host's resume, once one began (POST resume/run)
+        # kernel id -> when this server started or restarted it, and -> the snapshot it restored it from:
+        # whether a kernel can hold its notebook's stored state (GET status `newer`)
+        self.kernel_started: dict[str, float] = {}
+        self.restored_from: dict[str, str] = {}
+        self.resuming: set[str] = set()  # notebooks whose kernels the resume is restoring now
         self.journal = self.project.journal  # one reader: each event is fetched once per server
         self.heartbeat: Any = None  # server/heartbeat.Heartbeat: this host's role under the failover lease
         # a restore holds one worker while the kernels it asks answer: room for status and snapshots meanwhile
@@ -169,7 +177,10 @@ class AsyncProject:
     # -- REST operations ----------------------------------------------------------------------
     async def status(self) -> tuple[ProjectStatus, ServerFacts]:
         """The project with its report and live kernels, and what this server knows of itself."""
-        live = [LiveKernel(k["kernel_id"], k["notebook"], execution_state=self.execution_state(k["kernel_id"]))
+        resumed = {e["kernel_id"]: e["snapshot"] for e in self.resumed if e.get("kernel_id") and e.get("snapshot")}
+        live = [LiveKernel(k["kernel_id"], k["notebook"], execution_state=self.execution_state(k["kernel_id"]),
+                           started_at=None if k["notebook"] in self.resuming else self.kernel_started.get(k["kernel_id"]),
+                           restored_from=self.restored_from.get(k["kernel_id"]) or resumed.get(k["kernel_id"]))
                 for k in await self.live_kernels()]
         status = await self.run(self.project.status, 0, True, live)
         failover = self.heartbeat.describe() if self.heartbeat is not None else \
@@ -185,10 +196,17 @@ class AsyncProject:
                        lock_timeout: float | None = None) -> Manifest | None:
         """One project snapshot: every live kernel snapshots itself, then files, then one commit naming all.
 
-        `collected` (kernel id -> `{"id", "notebook"}` it committed, or why not) replaces asking the kernels: a
-        preemption notice gathers them at safe points. `lock_timeout` bounds the wait for other work in progress.
+        A kernel running a cell is asked through its control channel and snapshots at its next safe point (a
+        `resumable` step), so the answer never waits for the cell's end; that wait holds no lock, so a notice's
+        final snapshot is never held up by it. `collected` (kernel id -> `{"id", "notebook"}` it committed, or
+        why not) replaces asking the kernels: a preemption notice gathers them at safe points. `lock_timeout`
+        bounds the wait for other work in progress.
         """
         await self.check_fence()
+        busy: dict[str, Any] = {}
+        if collected is None and ask_kernels:
+            busy = await self._at_next_safe_point([k for k in await self.live_kernels()
+                                                   if self.execution_state(k["kernel_id"]) == "busy"])
         async with self._exclusive(lock_timeout):
             if not self.promotion_committed.is_set():
                 raise PromotionInProgress("promotion in progress: this host's files are not caught up yet; "
@@ -196,12 +214,16 @@ class AsyncProject:
             live = await self.live_kernels()
             if collected is not None:
                 answers = [collected.get(k["kernel_id"], "started after the notice") for k in live]
+            elif ask_kernels:
+                idle = [k for k in live if k["kernel_id"] not in busy]
+                asked = dict(zip((k["kernel_id"] for k in idle),
+                                 await self._ask_all(idle, KernelRequest.snapshot_now(message))))
+                answers = [busy[k["kernel_id"]] if k["kernel_id"] in busy else asked[k["kernel_id"]] for k in live]
             else:
-                answers = await self._ask_all(live, KernelRequest.snapshot_now(message)) if ask_kernels \
-                    else ["not asked"] * len(live)
-            asked = ask_kernels or collected is not None
+                answers = ["not asked"] * len(live)
+            asked_any = ask_kernels or collected is not None
             kernels = [KernelAnswer(k["kernel_id"], a["notebook"], committed=a["id"]) if isinstance(a, dict)
-                       else KernelAnswer(k["kernel_id"], k["notebook"], error=a, asked=asked)
+                       else KernelAnswer(k["kernel_id"], k["notebook"], error=a, asked=asked_any)
                        for k, a in zip(live, answers)]
             try:
                 manifest = await self.run(self.project.snapshot, message, kernels, only_if_changed)
@@ -210,6 +232,32 @@ class AsyncProject:
                 raise
             self.last_error = None
             return manifest
+
+    async def _at_next_safe_point(self, kernels: list[dict[str, Any]]) -> dict[str, Any]:
+        """Busy kernels (a cell running) snapshot at their next safe point, asked on the control channel:
+        kernel id -> `{"id", "notebook"}` of that snapshot, or why none came within `kernel_timeout`."""
+        if not kernels:
+            return {}
+        request = NoticeRequest.new(fatal=False, reason=SERVER_REQUEST)
+        acks = await asyncio.gather(*(request_safe_point_snapshot(self.kernel_manager, k["kernel_id"],
+                                                                  CONTROL_TIMEOUT_S, request) for k in kernels))
+        out: dict[str, Any] = {k["kernel_id"]: ack for k, ack in zip(kernels, acks) if isinstance(ack, str)}
+        waiting = {k["kernel_id"]: ack for k, ack in zip(kernels, acks) if isinstance(ack, NoticeAnswer)}
+        deadline = asyncio.get_running_loop().time() + self.kernel_timeout
+        while waiting:
+            manifests = await self.run(self.engine.manifests)
+            for kernel_id, ack in list(waiting.items()):
+                found = snapshot_answering(manifests, ack, request.request_id)
+                if found is not None:
+                    out[kernel_id] = {"id": found.id, "notebook": ack.notebook}
+                    del waiting[kernel_id]
+            if not waiting or asyncio.get_running_loop().time() >= deadline:
+                break
+            await asyncio.sleep(POLL_S)
+        for kernel_id in waiting:
+            out[kernel_id] = f"no snapshot at a safe point within {self.kernel_timeout:g} s (a cell without " \
+                             "resumable steps?)"
+        return out
 
     @contextlib.asynccontextmanager
     async def _exclusive(self, timeout: float | None = None) -> AsyncIterator[None]:
@@ -243,6 +291,9 @@ class AsyncProject:
     async def _restore_kernels(self, notebooks: frozenset[str], snapshot: str) -> list[KernelRestore]:
         live = [k for k in await self.live_kernels() if k["notebook"] in notebooks]
         answers = await self._ask_all(live, KernelRequest.restore_now(snapshot))
+        for k, a in zip(live, answers):
+            if isinstance(a, dict) and a.get("id"):
+                self.restored_from[k["kernel_id"]] = a["id"]
         return [KernelRestore(k["kernel_id"], k["notebook"], a.get("id"), a.get("restored", []), a.get("warnings", []))
                 if isinstance(a, dict) else KernelRestore(k["kernel_id"], k["notebook"], error=a)
                 for k, a in zip(live, answers)]
@@ -262,3 +313,17 @@ class AsyncProject:
             except Exception as exc:  # noqa: BLE001 - the loop keeps going; status shows the error
                 log.warning("SpotWarp: automatic backup failed: %s", exc)
 
+    async def kernel_action(self, logger: Any = None, schema_id: str = "", data: Any = None) -> None:
+        """jupyter_server's kernel_actions event (jupyter_events calls listeners with these keywords): a kernel
+        started or restarted holds none of the state before."""
+        if not isinstance(data, dict):
+            return
+        kernel_id = data.get("kernel_id")
+        if data.get("status") != "success" or not kernel_id:
+            return
+        if data.get("action") in ("start", "restart"):
+            self.kernel_started[kernel_id] = time.time()
+            self.restored_from.pop(kernel_id, None)
+        elif data.get("action") == "shutdown":
+            self.kernel_started.pop(kernel_id, None)
+            self.restored_from.pop(kernel_id, None)

@@ -3,7 +3,8 @@
 - who the hub says this server belongs to (`JUPYTERHUB_USER`, `JUPYTERHUB_SERVER_NAME`);
 - a warning when every user would share one storage prefix;
 - restore-on-spawn: a fresh server (its workspace empty, as on a new pod after a preemption) gets the
-  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does;
+  user's newest workspace snapshot back before it serves anything, as `spotwarp start` does; a kept home
+  keeps its files and gets back only missing ones; the kernels resume in both;
 - an authorizer for shared servers: people the owner shares the server with may look (files, kernels,
   SpotWarp's snapshots) but not run code, change files, or take or restore snapshots, unless the hub
   granted them that action in custom scopes.
@@ -76,29 +77,58 @@ def restore_mode(value: str) -> str:
 
 
 def restore_on_start(engine: SnapshotEngine, workspace: str, mode: str, identity: HubIdentity | None,
-                     ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES) -> dict[str, Any] | None:
-    """Restore the newest snapshot holding files into a fresh workspace; what happened, for `GET status`.
+                     ignorable: Iterable[str] = FRESH_WORKSPACE_NAMES,
+                     logger: logging.Logger | None = None, resume_unsigned: bool | None = None) -> dict[str, Any] | None:
+    """Restore the newest snapshot holding files at start; what happened, for `GET status` (`line`: one sentence,
+    also logged through `logger`, the server's log).
 
-    `auto` restores only under JupyterHub (a plain server has `spotwarp start` for this). A failure is
-    reported, never raised: the server still starts so the user can look and retry from the panel.
+    A fresh workspace gets the snapshot's files. A kept one (a home volume that outlived the server) keeps every
+    file it holds as it is, newer than any snapshot, and gets back only what is missing (`kept`); in both, the
+    kernels resume from the newest snapshot. `auto` restores only under JupyterHub (a plain server has
+    `spotwarp start` for this). A failure is reported, never raised: the server still starts so the user can look
+    and retry from the panel. `resume_unsigned`: the server's resolved opt-in (None: from the environment).
     """
+    logger = logger or log
     if mode == "never" or (mode == "auto" and identity is None):
+        if identity is not None:
+            logger.info("SpotWarp start restore: off (restore_on_start = never): the workspace is served as it is")
         return None
-    if not workspace_is_fresh(workspace, ignorable):
-        return {"restored": False, "reason": "the workspace already holds files"}
+    kept = not workspace_is_fresh(workspace, ignorable)
     try:
-        result = Project(engine, workspace).restore("latest", via=VIA_HUB, files_only=True)
+        result = Project(engine, workspace, resume_unsigned=resume_unsigned).restore(
+            "latest", via=VIA_HUB, files_only=True, keep_existing=kept)
     except Exception as exc:  # noqa: BLE001 - the server must come up; status shows the error
-        log.error("SpotWarp: restoring the workspace at start failed: %s", exc)
-        return {"restored": False, "error": f"{type(exc).__name__}: {exc}"}
+        line = f"restoring the workspace at start failed: {type(exc).__name__}: {exc}"
+        logger.error("SpotWarp start restore: %s", line)
+        return {"restored": False, "kept": kept, "error": f"{type(exc).__name__}: {exc}", "line": line}
     if result is None:
-        return {"restored": False, "reason": f"project {engine.settings.project!r} has no snapshot with files yet"}
-    files, snap = result.files, result.snapshot
-    log.info("SpotWarp: restored %d files (%d bytes) into %s from snapshot %s (%s, %s)",
-             files.files_restored if files else 0, files.bytes_restored if files else 0, workspace, snap.id,
-             snap.host, snap.created)
-    return hub_restore_json(result)
+        line = f"project {engine.settings.project!r} has no snapshot with files yet" + (
+            ": the workspace's files are served as they are" if kept else ": starting with an empty workspace")
+        logger.info("SpotWarp start restore: %s", line)
+        return {"restored": False, "kept": kept, "reason": line, "line": line}
+    answer = {**hub_restore_json(result), "kept": kept}
+    answer["line"] = start_restore_line(answer, workspace)
+    logger.info("SpotWarp start restore: %s", answer["line"])
+    return answer
 
+
+def start_restore_line(restored: Mapping[str, Any], workspace: str) -> str:
+    """One sentence for a start's restore (`hub_restore_json` with `kept`): what came back, what stayed."""
+    where = f"snapshot {restored.get('id')} ({restored.get('host')}, {restored.get('created')})"
+    if restored.get("kept"):
+        text = (f"the workspace {workspace} already holds files: kept as they are ({restored.get('files_kept', 0)} "
+                f"on disk), {restored.get('files_restored', 0)} missing restored from {where}")
+    else:
+        text = (f"restored {restored.get('files_restored', 0)} files ({restored.get('bytes_restored', 0)} bytes) into "
+                f"{workspace} from {where}")
+    skipped = restored.get("server_state_skipped") or []
+    if skipped:
+        text += f"; {len(skipped)} files of Jupyter's own state left as this server has them ({skipped[0]}...)"
+    return text + ("; kernels resume from the newest snapshot" if restored.get("notebooks") else "")
+
+
+# the preStop hook: a kernel in a training cell answers at its next step; SIGTERM and the final snapshot follow
+PRESTOP_TIMEOUT_S = 5.0
 
 GRANT_SCOPE = "custom:jupyter_server:{action}:{resource}"
 
@@ -172,10 +202,11 @@ def _own_server_url(env: Mapping[str, str]) -> str:
     return urlunsplit((url.scheme, netloc, url.path.rstrip("/") + "/", "", ""))
 
 
-def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = 25.0,
+def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = PRESTOP_TIMEOUT_S,
                      message: str = "preStop: the pod is stopping") -> dict[str, Any]:
     """Ask this pod's own server for a snapshot of files and every live kernel, with the server's hub token."""
     import json
+    import threading
     import urllib.request
 
     env = os.environ if env is None else env
@@ -186,8 +217,24 @@ def prestop_snapshot(env: Mapping[str, str] | None = None, timeout: float = 25.0
         _own_server_url(env) + "spotwarp/api/snapshots", data=json.dumps({"message": message}).encode(),
         method="POST", headers={"Authorization": f"token {env['JUPYTERHUB_API_TOKEN']}",
                                 "Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - this pod's own server
-        return json.loads(response.read())
+    # the whole call within `timeout`, not each socket operation: a server that trickles never holds the hook past it
+    answer: dict[str, Any] = {}
+
+    def call() -> None:
+        try:
+            with urllib.request.urlopen(request, timeout=timeout) as response:  # noqa: S310 - this pod's own server
+                answer["body"] = json.loads(response.read())
+        except BaseException as exc:  # noqa: BLE001 - raised in the caller's thread
+            answer["error"] = exc
+
+    worker = threading.Thread(target=call, name="spotwarp-prestop", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    if "error" in answer:
+        raise answer["error"]
+    if "body" not in answer:
+        raise TimeoutError(f"the server did not answer within {timeout:g} s")
+    return answer["body"]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -200,7 +247,8 @@ def main(argv: list[str] | None = None) -> int:
                                      description="SpotWarp helpers for JupyterHub pods.")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("prestop", help="a snapshot through this pod's server before Kubernetes stops it")
-    p.add_argument("--timeout", type=float, default=25.0, help="seconds to wait (keep under the grace period)")
+    p.add_argument("--timeout", type=float, default=PRESTOP_TIMEOUT_S,
+                   help="seconds to wait; with the server's shutdown_grace, keep within the pod's grace period")
     args = parser.parse_args(argv)
     try:
         answer = prestop_snapshot(timeout=args.timeout)

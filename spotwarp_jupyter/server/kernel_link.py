@@ -14,7 +14,21 @@ import uuid
 from queue import Empty
 from typing import Any
 
-from ..protocol import COMM_TARGET, KernelRequest, ProtocolError, loaded_mark_path, read_kernel_answer, read_loaded_mark
+from ..protocol import (
+    COMM_TARGET,
+    NOTICE_REPLY,
+    NOTICE_REQUEST,
+    RENAME_REPLY,
+    RENAME_REQUEST,
+    KernelRequest,
+    NoticeAnswer,
+    NoticeRequest,
+    ProtocolError,
+    answers_request,
+    loaded_mark_path,
+    read_kernel_answer,
+    read_loaded_mark,
+)
 
 
 class KernelUnavailable(Exception):
@@ -51,6 +65,26 @@ def _marked_by_a_live_process(path: str) -> bool:
     return True
 
 
+def untrack_control_requests(kernel_manager: Any) -> None:
+    """SpotWarp's control requests are no user activity: the kernel's busy/idle status around them must not
+    mark a kernel running a cell idle (what the server then asks it would wait for the cell's end), nor keep
+    an idle kernel from being culled."""
+    untracked = getattr(kernel_manager, "untracked_message_types", None)
+    if isinstance(untracked, list):
+        new = [t for t in (NOTICE_REQUEST, NOTICE_REPLY, RENAME_REQUEST, RENAME_REPLY) if t not in untracked]
+        kernel_manager.untracked_message_types = [*untracked, *new]
+
+
+def _own_client(km: Any) -> Any:
+    """A client of the kernel with a session of its own: the kernel's sockets tell peers apart by the session id,
+    and two clients sharing one (a snapshot request and a notice at once) would see one of them go unheard."""
+    client = km.client()
+    session = client.session.clone()
+    session.session = uuid.uuid4().hex
+    client.session = session
+    return client
+
+
 async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, content: dict[str, Any],
                       timeout: float) -> dict[str, Any]:
     """Send `msg_type` on the kernel's control channel (served even while a cell runs); the reply's content."""
@@ -58,7 +92,7 @@ async def ask_control(kernel_manager: Any, kernel_id: str, msg_type: str, conten
         km = kernel_manager.get_kernel(kernel_id)
     except KeyError:
         raise KernelUnavailable("no such kernel") from None
-    client = km.client()
+    client = _own_client(km)
     client.start_channels(shell=False, iopub=False, stdin=False, hb=False, control=True)
     try:
         msg = client.session.msg(msg_type, content)
@@ -113,7 +147,7 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest
         km = kernel_manager.get_kernel(kernel_id)
     except KeyError:
         raise KernelUnavailable("no such kernel") from None
-    client = km.client()
+    client = _own_client(km)
     client.start_channels(shell=True, iopub=True, stdin=False, hb=False, control=False)
     deadline = time.monotonic() + timeout
     try:
@@ -142,3 +176,36 @@ async def ask_kernel(kernel_manager: Any, kernel_id: str, request: KernelRequest
                 raise KernelUnavailable("SpotWarp is not loaded in this kernel (%load_ext spotwarp)")
     finally:
         client.stop_channels()
+
+
+async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeout: float,
+                                      notice: NoticeRequest) -> NoticeAnswer | str:
+    """Ask one kernel over its control channel to snapshot at its next safe point; its answer, or why none came."""
+    if not await spotwarp_loaded(kernel_manager, kernel_id):
+        # a kernel without SpotWarp would log an ERROR for a control message it does not know
+        return "SpotWarp is not loaded in this kernel"
+    try:
+        content = await ask_control(kernel_manager, kernel_id, NOTICE_REQUEST, notice.to_message(), timeout)
+    except KernelUnavailable as exc:
+        return str(exc)
+    try:
+        answer = NoticeAnswer.from_message(content, notice)
+    except ProtocolError as exc:
+        return f"unreadable answer: {exc}"
+    return answer if answer.ok else str(answer.error)
+
+
+def snapshot_answering(manifests: list[Any], answer: NoticeAnswer, request_id: str) -> Any:
+    """The kernel snapshot `answer`'s kernel took for request `request_id` (its manifest names the id), or None yet.
+
+    Every kernel asked names the same id, and a kernel snapshot holding the workspace also copies the other
+    notebooks' newest records: one whose state is older than the request (`state_at`) is such a copy."""
+    for m in manifests:
+        record = m.kernels.get(answer.notebook) if m.kind == "kernel" else None
+        if record is None or not answers_request(m.requests, request_id):
+            continue
+        state_at = record.get("state_at")
+        if isinstance(state_at, (int, float)) and state_at < answer.requested_at:
+            continue
+        return m
+    return None

@@ -56,15 +56,19 @@ class Plan:
     kernel_name: str = ""
     cells: dict[str, str] = field(default_factory=dict)  # cell id -> source in the notebook file now
     skip: str | None = None
+    kept: bool = False  # the notebook is a kept workspace's, as its user left it (not restored from the snapshot)
+    saved_at: float | None = None  # the notebook file's mtime, for a kept one
 
 
 def plan_resume(engine: SnapshotEngine, workspace: str, root_dir: str, snapshot_id: str, ref: str,
-                kernelspecs: set[str], default_spec: str, resume_unsigned: bool = False) -> list[Plan]:
+                kernelspecs: set[str], default_spec: str, resume_unsigned: bool = False,
+                kept: bool = False) -> list[Plan]:
     """Which notebooks to resume (blocking: reads the store and the notebook files).
 
     The notebooks whose kernel was live in the snapshot the files came from, and, when that was `latest`, those
     of kernel snapshots taken after it. A notebook whose record no key vouches for starts no kernel (its restore
-    would unpickle, its recorded cell run, a store writer's code), unless `resume_unsigned` accepts that."""
+    would unpickle, its recorded cell run, a store writer's code), unless `resume_unsigned` accepts that.
+    `kept`: the workspace was kept (its files were not restored): each notebook is taken as it is on disk."""
     sources: dict[str, Manifest] = resume_sources(engine.manifests(), snapshot_id, ref)
     plans = []
     for name in sorted(sources):
@@ -73,6 +77,12 @@ def plan_resume(engine: SnapshotEngine, workspace: str, root_dir: str, snapshot_
             plan = Plan(name, skip=str(resume_trust(engine.settings.project, [manifest], engine.key, False).line))
         else:
             plan = _plan_one(name, manifest.kernels[name], workspace, root_dir, kernelspecs, default_spec)
+            if kept and not plan.skip:
+                plan.kept = True
+                try:
+                    plan.saved_at = os.stat(os.path.join(workspace, *name.split("/"))).st_mtime
+                except OSError:
+                    plan.saved_at = None
         plans.append(plan)
     return plans
 
@@ -181,8 +191,9 @@ class Resumer:
         (server_log.warning if state in ("skipped", "failed") else server_log.info)("SpotWarp resume: %s", entry["line"])
         return entry
 
-    async def resume(self, snapshot_id: str, ref: str = "latest") -> None:
-        """Resume every notebook of the snapshot `snapshot_id` the files were restored from."""
+    async def resume(self, snapshot_id: str, ref: str = "latest", kept: bool = False) -> None:
+        """Resume every notebook of the snapshot `snapshot_id` the files were restored from (`kept`: the workspace
+        kept its own files, only missing ones were restored)."""
         heartbeat = getattr(self.service, "heartbeat", None)
         try:
             self.loss = await self.service.run(the_loss, self.service, snapshot_id, getattr(heartbeat, "id", None))
@@ -194,7 +205,7 @@ class Resumer:
             names = await kernel_names(self.service, self.serverapp)
             plans = await self.service.run(plan_resume, self.service.engine, self.service.workspace,
                                            self.service.root_dir, snapshot_id, ref, names,
-                                           self.serverapp.kernel_manager.default_kernel_name, unsigned_ok)
+                                           self.serverapp.kernel_manager.default_kernel_name, unsigned_ok, kept)
         except Exception as exc:  # noqa: BLE001 - the store or a kernelspec unreadable: one line, nothing run
             self.say("*", "failed", f"nothing resumed: {type(exc).__name__}: {exc}")
             plans = []
@@ -224,6 +235,14 @@ class Resumer:
             self.warning = trust.line
 
     async def _one(self, plan: Plan, ref: str, warm: Any = None) -> None:
+        resuming = getattr(self.service, "resuming", set())
+        resuming.add(plan.notebook)  # its kernel, once started, is being restored: GET status offers nothing yet
+        try:
+            await self._resume_one(plan, ref, warm)
+        finally:
+            resuming.discard(plan.notebook)
+
+    async def _resume_one(self, plan: Plan, ref: str, warm: Any) -> None:
         started = time.monotonic()
         sessions = self.serverapp.session_manager
         if await ensure_async(sessions.session_exists(path=plan.api_path)):
@@ -271,7 +290,7 @@ class Resumer:
 
     async def _restore(self, client: Any, ref: str) -> dict[str, Any]:
         """Load SpotWarp in the kernel and restore, as `%spotwarp restore` does; what the kernel says it did."""
-        code = f"%load_ext spotwarp\n{_KERNEL_RESUME}.restore_for_resume({ref!r})"
+        code = f"%load_ext spotwarp\n{_KERNEL_RESUME}.restore_for_resume({ref!r}, {self.warning!r})"
         msg_id = client.execute(code, silent=False, store_history=False, allow_stdin=False,
                                 user_expressions={"outcome": f"{_KERNEL_RESUME}.outcome_json()"})
         reply = await _reply(client, msg_id, RESTORE_TIMEOUT_S)
@@ -298,6 +317,7 @@ class Resumer:
         if outcome.get("damaged"):  # failed to restore before, carried forward by later snapshots: never silent
             where += f" without {', '.join(outcome['damaged'])} (damaged in an earlier snapshot, not restored)"
         if running is None:
+            where += _kept_words(plan, outcome)
             created = outcome.get("created_ts") if isinstance(outcome.get("created_ts"), (int, float)) else None
             if self.loss.get("lost_at") is not None:
                 facts["lost_at"] = self.loss["lost_at"]
@@ -305,6 +325,12 @@ class Resumer:
                      **facts)
             return
         cell = running.get("id") or "(a cell without id)"
+        where += _kept_words(plan, outcome)
+        if plan.kept and outcome.get("at") == "step" and running.get("id") not in plan.cells:
+            self.say(plan.notebook, "restored", f"{where}; cell {cell} was running, and the notebook on disk no "
+                     "longer holds it: not run again (the notebook as its user left it wins)",
+                     interrupted_cell=running.get("id"), **facts)
+            return
         if outcome.get("at") != "step" or not outcome.get("resume", True):
             why = "resume is off in its policy" if outcome.get("at") == "step" else "outside a resumable loop"
             self.interrupted[plan.notebook] = (plan, running)
@@ -326,6 +352,18 @@ class Resumer:
         self.say(plan.notebook, "finished" if status == "ok" else "failed",
                  f"{where}; cell {cell} re-ran and {'finished' if status == 'ok' else 'ended: ' + status}{note}",
                  **facts)
+
+
+def _kept_words(plan: Plan, outcome: dict[str, Any]) -> str:
+    """For a kept workspace's notebook: that its file stayed as it was, and, when it was saved after the snapshot,
+    that the kernel's state is nonetheless the snapshot's (the newest there is)."""
+    if not plan.kept:
+        return ""
+    created = outcome.get("created_ts")
+    if plan.saved_at is not None and isinstance(created, (int, float)) and plan.saved_at > created + 1.0:
+        return (f"; the notebook on disk, kept as it is, was saved {format_duration(plan.saved_at - created)} after "
+                "that snapshot: the kernel holds the snapshot's state, the newest stored")
+    return "; the notebook on disk kept as it is"
 
 
 class RunRefused(Exception):

@@ -7,6 +7,7 @@ back (`wire.py`). Live kernels are outside: the server passes what they answered
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import time
@@ -17,7 +18,7 @@ from ..engine.files import Progress
 from ..engine.journal import Journal, restoring
 from ..engine.journal import report as preemption_report
 from ..engine.keys import Trust, resume_trust, vouched
-from ..engine.manifests import Manifest, committed_kernel_record, newest_kernel_records
+from ..engine.manifests import Manifest, committed_kernel_record, newer_state, newest_kernel_records
 from ..engine.snapshots import SnapshotEngine
 from .records import VIAS, KernelAnswer, KernelRestore, LiveKernel, ProjectStatus, RestoreResult, SnapshotSummary
 from .run_cells import bring_back_run_cells
@@ -64,8 +65,9 @@ class Project:
         else:
             recent = self.journal.events(limit=recent_events) if recent_events > 0 else []
         last = SnapshotSummary.of(listing[0]) if listing else None
-        kernels = [LiveKernel(k.kernel_id, k.notebook, next(
-            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None), k.execution_state) for k in live]
+        kernels = [dataclasses.replace(k, last_snapshot=next(
+            (m.id for m in listing if k.notebook and k.notebook in m.kernels), None), newer=stored_state_not_held(
+            listing, k)) for k in live]
         return ProjectStatus(
             project=self.name, storage=self.engine.settings.storage, workspace=self.workspace,
             snapshots=len(listing), last_snapshot=last, age_s=None if last is None else last.age_s(),
@@ -89,7 +91,10 @@ class Project:
         newest = newest_kernel_records(listing)
         for k in kernels or ():
             if k.committed is not None and k.notebook is not None:
-                records[k.notebook] = committed_kernel_record(listing, k.committed, k.notebook)
+                record = committed_kernel_record(listing, k.committed, k.notebook)
+                # never older state than one already committed: `latest` does not move back in training
+                newer = newest.get(k.notebook)
+                records[k.notebook] = newer if newer is not None and newer_state(newer, record) else record
                 fresh.append(k.notebook)
                 continue
             # a busy kernel keeps its newest committed state in the project snapshot
@@ -176,7 +181,7 @@ class Project:
 
     def restore(self, ref: str = "latest", *, via: str, files_only: bool = False, chosen: Manifest | None = None,
                 progress: Progress | None = None, kernels: KernelRestorer | None = None,
-                run: str | None = None) -> RestoreResult | None:
+                run: str | None = None, keep_existing: bool = False) -> RestoreResult | None:
         """Files back into the workspace, then (through `kernels`) the live kernels of the snapshot's notebooks.
 
         Journaled (restore_started / restore_finished, with `via`) so `report` shows the time to resume, unless
@@ -184,6 +189,7 @@ class Project:
         snapshot holding files is restored, and None says there is none (a new project). `chosen`: what
         `choose(ref, files_only)` already answered (a door that shows the id before the work). `run`: the
         server run restoring (as its notices name it), so a run's own restore never counts as its recovery.
+        `keep_existing` (a kept home): files and notebooks on disk stay as they are; only missing ones come back.
         """
         if via not in VIAS:
             raise ValueError(f"unknown door {via!r}: one of {', '.join(VIAS)}")
@@ -199,10 +205,15 @@ class Project:
         with self._journal(manifest.id, via, journaled, run) as outcome:
             files = None
             if self.workspace is not None:
-                files = self.engine.restore_files(manifest, self.workspace, progress=progress)
+                records = self._records(ref, manifest)
+                if keep_existing:  # a notebook the user kept is theirs as it is; a missing one comes back whole
+                    records = {nb: r for nb, r in records.items()
+                               if not os.path.lexists(os.path.join(self.workspace, *nb.split("/")))}
+                files = self.engine.restore_files(manifest, self.workspace, progress=progress,
+                                                  keep_existing=keep_existing)
                 outcome.update(files_restored=files.files_restored, bytes_restored=files.bytes_restored)
                 # cells run but not saved before the snapshot: the notebook holds every cell behind the state
-                rebuilt = bring_back_run_cells(self.workspace, self._records(ref, manifest))
+                rebuilt = bring_back_run_cells(self.workspace, records)
             restored = list(self._restore_kernels(ref, manifest, kernels)) if kernels is not None else []
             if kernels is not None:
                 outcome.update(kernels=len(restored), kernels_failed=sum(1 for k in restored if k.error))
@@ -249,3 +260,23 @@ def _entries(manifest: Manifest | None) -> dict[str, Any]:
     """The files a snapshot names (relative path -> entry); none for None or a snapshot without files."""
     entries = ((manifest.files or {}) if manifest is not None else {}).get("entries")
     return entries if isinstance(entries, dict) else {}
+
+
+def stored_state_not_held(listing: Sequence[Manifest], kernel: LiveKernel) -> dict[str, Any] | None:
+    """The notebook's newest stored kernel state when `kernel` cannot hold it: the state is older than the
+    kernel's start and the server did not restore the kernel (a kept home opened without a resume, a resume
+    refused or off, a restarted kernel). None when the kernel was restored, or its start is unknown."""
+    if kernel.notebook is None or kernel.started_at is None or kernel.restored_from is not None:
+        return None
+    for m in listing:
+        record = m.kernels.get(kernel.notebook)
+        if record is None:
+            continue
+        variables = record.get("variables") or {}
+        state_at = record.get("state_at")
+        at = state_at if isinstance(state_at, (int, float)) else m.created
+        if not variables or at >= kernel.started_at:
+            return None
+        return {"id": m.id, "created": m.created_iso, "age_s": round(max(0.0, time.time() - at), 1),
+                "variables": len(variables)}
+    return None

@@ -68,6 +68,9 @@ class LiveKernel:
     notebook: str | None
     last_snapshot: str | None = None
     execution_state: str | None = None  # as the server last heard it: "busy" while a cell runs, "idle", ...
+    started_at: float | None = None  # when the server started (or restarted) it; None: before this server knew
+    restored_from: str | None = None  # the snapshot the server restored it from (a resume or a REST restore)
+    newer: dict[str, Any] | None = None  # the notebook's stored state this kernel does not hold (Project.status)
 
 
 @dataclass(frozen=True)

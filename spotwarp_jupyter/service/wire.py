@@ -67,7 +67,7 @@ def rest_status_json(status: ProjectStatus, server: ServerFacts) -> dict[str, An
         "version": server.version, "project": status.project, "storage": status.storage,
         "workspace": status.workspace, "last_snapshot": _last_snapshot(status),
         "kernels": [{"kernel_id": k.kernel_id, "notebook": k.notebook, "last_snapshot": k.last_snapshot,
-                     "execution_state": k.execution_state} for k in status.kernels],
+                     "execution_state": k.execution_state, "newer": k.newer} for k in status.kernels],
         "watchers": list(server.watchers), "last_error": server.last_error, "report": status.report,
         "failover": server.failover, "resume": [dict(e) for e in server.resume], "rejected": dict(status.rejected),
         "trust": dict(server.trust) if server.trust is not None else None,
@@ -113,6 +113,8 @@ def hub_restore_json(r: RestoreResult) -> dict[str, Any]:
             "files_restored": files.files_restored if files else 0,
             "files_unchanged": files.files_unchanged if files else 0,
             "bytes_restored": files.bytes_restored if files else 0, "notebooks": list(r.snapshot.notebooks),
+            "files_kept": files.files_kept if files else 0,
+            "server_state_skipped": list(files.server_state_skipped) if files else [],
             "duration_s": round(r.duration_s, 3)}
 
 
@@ -144,6 +146,12 @@ def kernel_status_json(k: KernelStatus) -> dict[str, Any]:
         "imports": dict(k.imports), "resumed": None if k.resumed is None else dict(k.resumed),
         "cadence": None if k.cadence is None else dict(k.cadence), "trust": k.trust,
     }
+
+
+def newer_snapshot_line(newer: dict[str, Any]) -> str:
+    """`%spotwarp status`'s line for a newer snapshot of the notebook than the kernel's state (the widget's offer)."""
+    return (f"  newer     a newer snapshot of this notebook: {newer['id']}, {format_duration(newer['age_s'])} old, "
+            f"from {newer['host']}; %spotwarp restore latest brings it back")
 
 
 def kernel_status_text(k: KernelStatus) -> str:

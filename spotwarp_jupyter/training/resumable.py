@@ -18,11 +18,11 @@ import linecache
 import os
 import sys
 import warnings
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from .. import safepoints
-from . import loaders
+from . import collective, loaders
 from .rng import capture_rng, restore_rng
 
 _live: dict[str, _Pass] = {}
@@ -34,11 +34,14 @@ on_resume: list[Any] = []  # hook(name, position) runs when a pass continues fro
 class Resumable:
     """An iterable whose passes resume where a restored snapshot left them."""
 
-    def __init__(self, iterable: Iterable[Any], name: str):
+    def __init__(self, iterable: Iterable[Any], name: str, state: dict[str, Any] | None = None):
         self.iterable = iterable
         self.name = name
+        self.state = state
 
     def __iter__(self) -> Iterator[Any]:
+        if self.state is not None and collective.process_group() is not None:
+            return collective.CollectivePass(self.iterable, self.name, self.state)
         return _Pass(self.iterable, self.name)
 
     def __len__(self) -> int:
@@ -48,19 +51,23 @@ class Resumable:
         return f"resumable({self.iterable!r}, name={self.name!r})"
 
 
-def resumable(iterable: Iterable[Any], name: str | None = None) -> Resumable:
+def resumable(iterable: Iterable[Any], name: str | None = None, state: Mapping[str, Any] | None = None) -> Resumable:
     """Wrap a data loader or any iterable so each step is a safe point and its position survives restore.
 
     `name` identifies the loop across kernels; by default it is derived from the code calling this
     (the cell's text and line), so re-running the same cell finds the same loop.
+    `state` names the objects the loop carries (state_dict()/load_state_dict()): in a rank of a torch.distributed
+    process group, snapshots are collective and a new run continues from the newest (collective.py); in a kernel
+    they are its variables, saved with it.
     """
     if name is None:
         name = _call_site_name(sys._getframe(1))
     if not isinstance(name, str) or not name.strip():
         raise ValueError(f"resumable name must be a non-empty string, got {name!r}")
+    checked = None if state is None else collective.check_state(state)
     if isinstance(iterable, Resumable):
         iterable = iterable.iterable
-    return Resumable(iterable, name)
+    return Resumable(iterable, name, checked)
 
 
 class _Pass:

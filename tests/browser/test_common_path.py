@@ -1,4 +1,4 @@
-"""The common path after a preemption, in a real browser (issue 24's "Must show"): a new notebook renamed
+"""The common path after a preemption, in a real browser: a new notebook renamed
 through JupyterLab's dialog, a training cell edited and re-run without saving, SIGTERM; on a new host the
 notebook holds the cells that ran, the widget offers exactly that state, one click restores it, and re-running
 the training cell continues at the next batch."""
@@ -118,8 +118,8 @@ def test_a_preempted_session_comes_back_as_the_user_left_it(start_lab, page, tmp
     assert position > 0 and set(final.kernels) == {"train.ipynb"} and not record.get("aliases"), record
 
     # a new host, an empty workspace: the notebook comes back holding the cells that ran
-    # --no-resume: the person's own path (issue 24); without it the server resumes the notebook by itself
-    # (issue 22, tests/browser/test_resume_browser.py)
+    # --no-resume: the person's own path; without it the server resumes the notebook by itself
+    # (tests/browser/test_resume_browser.py)
     b = start_lab("host-b", tmp_path / "host-b" / "workspace", start_args=("--no-resume",))
     cells = json.loads((b.workspace / "train.ipynb").read_text())["cells"]
     assert ["".join(c["source"]) for c in cells if c["cell_type"] == "code"] == [SETUP, TRAIN_RUN]

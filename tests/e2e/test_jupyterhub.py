@@ -9,204 +9,50 @@ with each user's own API token, as a browser or a script of that user would.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
+import re
 import shutil
-import signal
 import subprocess
 import sys
-import time
 import uuid
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Iterator
 
 import pytest
 import requests
-from tornado.httpclient import HTTPClientError
+from tornado.httpclient import HTTPClientError, HTTPRequest
+from tornado.websocket import websocket_connect
 
 from spotwarp_jupyter.engine import ConfigError, Settings, SnapshotEngine
 from spotwarp_jupyter.server.hub import HubIdentity, restore_on_start, shared_prefix_warning, workspace_is_fresh
 
-from storage_servers import free_port
+from lab_server import Execution
+from real_hub import (
+    HUB_KEY_SECRET,
+    TRAIN,
+    TRAIN_SETUP,
+    USERS,
+    Hub,
+    cell_text,
+    listing,
+    poll,
+    reference_run,
+    running_hub,
+    snapshot,
+    train_and_lose_the_server,
+)
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
-
-ROOT = Path(__file__).resolve().parents[2]
-DEPLOY = ROOT / "deploy"
-PASSWORD = "spot-warp-test-pw"
-USERS = ("alice", "bob")
-HUB_KEY_SECRET = uuid.uuid4().hex
 
 pytestmark = [pytest.mark.timeout(300), pytest.mark.slow]  # a real hub, its proxy and spawned servers
 
 
-def poll(what: str, check: Callable[[], Any], timeout: float = 90.0, every: float = 0.2, log: Path | None = None) -> Any:
-    """`check()`'s first truthy answer; fails naming `what` (and the hub log's tail) at the deadline."""
-    deadline = time.monotonic() + timeout
-    last: Any = None
-    while time.monotonic() < deadline:
-        last = check()
-        if last:
-            return last
-        time.sleep(every)
-    tail = log.read_text()[-4000:] if log is not None and log.exists() else ""
-    raise AssertionError(f"{what}: not within {timeout:.0f}s (last answer {last!r})\n{tail}")
-
-
-class Hub:
-    """A running JupyterHub and an admin service token for its REST API."""
-
-    def __init__(self, url: str, admin_token: str, homes: Path, proc: subprocess.Popen, log: Path,
-                 storage_root: str, storage_options: dict[str, Any]):
-        self.url, self.admin_token, self.homes, self.proc, self.log = url, admin_token, homes, proc, log
-        self.storage_root, self.storage_options = storage_root, storage_options
-        self.tokens: dict[str, str] = {}
-
-    # -- the hub's REST API, as the admin service ---------------------------------------------
-    def api(self, method: str, path: str, **kwargs) -> requests.Response:
-        return requests.request(method, f"{self.url}hub/api/{path}", timeout=30,
-                                headers={"Authorization": f"token {self.admin_token}"}, **kwargs)
-
-    def add_user(self, name: str) -> str:
-        """Create `name` and an API token of theirs (the token a script of that user would hold)."""
-        assert self.api("POST", f"users/{name}").status_code in (201, 409)
-        reply = self.api("POST", f"users/{name}/tokens", json={"note": "test"})
-        assert reply.status_code == 201, reply.text
-        self.tokens[name] = reply.json()["token"]
-        return self.tokens[name]
-
-    def home(self, name: str) -> Path:
-        return self.homes / name
-
-    def server(self, name: str) -> dict[str, Any] | None:
-        reply = self.api("GET", f"users/{name}")
-        assert reply.status_code == 200, reply.text
-        return reply.json()["servers"].get("")
-
-    def start(self, name: str) -> None:
-        reply = self.api("POST", f"users/{name}/server")
-        assert reply.status_code in (201, 202), reply.text
-
-    def wait_ready(self, name: str) -> dict[str, Any]:
-        return poll(f"{name}'s server ready", lambda: (s := self.server(name)) and s.get("ready") and s,
-                    timeout=120, log=self.log)
-
-    def stop(self, name: str) -> None:
-        reply = self.api("DELETE", f"users/{name}/server")
-        assert reply.status_code in (202, 204), reply.text
-        poll(f"{name}'s server stopped", lambda: self.server(name) is None, log=self.log)
-
-    # -- a user's single-user server, through the proxy ----------------------------------------
-    def call(self, method: str, owner: str, path: str, as_user: str | None = None, **kwargs) -> requests.Response:
-        """`path` under `/user/<owner>/`, with `as_user`'s token (the owner's by default)."""
-        token = self.tokens[as_user or owner]
-        return requests.request(method, f"{self.url}user/{owner}/{path}", timeout=120, allow_redirects=False,
-                                headers={"Authorization": f"token {token}"}, **kwargs)
-
-
-def _hub_config(tmp: Path, port: int, hub_port: int, proxy_api_port: int, admin_token: str,
-                spawn_env: dict[str, str]) -> str:
-    """The test hub's config: the guide's file first, then what only a test needs."""
-    args = ["--allow-root"] if os.geteuid() == 0 else []
-    return f"""
-load_subconfig({str(DEPLOY / "jupyterhub_config.py")!r})
-
-c.JupyterHub.ip = "127.0.0.1"
-c.JupyterHub.port = {port}
-c.JupyterHub.hub_ip = "127.0.0.1"
-c.JupyterHub.hub_port = {hub_port}
-c.ConfigurableHTTPProxy.api_url = "http://127.0.0.1:{proxy_api_port}"
-c.ConfigurableHTTPProxy.should_start = True
-c.JupyterHub.db_url = "sqlite:///{tmp / 'hub.sqlite'}"
-c.JupyterHub.cookie_secret_file = {str(tmp / 'cookie_secret')!r}
-c.JupyterHub.pid_file = {str(tmp / 'hub.pid')!r}
-c.JupyterHub.cleanup_servers = True
-c.JupyterHub.tornado_settings = {{"slow_spawn_timeout": 0}}  # spawn requests answer at once: servers start together
-
-c.JupyterHub.authenticator_class = "dummy"
-c.DummyAuthenticator.password = {PASSWORD!r}
-c.Authenticator.allowed_users = {set(USERS)!r}
-
-c.JupyterHub.spawner_class = "simple"
-c.SimpleLocalProcessSpawner.home_dir_template = {str(tmp / 'homes' / '{username}')!r}
-c.Spawner.cmd = [{sys.executable!r}, "-m", "jupyterhub.singleuser"]
-c.Spawner.args = {args!r}
-c.Spawner.environment.update({spawn_env!r})
-
-c.JupyterHub.services = [{{"name": "test-admin", "api_token": {admin_token!r}}}]
-c.JupyterHub.load_roles = [{{
-    "name": "test-admin",
-    "scopes": ["admin:users", "admin:servers", "admin:server_state", "tokens", "shares", "access:servers",
-               "read:users", "list:users", "custom:jupyter_server:execute:*"],
-    "services": ["test-admin"],
-}}]
-"""
-
-
 @pytest.fixture(scope="module")
 def hub(tmp_path_factory, s3_server) -> Iterator[Hub]:
-    if shutil.which("configurable-http-proxy") is None:
-        pytest.fail("configurable-http-proxy is not on the PATH: scripts/test.sh installs it into the venv")
-    tmp = tmp_path_factory.mktemp("hub")
-    (tmp / "homes").mkdir()
-    port, hub_port, proxy_api_port = free_port(), free_port(), free_port()
-    run = f"hub-{uuid.uuid4().hex[:8]}"
-    target = s3_server.target(run)
-    storage_root = target.url  # s3://spotwarp-test/hub-xxxx
-    spawn_env = {
-        **target.env,
-        "SPOTWARP_STORAGE_OPTIONS": json.dumps(target.options),
-        "SPOTWARP_BACKUP_INTERVAL": "0",  # the test asks for every snapshot it wants
-        "SPOTWARP_KERNEL_TIMEOUT": "10",
-        # never a real cloud metadata address from a test: signal watchers only
-        "SPOTWARP_WATCHERS": "signals",
-        "SPOTWARP_AWS_METADATA_URL": "off", "SPOTWARP_GCP_METADATA_URL": "off", "SPOTWARP_AZURE_METADATA_URL": "off",
-        # the single-user image's config files (in an image: /etc/jupyter, /etc/ipython)
-        "JUPYTER_CONFIG_PATH": str(DEPLOY),
-        "PYTHONPATH": os.pathsep.join(p for p in sys.path if p),
-    }
-    admin_token = uuid.uuid4().hex
-    config = tmp / "jupyterhub_config.py"
-    config.write_text(_hub_config(tmp, port, hub_port, proxy_api_port, admin_token, spawn_env))
-    log = tmp / "hub.log"
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SPOTWARP_", "JUPYTERHUB_", "AWS_"))}
-    env["CONFIGPROXY_AUTH_TOKEN"] = uuid.uuid4().hex
-    env["SPOTWARP_HUB_STORAGE"] = f"{storage_root}/{{username}}/{{server_name}}"  # what deploy/jupyterhub_config.py reads
-    env["SPOTWARP_HUB_KEY_SECRET"] = HUB_KEY_SECRET  # each user's server signs with a key derived from it
-    with open(log, "wb") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "jupyterhub", "-f", str(config)], cwd=tmp, env=env,
-                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
-    url = f"http://127.0.0.1:{port}/"
-    hub = Hub(url, admin_token, tmp / "homes", proc, log, storage_root, target.options)
-
-    def up() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"the hub exited with {proc.returncode}:\n{log.read_text()[-4000:]}")
-        try:
-            return requests.get(f"{url}hub/api/", timeout=2).status_code == 200
-        except requests.RequestException:
-            return False
-
-    try:
-        poll("the hub answering on its public URL", up, timeout=90, log=log)
-        yield hub
-    finally:
-        for name in hub.tokens:
-            try:
-                hub.api("DELETE", f"users/{name}/server")
-            except requests.RequestException:
-                pass
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)  # the hub stops its proxy and (cleanup_servers) the user servers
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # anything of the hub's session still alive
-        except ProcessLookupError:
-            pass
+    with running_hub(tmp_path_factory.mktemp("hub"), s3_server) as running:
+        yield running
 
 
 @pytest.fixture(scope="module")
@@ -225,18 +71,6 @@ def two_users(hub: Hub) -> Hub:
     return hub
 
 
-def snapshot(hub: Hub, name: str, message: str) -> dict[str, Any]:
-    reply = hub.call("POST", name, "spotwarp/api/snapshots", json={"message": message})
-    assert reply.status_code == 201, reply.text
-    return reply.json()
-
-
-def listing(hub: Hub, owner: str, as_user: str | None = None) -> list[dict[str, Any]]:
-    reply = hub.call("GET", owner, "spotwarp/api/snapshots", as_user=as_user)
-    assert reply.status_code == 200, reply.text
-    return reply.json()["snapshots"]
-
-
 def test_each_user_sees_only_their_own_snapshots(two_users: Hub):
     hub = two_users
     taken = {name: snapshot(hub, name, f"{name}'s work") for name in USERS}
@@ -244,7 +78,10 @@ def test_each_user_sees_only_their_own_snapshots(two_users: Hub):
         status = hub.call("GET", name, "spotwarp/api/status").json()
         assert status["storage"] == f"{hub.storage_root}/{name}/default"  # the prefix comes from the hub's identity
         assert status["workspace"] == str(hub.home(name).resolve())
-        assert status["start_restore"] == {"restored": False, "reason": "the workspace already holds files"}
+        start = status["start_restore"]  # a kept home, and nothing stored yet: served as it is
+        assert start["restored"] is False and start["kept"] is True, start
+        assert start["reason"] == "project 'default' has no snapshot with files yet: the workspace's files are " \
+            "served as they are" == start["line"], start
         assert [s["id"] for s in listing(hub, name)] == [taken[name]["id"]]
         assert taken[name]["message"] == f"{name}'s work" and taken[name]["files"] >= 2
 
@@ -376,13 +213,6 @@ def test_a_shared_user_runs_no_code_unless_the_share_grants_it(two_users: Hub):
 
 def run_in_kernel(hub: Hub, owner: str, kernel: str, code: str) -> str:
     """Run `code` in `owner`'s kernel through the hub's proxy (the kernel websocket, as JupyterLab does)."""
-    import asyncio
-
-    from tornado.httpclient import HTTPRequest
-    from tornado.websocket import websocket_connect
-
-    from lab_server import Execution
-
     async def run() -> str:
         request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{owner}/api/kernels/{kernel}/channels",
                               headers={"Authorization": f"token {hub.tokens[owner]}"}, request_timeout=60)
@@ -460,6 +290,164 @@ def test_new_server_on_an_empty_home_restores_that_users_workspace(two_users: Hu
     # bob's workspace and snapshots are untouched by alice's restore
     assert (hub.home("bob") / "notes.md").read_text() == "# bob's notes\n"
     assert all(s["id"] != last["id"] for s in listing(hub, "bob"))
+
+
+# -- a respawned server resumes the training by itself, its home kept or new --------------------------
+def _resumed(hub: Hub, name: str) -> dict[str, Any]:
+    """Once the respawned server's resume of train.ipynb finished: its entry; the outputs and state checked."""
+    def entry() -> dict[str, Any] | None:
+        status = hub.call("GET", name, "spotwarp/api/status").json()
+        found = [e for e in status.get("resume") or [] if e["notebook"] == "train.ipynb"]
+        return found[0] if found and found[0]["state"] in ("finished", "failed") else None
+
+    done = poll("the resumed training cell to finish", entry, timeout=180, log=hub.log)
+    assert done["state"] == "finished" and done["cell"] == "train", done
+    notebook = hub.home(name) / "train.ipynb"
+    text = poll("the resumed cell's last output in the notebook", lambda: "done:" in cell_text(notebook, "train")
+                and cell_text(notebook, "train"), timeout=60, log=hub.log)
+    assert "done: 60 steps" in text
+    steps = [int(line.split()[1]) for line in text.splitlines() if line.startswith("step ")]
+    assert steps == list(range(1, 61)), steps  # the loop went on at the next step, nothing run twice
+    assert run_in_kernel(hub, name, done["kernel_id"], "print(seen == _ref)".replace(
+        "_ref", repr(reference_run()))).strip() == "True"  # bit for bit an uninterrupted run's values
+    return done
+
+
+def _file_id_database_held(hub: Hub, name: str) -> list[str]:
+    """The paths of jupyter_server_fileid's database the user's server holds open (' (deleted)': replaced under it)."""
+    pid = hub.api("GET", f"users/{name}").json()["servers"][""]["state"]["pid"]
+    held = []
+    for fd in Path(f"/proc/{pid}/fd").iterdir():
+        try:
+            target = os.readlink(fd)
+        except OSError:
+            continue
+        if "file_id_manager.db" in target:
+            held.append(target)
+    return held
+
+
+def test_a_respawned_server_resumes_the_training_with_its_home_kept_or_new(two_users: Hub):
+    hub = two_users
+    home = hub.home("alice")
+    cells = [{"cell_type": "code", "execution_count": None, "id": cid, "metadata": {}, "outputs": [], "source": src}
+             for cid, src in (("setup", TRAIN_SETUP), ("train", TRAIN))]
+    (home / "train.ipynb").write_text(json.dumps({"cells": cells, "metadata": {"kernelspec": {
+        "name": "python3", "language": "python", "display_name": "Python 3"}}, "nbformat": 4, "nbformat_minor": 5}))
+    # JupyterLab opening the notebook: collaboration gives it a room, and the file-id database an entry
+    reply = hub.call("PUT", "alice", "api/collaboration/session/train.ipynb", json={"format": "json", "type": "notebook"})
+    assert reply.status_code in (200, 201), reply.text
+    reply = hub.call("POST", "alice", "api/sessions", json={"path": "train.ipynb", "name": "train.ipynb",
+                                                            "type": "notebook", "kernel": {"name": "python3"}})
+    assert reply.status_code == 201, reply.text
+    train_and_lose_the_server(hub, "alice", reply.json()["kernel"]["id"])
+
+    # the home outlived the server: its files stay as they are, the kernel resumes from the newest snapshot
+    (home / "notes.md").write_text("# alice's notes, after the last snapshot\n")
+    hub.start("alice")
+    hub.wait_ready("alice")
+    entry = _resumed(hub, "alice")
+    assert "the notebook on disk kept as it is" in entry["line"], entry["line"]
+    assert (home / "notes.md").read_text() == "# alice's notes, after the last snapshot\n"
+    start = hub.call("GET", "alice", "spotwarp/api/status").json()["start_restore"]
+    assert start["restored"] is True and start["kept"] is True and "kept as they are" in start["line"], start
+    log = hub.log.read_text()
+    assert re.search(r"\[I [\d: .-]+ [^\]]*\] SpotWarp start restore: the workspace .* already holds files", log)
+    assert re.search(r"\[I [\d: .-]+ [^\]]*\] SpotWarp resume: train.ipynb: restored from snapshot", log)
+
+    # again, and this time the server comes back on a new, empty home; the home was backed up whole meanwhile (the
+    # backup loop's, or the panel's Snapshot now), with whatever Jupyter keeps in it
+    snapshot(hub, "alice", "the whole home")
+    train_and_lose_the_server(hub, "alice", entry["kernel_id"])
+    shutil.rmtree(home)
+    home.mkdir()
+    logged = len(hub.log.read_text())
+    hub.start("alice")
+    hub.wait_ready("alice")
+    entry = _resumed(hub, "alice")
+    start = hub.call("GET", "alice", "spotwarp/api/status").json()["start_restore"]
+    assert start["restored"] is True and start["kept"] is False, start
+    # Jupyter's own state was never backed up nor written under the running server: its file-id database is the
+    # one it opened, and the outputs went live into the open notebook
+    held = _file_id_database_held(hub, "alice")
+    assert held and not any(p.endswith("(deleted)") for p in held), held
+    after = hub.log.read_text()[logged:]
+    assert "readonly database" not in after, after[-4000:]
+    assert "outputs of cell train go live into the notebook's shared document" in after, after[-4000:]
+    # another user's token is refused on alice's server, as ever
+    assert hub.call("GET", "alice", "spotwarp/api/status", as_user="bob").status_code in (302, 403)
+
+
+LONG_SETUP = """%load_ext spotwarp
+%spotwarp policy --every 10m --no-after-cell
+import pathlib
+progress = pathlib.Path({progress!r})
+"""
+LONG = """import time, spotwarp
+for step in spotwarp.resumable(range(100000), name="long"):
+    done = step + 1
+    progress.write_text(str(done))
+    time.sleep(0.02)
+"""
+
+
+def test_a_prestop_hook_while_training_then_sigterm_commit_the_newest_state(two_users: Hub, tmp_path, monkeypatch):
+    """The pod is stopped while bob trains: the preStop hook (through the server's own token) gets a snapshot
+    taken at a step after it asked, while the cell goes on; SIGTERM's final snapshot then commits, and no
+    snapshot holds older training state than one committed before it."""
+    hub, name = two_users, "bob"
+    progress = tmp_path / "progress"
+    reply = hub.call("POST", name, "api/sessions", json={"path": "long.ipynb", "name": "long.ipynb",
+                                                         "type": "notebook", "kernel": {"name": "python3"}})
+    assert reply.status_code == 201, reply.text
+    kernel = reply.json()["kernel"]["id"]
+    env = server_environment(hub, name)
+    for variable in ("JUPYTERHUB_USER", "JUPYTERHUB_SERVER_NAME"):  # reading the store as bob's server does
+        monkeypatch.setenv(variable, env.get(variable, ""))
+    settings = Settings.resolve(env=env)
+    engine = SnapshotEngine(settings, key=env["SPOTWARP_KEY"].encode())
+
+    def position(manifest) -> int:
+        return (manifest.kernels.get("long.ipynb") or {}).get("positions", {}).get("long", -1)
+
+    def steps() -> int:  # the loop's count, read between its writes
+        return int(poll("the loop's step count", lambda: (text := progress.read_text() if progress.exists()
+                                                            else "").isdigit() and text, 30, 0.01))
+
+    async def train_and_stop() -> tuple[int, subprocess.CompletedProcess]:
+        request = HTTPRequest(hub.url.replace("http", "ws", 1) + f"user/{name}/api/kernels/{kernel}/channels",
+                              headers={"Authorization": f"token {hub.tokens[name]}"}, request_timeout=60)
+        conn = await websocket_connect(request)
+        try:
+            setup = Execution(LONG_SETUP.format(progress=str(progress)), cell_id="setup")
+            await conn.write_message(setup.request)
+            while not setup.done:
+                setup.feed(await asyncio.wait_for(conn.read_message(), 120))
+            await conn.write_message(Execution(LONG, cell_id="long").request)
+            await asyncio.to_thread(poll, "the loop past step 20", lambda: steps() > 20, 120, 0.05, hub.log)
+            asked_at = steps()
+            hook = await asyncio.to_thread(subprocess.run, [sys.executable, "-m", "spotwarp_jupyter.server.hub",
+                                                            "prestop", "--timeout", "5"],
+                                           env=env, capture_output=True, text=True, timeout=60)
+            return asked_at, hook
+        finally:
+            conn.close()
+
+    asked_at, hook = asyncio.run(train_and_stop())
+    assert hook.returncode == 0, hook.stderr
+    assert steps() > asked_at  # the cell went on: the hook never waited for its end
+    by_hook = next(m for m in engine.manifests() if m.id in hook.stdout)
+    # the kernel's state as of a step after the request, not its last committed one
+    assert by_hook.stats.get("kernels_fresh") == ["long.ipynb"], by_hook.stats
+    assert position(by_hook) >= asked_at, (position(by_hook), asked_at)
+    committed = {m.id for m in engine.manifests()}
+    hub.stop(name)  # the spawner's SIGINT/SIGTERM: the server's final snapshot, then its exit
+    engine = SnapshotEngine(settings, key=env["SPOTWARP_KEY"].encode())
+    final = [m for m in engine.manifests() if m.id not in committed]
+    assert final, "no final snapshot after SIGTERM"
+    assert position(final[0]) >= max(position(m) for m in engine.manifests()), [
+        (m.id, m.message, position(m)) for m in engine.manifests()]
+    assert position(final[0]) >= position(by_hook) > 0
 
 
 # -- the same isolation without a hub: every door refuses another user's prefix -------------------
@@ -574,7 +562,7 @@ class TestWriteWithoutExecute:
 
 
 # -- restore-on-start, without a hub ---------------------------------------------------------------
-def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
+def test_restore_on_start_fills_a_fresh_workspace_and_only_what_a_kept_one_lacks(tmp_path):
     engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
     source = tmp_path / "old-pod"
     (source / "src").mkdir(parents=True)
@@ -595,9 +583,13 @@ def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
     assert done["restored"] is True and done["id"] == taken.id and done["files_restored"] == 2
     assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
     (fresh / "notes.md").write_text("changed since\n")
-    assert restore_on_start(engine, str(fresh), "if-empty", None) == \
-        {"restored": False, "reason": "the workspace already holds files"}
+    (fresh / "src" / "train.py").unlink()
+    kept = restore_on_start(engine, str(fresh), "if-empty", None)  # a kept workspace: only what it lacks
+    assert kept["restored"] is True and kept["kept"] is True and (kept["files_kept"], kept["files_restored"]) == (1, 1), kept
+    assert kept["line"].startswith(f"the workspace {fresh} already holds files: kept as they are (1 on disk), 1 "
+                                   f"missing restored from snapshot {taken.id}"), kept["line"]
     assert (fresh / "notes.md").read_text() == "changed since\n"  # never overwritten
+    assert (fresh / "src" / "train.py").read_text() == "print('train')\n"
 
     # a damaged snapshot: reported, not raised (the server still starts), nothing half-written
     oid = taken.files["entries"]["notes.md"]["chunks"][0]["id"]
@@ -608,7 +600,8 @@ def test_restore_on_start_only_into_a_fresh_workspace(tmp_path):
     assert done["restored"] is False and oid in done["error"]
     assert not (other / "notes.md").exists()
     empty = SnapshotEngine(Settings.resolve(project="none", storage=str(tmp_path / "store"), env={}))
-    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"].endswith("no snapshot with files yet")
+    assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"] == \
+        "project 'none' has no snapshot with files yet: starting with an empty workspace"
 
 
 def test_restore_on_start_setting_is_checked(monkeypatch):

@@ -1,4 +1,4 @@
-"""Issue 22: what resuming on a new host must not do.
+"""What resuming on a new host must not do.
 
 A cell running outside a `resumable` loop is not run again (it may have side effects): the kernel's state comes
 back and the status names the cell. `spotwarp start --no-resume` starts no kernel. A kernelspec this host lacks, a

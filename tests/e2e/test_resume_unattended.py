@@ -1,4 +1,4 @@
-"""Issue 22: the session resumes by itself on the new host, nobody at the keyboard.
+"""The session resumes by itself on the new host, nobody at the keyboard.
 
 Host A (`spotwarp start`, a notebook session driven as JupyterLab drives it: execute requests carrying the cell id)
 runs a setup cell and a `resumable` DataLoader loop (shuffled, seeded generator) and is SIGKILLed mid-loop with its
@@ -11,6 +11,8 @@ the cell's final output; B's session for the notebook must hold the trained stat
 from __future__ import annotations
 
 import json
+import os
+import re
 import subprocess
 import sys
 import time
@@ -28,6 +30,8 @@ from new_hosts import (
     kill_host,
     notebook,
     reference_run,
+    restart_host,
+    resume_entry,
     start_host,
     wait_for,
 )
@@ -117,3 +121,52 @@ def test_a_second_loss_during_the_resumed_run_resumes_again_on_a_third_host(tmp_
                                         "--storage", store, "--json"], capture_output=True, text=True, check=True).stdout)
     # two losses without notice, each found by the resume after it
     assert [(e["with_notice"], e["survived"]) for e in report["events"]] == [(False, True), (False, True)], report
+
+
+def test_a_server_restarted_on_its_kept_workspace_resumes_by_itself(tmp_path, hosts, reference):
+    """The home outlived the server (a kept volume): its files stay as they are, and the kernel still resumes from
+    the newest snapshot, the interrupted cell continuing at the next batch."""
+    store = str(tmp_path / "store")
+    done_on_a = lose_host_a(tmp_path, hosts, store)
+    workspace = hosts[0].workspace
+    (workspace / "notes.md").write_text("written after the last snapshot\n")  # newer than any snapshot
+    b = restart_host(tmp_path, hosts[0], "a-again", store, PYTHONHASHSEED="0")
+    hosts.append(b)
+    entry = wait_for(lambda: resume_entry(b), 90, "a resume entry for the notebook", b)
+    assert entry["state"] in ("running", "finished"), entry
+    assert "the notebook on disk kept as it is" in entry["line"], entry["line"]
+    entry = finished_on(b, reference)
+    assert completed(entry["positions"]) >= done_on_a
+    assert (workspace / "notes.md").read_text() == "written after the last snapshot\n"
+    start = b.request("GET", "spotwarp/api/status")[1]["start_restore"]
+    assert start["restored"] is True and start["kept"] is True, start
+    assert "already holds files: kept as they are" in start["line"], start
+    # the decisions are lines of the server's own log, with their time and level
+    assert re.search(r"\[I \d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d+ ServerApp\] SpotWarp start restore: the workspace .* "
+                     r"already holds files", b.log()), b.log()[-3000:]
+    assert re.search(r"\[I [\d: .-]+ ServerApp\] SpotWarp resume: train.ipynb: .*kept as it is; re-running cell loop",
+                     b.log()), b.log()[-3000:]
+
+
+def test_a_kept_notebook_that_lost_the_running_cell_gets_the_state_and_runs_nothing(tmp_path, hosts):
+    """The kept notebook was edited after the snapshot and no longer holds the interrupted cell: the notebook as its
+    user left it wins; the kernel gets the snapshot's state, nothing runs, and the entry says why in one line."""
+    store = str(tmp_path / "store")
+    lose_host_a(tmp_path, hosts, store)
+    path = hosts[0].workspace / "train.ipynb"
+    edited = notebook([("setup", SETUP), ("plot", "print('a new cell')\n")])
+    path.write_text(json.dumps(edited))
+    saved = max(m["created_ts"] for m in kernel_manifests(store, "proj")) + 20.0
+    os.utime(path, (saved, saved))  # saved 20 s after the newest snapshot, as a user's edit would be
+    b = restart_host(tmp_path, hosts[0], "a-again", store, PYTHONHASHSEED="0")
+    hosts.append(b)
+    entry = wait_for(lambda: resume_entry(b).get("state") in ("restored", "running", "failed") and resume_entry(b), 90,
+                     "a resume entry for the notebook", b)
+    assert entry["state"] == "restored" and entry["interrupted_cell"] == "loop", entry
+    assert re.search(r"the notebook on disk, kept as it is, was saved (19\.\d|20\.\d) s after that snapshot: the kernel holds the "
+                     r"snapshot's state, the newest stored; cell loop was running, and the notebook on disk no longer "
+                     r"holds it: not run again", entry["line"]), entry["line"]
+    assert json.loads(path.read_text()) == edited  # the user's notebook as they left it
+    session = b.open_notebook("train.ipynb")  # attaches to the resumed kernel: the snapshot's state, nothing run
+    assert session.kernel_id == entry["kernel_id"]
+    assert session.value("len(losses)") == completed(entry["positions"])

@@ -126,6 +126,13 @@ def test_opted_in_the_same_store_resumes_with_the_warning(signed_store, hosts):
     assert status["trust"]["allowed"] is True and status["trust"]["vouched"] is False
     assert "spotwarp: WARNING: resuming kernels from snapshot" in b.log()
     wait_for(marker.exists, 60, "the forged cell's marker (the risk accepted)", b)
+    # the resumed kernel's own line, in the widget and `%spotwarp status`, carries the warning too
+    nb = b.open_notebook("train.ipynb")
+    assert nb.kernel_id == entry["kernel_id"]
+    widget_line = nb.value("__import__('spotwarp_jupyter.widget.status', fromlist=['_']).protection("
+                           "__import__('spotwarp_jupyter.kernel.session', fromlist=['_']).current().status())[1]")
+    assert widget_line.startswith("protected: resumed") and "WARNING: " in widget_line, widget_line
+    assert "no key vouches for" in widget_line and "no kernel is resumed" not in widget_line, widget_line
 
 
 def test_a_host_given_the_key_resumes_and_the_key_never_leaves_the_host(signed_store, hosts):

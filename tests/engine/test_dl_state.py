@@ -1,4 +1,4 @@
-"""Deep-learning state across hosts (issue 28): kernel A snapshots and is SIGKILLed, kernel B in another
+"""Deep-learning state across hosts: kernel A snapshots and is SIGKILLed, kernel B in another
 folder restores, and each check is of behaviour (what the restored objects still do), not only of values.
 """
 
@@ -88,7 +88,7 @@ warnings.simplefilter("ignore")
 import torch
 g = torch.Generator().manual_seed(3)
 loader = torch.utils.data.DataLoader(list(range(10)), batch_size=3, shuffle=True, generator=g)
-it = iter(loader)  # a live iterator over the loader: cannot be saved
+it = iter(loader)  # a live iterator over the loader, drawing its order from the same generator
 first = next(it)
 torch.manual_seed(0)
 model = torch.nn.utils.weight_norm(torch.nn.Linear(3, 2))
@@ -113,7 +113,7 @@ def test_an_unpicklable_member_is_left_out_and_the_rest_stays_together(start_ker
     on_a, on_b, restored = _move(start_kernel, GROUP_WORK, GROUP_CHECKS)
     assert on_a["drives_model"] and on_a["loader_uses_g"]
     assert on_b == on_a, restored
-    assert "it (" in restored and "logger (" in restored, restored  # named as not in the snapshot
+    assert "logger (" in restored and "it (" not in restored, restored  # the socket's holder only is left out
 
 
 # -- item 3: tensor and array layouts, shared storage, attributes ---------------------------------

@@ -1,4 +1,4 @@
-"""A snapshot starts writing large buffers before it has worked out its groups (issue 26).
+"""A snapshot starts writing large buffers before it has worked out its groups.
 
 `shared_groups` walks every object of the namespace before any group is pickled: 0.3 s at 4 GB with the
 disk idle. The buffers pickling will hand over (arrays, tensors, module parameters and gradients, optimizer

@@ -69,7 +69,7 @@ def test_skipped_variables_are_reported_not_fatal(store_url):
     skipped = manifest.kernels["default"]["skipped"]
     assert set(skipped) == {"gen", "sock", "inside"}
     assert "generator" in skipped["gen"] and "generator" in skipped["inside"]
-    assert set(manifest.kernels["default"]["variables"]) == {"ok", "lock"}  # a lock is recreated (issue 28)
+    assert set(manifest.kernels["default"]["variables"]) == {"ok", "lock"}  # a lock is recreated
 
 
 def test_policy_exclude_include_and_size_limit(store_url):

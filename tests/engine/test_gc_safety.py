@@ -1,4 +1,4 @@
-"""gc never deletes what a committed, in-flight or refused snapshot names (issue 14, items 1 and 2).
+"""gc never deletes what a committed, in-flight or refused snapshot names.
 
 Real stores (a local folder and the GCS emulator), real writers (the kernel's persist writer and the
 workspace writer), gc from another engine as another host would run it, and real kernels for `--keep`.

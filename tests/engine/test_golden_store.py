@@ -1,4 +1,4 @@
-"""A store written before the engine's layout changed (issue 23) still restores, whole, with the new code.
+"""A store written before the engine's layout changed still restores, whole, with the new code.
 
 tests/golden/store_v1 holds one kernel snapshot and one project snapshot written by main at 9c7946b (the
 single-module engine: its streams name rebuilders `spotwarp_jupyter.engine.pickling.<name>`). expected.json

@@ -1,5 +1,5 @@
 """On a local disk a large buffer is stored from its first page boundary on, and restored at the same offset
-into a page (issue 26).
+into a page.
 
 torch and NumPy place an array 64 or 16 bytes past a page, and O_DIRECT takes only page-aligned memory, so
 every chunk used to be copied into a staging buffer before its write. The bytes before the first page

@@ -51,7 +51,7 @@ GOLDEN_V2 = Path(__file__).parents[1] / "golden" / "pickled_group_v2.pickle"
 
 
 def test_a_stream_of_the_storage_format_still_loads():
-    """tests/golden/pickled_group_v2.pickle (make_pickled_group_v2.py): issue 28's format, kept loadable."""
+    """tests/golden/pickled_group_v2.pickle (make_pickled_group_v2.py): the v2 group format, kept loadable."""
     blob = pickle.loads(GOLDEN_V2.read_bytes())
     for name in ["_rebuild_strided", "_rebuild_storage", "_rebuild_view", "_rebuild_optimizer", "_recreate_lock"]:
         assert name.encode() in blob["data"] and callable(getattr(pickling, name))

@@ -1,4 +1,4 @@
-"""Progressive restore (issue 16): small variables first, large ones arriving behind them.
+"""Progressive restore: small variables first, large ones arriving behind them.
 
 The large objects are held back by a test-only storage (`gated://`, tests/support/gated_fs.py) until the test
 opens its gate, so "still loading" is a state the test controls, not a timing guess.
@@ -224,17 +224,30 @@ def test_code_after_the_restore_in_the_same_cell_gets_the_large_variable(start_k
     assert b.value("last") == BIG // 8 - 1
 
 
-def test_a_variable_that_failed_to_restore_is_carried_forward_and_its_snapshot_kept(start_kernel, store_url):
+@pytest.mark.parametrize("kind", ["local", "s3"])
+def test_a_variable_that_failed_to_restore_is_carried_forward_and_its_snapshot_kept(start_kernel, store_url, kind,
+                                                                                   request):
     """The next snapshot after a restore that refused `big` (a damaged object) carries its record forward,
     marked damaged, and says so in the manifest and the status; `gc --keep 1` keeps the snapshot that holds it;
-    a restore of the newest snapshot reports `big` again instead of lacking it silently."""
-    a = start_kernel("host-a")
+    a restore of the newest snapshot reports `big` again instead of lacking it silently. On a local folder and on
+    object storage alike (a store writer damages the object in place)."""
+    env: dict[str, str] = {}
+    settings = Settings.resolve(project="proj", storage=store_url, env={})
+    if kind == "s3":
+        target = request.getfixturevalue("s3_server").target()
+        env = target.kernel_env()
+        settings = Settings.resolve(project="proj", storage=target.url, storage_options=target.options, env={})
+    a = start_kernel("host-a", **env)
     a.run(MAKE)
     a.close()
-    _damage_biggest_object(store_url)
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"")
+    engine = SnapshotEngine(settings, key=b"")
+    objects = engine.store.fs.find(engine.store.objects_dir, detail=True)
+    victim = max(objects, key=lambda p: objects[p]["size"])
+    data = bytearray(engine.store.fs.cat_file(victim))
+    data[4096] ^= 0xFF
+    engine.store.fs.pipe_file(victim, bytes(data))
     holder = engine.get("latest").id
-    b = start_kernel("host-b")
+    b = start_kernel("host-b", **env)
     b.run("%load_ext spotwarp\n%spotwarp restore latest")
     assert b.run_error("print(big.sum())")[0] == "NameError"
     b.run("n = n + 1\n%spotwarp snapshot")
@@ -245,7 +258,7 @@ def test_a_variable_that_failed_to_restore_is_carried_forward_and_its_snapshot_k
     assert "carried forward" in b.run("%spotwarp status")
     engine.gc(keep=1)
     assert holder in {m.id for m in engine.manifests()}
-    c = start_kernel("host-c")
+    c = start_kernel("host-c", **env)
     c.run("%load_ext spotwarp\n%spotwarp restore latest")
     ename, _evalue, out = c.run_error("print(big.sum())")
     assert ename == "NameError" and out.count("could not restore big") == 1, out

@@ -153,3 +153,24 @@ def test_unsigned_restore_warning_is_given_once_per_process():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out[0] == "None" and "pickle code" in out[1] and "SPOTWARP_KEY" in out[1] and out[2] == "None"
+
+
+def test_a_deleted_or_replaced_newest_manifest_is_a_rollback_on_every_backend(storage: StorageTarget):
+    """The signed head names the newest commit: deleting it, or putting an older signed manifest back in its place,
+    is refused for `latest` in one line naming it; an explicit id still restores; a newer commit settles it."""
+    from spotwarp_jupyter.engine import RolledBack
+
+    writer = engine_for(storage, KEY_A)
+    older = writer.snapshot_kernel({"step": 1}, message="older")
+    newest = writer.snapshot_kernel({"step": 2}, message="newest")
+    writer.store.fs.rm_file(manifest_path(writer, newest))  # the store's writer, without the key, rolls it back
+    reader = engine_for(storage, KEY_A)
+    with pytest.raises(RolledBack) as refused:
+        reader.check_head()
+    assert newest.id in str(refused.value) and "\n" not in str(refused.value)
+    ns: dict = {}
+    reader.restore_kernel(older.id, ns)  # by explicit id: the older state, accepted knowingly
+    assert ns["step"] == 1
+    later = engine_for(storage, KEY_A).snapshot_kernel({"step": 3}, message="after")
+    engine_for(storage, KEY_A).check_head()  # a newer signed commit: the head is passed, nothing refused
+    assert engine_for(storage, KEY_A).get("latest").id == later.id

@@ -1,4 +1,4 @@
-"""Where a snapshot's seconds go: its phases are gathered while asked, and only then (issue 26).
+"""Where a snapshot's seconds go: its phases are gathered while asked, and only then.
 
 `bench_scaling.py --breakdown` splits a full snapshot into serialize, hash, write and fsync;
 these tests take real snapshots of arrays into a real folder and read the phases they report.

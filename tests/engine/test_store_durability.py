@@ -1,4 +1,4 @@
-"""A local snapshot's objects are durable under their names before the manifest naming them commits (issue 16).
+"""A local snapshot's objects are durable under their names before the manifest naming them commits.
 
 The local store writes a snapshot's objects as one batch: temporaries first, then one pass syncs their data,
 renames them into place and syncs their folders. These tests watch the real system calls (os.fsync,

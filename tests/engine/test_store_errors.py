@@ -1,4 +1,4 @@
-"""Stores failing or misnamed, and the newest snapshot damaged: one line, nothing lost (issue 14, items 11-14).
+"""Stores failing or misnamed, and the newest snapshot damaged: one line, nothing lost.
 
 Everything runs the real `spotwarp` CLI against real stores: a local folder (a real full disk where the
 machine lets us mount a small tmpfs), an unreachable GCS endpoint.

@@ -100,6 +100,45 @@ def test_collaboration_files_of_the_host_are_not_backed_up(engine, ws):
     assert not names & {".jupyter_ystore.db", ".jupyter_ystore.db-journal", ".jupyter/collaboration_sessions.json"}
 
 
+def test_a_servers_own_state_is_never_backed_up_nor_restored_over_its_copy(engine, ws, tmp_path):
+    """Jupyter's file-id database (under the home's data folder when the workspace is the home) is held open by the
+    running server: never stored, and where a store holds it all the same, never written by a restore."""
+    data = ws / ".local" / "share" / "jupyter"
+    data.mkdir(parents=True)
+    for name in ("file_id_manager.db", "file_id_manager.db-wal", "nbsignatures.db"):
+        (data / name).write_bytes(b"SQLite format 3\0 of the lost server")
+    names = set(backup_workspace(engine.store, str(ws), chunk_size=CHUNK)[0]["entries"])
+    assert not any("file_id_manager" in n or "nbsignatures" in n for n in names), sorted(names)
+    # a store that holds them (an older version's backup, or `!file_id_manager.db*` in .spotwarpignore)
+    (ws / ".spotwarpignore").write_text("!file_id_manager.db*\n")
+    held = engine.snapshot_project(str(ws))
+    assert ".local/share/jupyter/file_id_manager.db" in held.files["entries"]
+    new = tmp_path / "new-home"
+    (new / ".local" / "share" / "jupyter").mkdir(parents=True)
+    running = new / ".local" / "share" / "jupyter" / "file_id_manager.db"
+    running.write_bytes(b"SQLite format 3\0 of the running server")
+    inode = running.stat().st_ino
+    report = engine.restore_files(held, str(new))
+    assert running.read_bytes() == b"SQLite format 3\0 of the running server" and running.stat().st_ino == inode
+    assert not (new / ".local" / "share" / "jupyter" / "file_id_manager.db-wal").exists()
+    assert report.server_state_skipped == [".local/share/jupyter/file_id_manager.db",
+                                           ".local/share/jupyter/file_id_manager.db-wal"]
+    assert (new / "data" / "train.csv").read_bytes() == (ws / "data" / "train.csv").read_bytes()
+
+
+def test_a_kept_workspace_keeps_its_files_and_gets_back_only_missing_ones(engine, ws, tmp_path):
+    taken = engine.snapshot_project(str(ws))
+    (ws / "configs" / "run.yaml").write_text("lr: 0.1  # edited after the snapshot\n")
+    (ws / "run.sh").unlink()
+    (ws / "data").rename(ws / "data-moved")
+    (ws / "data").write_text("a file where the snapshot had a folder\n")
+    report = engine.restore_files(taken, str(ws), keep_existing=True)
+    assert (ws / "configs" / "run.yaml").read_text() == "lr: 0.1  # edited after the snapshot\n"
+    assert (ws / "run.sh").read_text() == "#!/bin/sh\necho hi\n"  # missing: back
+    assert (ws / "data").read_text() == "a file where the snapshot had a folder\n"
+    assert report.files_restored == 1 and report.files_kept == len(taken.files["entries"]) - 1, report
+
+
 def test_unchanged_files_are_not_read_and_a_changed_chunk_is_the_only_upload(engine, ws):
     age(ws)
     first, _o, s1 = backup_workspace(engine.store, str(ws), chunk_size=CHUNK)

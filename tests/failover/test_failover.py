@@ -730,7 +730,7 @@ def test_watch_checks_dead_after_against_the_watched_hosts_own_interval(tmp_path
         cleanup(store, tmp_path)
 
 
-# -- forgeries: a store writer without SPOTWARP_KEY (issue 25 item 12) ------------------------------------------
+# -- forgeries: a store writer without SPOTWARP_KEY ------------------------------------------
 
 KEY = "forgery-test-key-4711-not-a-secret"
 ATTACKER_URL = "http://attacker.invalid:8888/"

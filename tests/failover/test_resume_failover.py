@@ -1,4 +1,4 @@
-"""Issue 22 through `spotwarp launch --provider local --watch`, end to end, nobody touching the winner.
+"""The unattended resume through `spotwarp launch --provider local --watch`, end to end, nobody touching the winner.
 
 The first holder trains a notebook's `resumable` loop (driven as JupyterLab drives it) and is SIGKILLed with its
 kernel, no notice. The watch detects the loss, races, promotes a new holder; once its promotion snapshot is

@@ -1,4 +1,4 @@
-"""Write tests/golden/pickled_group_v2.pickle: one group as issue 28's format pickles it (storages saved once,
+"""Write tests/golden/pickled_group_v2.pickle: one group as the v2 group format pickles it (storages saved once,
 tensors as views of them, NumPy views of their base, optimizers through state_dict, locks).
 
     PYTHONPATH=. .venv/bin/python tests/golden/make_pickled_group_v2.py tests/golden/pickled_group_v2.pickle

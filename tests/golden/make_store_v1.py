@@ -1,4 +1,4 @@
-"""Write tests/golden/store_v1: one kernel snapshot and one project snapshot made by the engine before issue 23.
+"""Write tests/golden/store_v1: one kernel snapshot and one project snapshot made by the engine in the v1 store layout.
 
 Run against the old layout, in a clean environment (manifests record the environment):
     git worktree add /tmp/oldmain 9c7946b

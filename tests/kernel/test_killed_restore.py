@@ -1,4 +1,4 @@
-"""A kernel killed (SIGKILL) in the middle of a progressive restore leaves nothing behind (issue 26).
+"""A kernel killed (SIGKILL) in the middle of a progressive restore leaves nothing behind.
 
 Host B reads the store through `gated://` (tests/support/gated_fs.py), which holds back every object of
 at least 40 MiB until a gate that is never opened: the 30 MB array arrives and is bound, the 200 MB one

@@ -89,3 +89,18 @@ def test_a_restored_kernel_keeps_its_policy_and_is_protected_at_once(start_kerne
                                              "resume": False, "max_redo_s": 90.0}
     assert b.value("protection(s.status())") == [True, f"protected: restored from {_engine(store_url).manifests()[0].id}"]
     assert b.value("s.due([])") is False  # the restored state is stored: the next snapshot is an interval away
+
+
+def test_a_fresh_kernel_says_a_newer_snapshot_of_its_notebook_exists_in_its_status(start_kernel, store_url):
+    """Not resumed (a kept home opened without resume, --no-resume): `%spotwarp status` names the notebook's newer
+    snapshot and how to bring it back; once restored, it says nothing of it."""
+    a = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
+    a.run("%load_ext spotwarp\n%spotwarp off\nweights = list(range(100))\n%spotwarp snapshot")
+    a.kill()
+    (newest,) = _engine(store_url).manifests()
+    b = start_kernel("host-b", JPY_SESSION_NAME="train.ipynb")
+    out = b.run("%load_ext spotwarp\n%spotwarp status")
+    line = next((ln for ln in out.splitlines() if ln.strip().startswith("newer")), "")
+    assert f"a newer snapshot of this notebook: {newest.id}, " in line and "%spotwarp restore latest" in line, out
+    b.run("%spotwarp restore latest")
+    assert "newer" not in b.run("%spotwarp status")

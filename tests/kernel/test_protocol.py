@@ -16,8 +16,7 @@ import pytest
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.protocol import (
     COMM_TARGET,
-    NOTICE_REPLY,
-    NOTICE_REQUEST,
+    SERVER_REQUEST,
     KernelRequest,
     NoticeAnswer,
     NoticeRequest,
@@ -28,6 +27,7 @@ from spotwarp_jupyter.protocol import (
 from spotwarp_jupyter.server.watchers import Notice
 
 from jupyter_api import execute, open_notebook
+from kernels import notice_request
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -78,19 +78,6 @@ def comm_request(kernel, data, timeout: float = 60) -> dict:
         if msg["msg_type"] == "comm_msg" and msg["content"].get("comm_id") == comm_id:
             return msg["content"]["data"]
     raise AssertionError("no answer on the comm")
-
-
-def notice_request(kernel, content, timeout: float = 30) -> dict:
-    """Send a notice on the control channel (as the server does) and return the kernel's answer."""
-    msg = kernel.kc.session.msg(NOTICE_REQUEST, content)
-    kernel.kc.control_channel.send(msg)
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        reply = kernel.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            assert reply["msg_type"] == NOTICE_REPLY
-            return reply["content"]
-    raise AssertionError("no answer to the notice")
 
 
 def test_a_kernel_answers_each_request_with_its_id(start_kernel, store_url):
@@ -147,6 +134,7 @@ def test_a_malformed_request_gets_one_line_and_changes_nothing(start_kernel, sto
     ({"fatal": True, "deadline": None}, "request_id must be"),
     ({"request_id": "n1", "fatal": "yes"}, "fatal must be true or false"),
     ({"request_id": "n2", "deadline": "soon"}, "deadline must be a time"),
+    ({"request_id": "n3", "fatal": False, "reason": "whatever"}, "reason must be one of"),
 ])
 def test_a_malformed_notice_gets_one_line_and_queues_no_snapshot(start_kernel, store_url, content, error):
     k = start_kernel("host")
@@ -169,6 +157,10 @@ def test_every_message_reads_back_as_built_and_an_answer_to_another_request_is_r
         assert KernelRequest.from_message(request.to_message()) == request
     rename = RenameRequest.new("runs/train.ipynb")
     assert RenameRequest.from_message(rename.to_message()) == rename
+    for notice in (NoticeRequest.new(), NoticeRequest.new(fatal=False, reason=SERVER_REQUEST)):
+        assert NoticeRequest.from_message(notice.to_message()) == notice
+    with pytest.raises(ProtocolError, match="reason"):  # a notice that holds the loop is a preemption
+        NoticeRequest.from_message({**NoticeRequest.new().to_message(), "reason": SERVER_REQUEST})
     for bad in ({"request_id": "r"}, {"request_id": "r", "notebook": " "}, {"notebook": "a.ipynb"}):
         with pytest.raises(ProtocolError):
             RenameRequest.from_message(bad)

@@ -19,6 +19,7 @@ import yaml
 from traitlets.config import Config
 
 from spotwarp_jupyter.engine import Settings
+from spotwarp_jupyter.engine.settings import resolve_setting
 
 from hub_configs import load, spawner_environment
 
@@ -55,6 +56,10 @@ def test_jupyterhub_config_gives_every_user_their_own_prefix(monkeypatch):
     assert "SPOTWARP_STORAGE_OPTIONS" not in env and "SPOTWARP_KEY" not in env  # nothing the hub does not have
     assert config.Spawner.http_timeout >= 120 and config.Spawner.start_timeout >= config.Spawner.http_timeout
     assert config.Spawner.disable_user_config is True
+    # a local spawner stops a server with SIGINT, then SIGTERM after `interrupt_timeout` (10 s by default)
+    from jupyterhub.spawner import LocalProcessSpawner
+    shutdown_grace = resolve_setting("shutdown_grace", env={"SPOTWARP_SHUTDOWN_GRACE": env["SPOTWARP_SHUTDOWN_GRACE"]})
+    assert shutdown_grace <= LocalProcessSpawner.interrupt_timeout.default_value
     # what each single-user server makes of it (JupyterHub's base Spawner passes the string unchanged)
     for user, server, expected in (("alice", "", "alice/default"), ("bob", "gpu", "bob/gpu")):
         settings = Settings.resolve(env={**env, "JUPYTERHUB_USER": user, "JUPYTERHUB_SERVER_NAME": server})
@@ -177,6 +182,9 @@ def test_values_spot_pool_grace_period_and_prestop_hook(values):
     command = single["lifecycleHooks"]["preStop"]["exec"]["command"]
     timeout = float(command[command.index("--timeout") + 1])
     assert 0 < timeout < grace  # the hook leaves time for the final snapshot after SIGTERM
+    # the hook runs first, SIGTERM after it: the server's grace fits in what is left of the pod's
+    shutdown_grace = resolve_setting("shutdown_grace", env=single["extraEnv"])
+    assert timeout + shutdown_grace <= grace
     assert values["hub"]["config"]["KubeSpawner"]["http_timeout"] >= 120
     assert single["startTimeout"] >= values["hub"]["config"]["KubeSpawner"]["http_timeout"]
     # the hook's command exists and fails in one clear line outside a hub pod
@@ -216,3 +224,43 @@ def test_guide_python_snippets_are_the_deploy_files(monkeypatch):
         code = [ln.strip() for ln in snippet.splitlines() if ln.strip() and not ln.strip().startswith("#")]
         missing = [ln for ln in code if ln not in deploy_lines]
         assert not missing, f"guide lines not in deploy/*.py: {missing}"
+
+
+def test_the_prestop_hook_gives_up_within_its_timeout_on_a_server_that_trickles(values):
+    """The hook's --timeout bounds the whole call: a server that answers a byte at a time never holds the pod's
+    grace period past it (the final snapshot after SIGTERM needs the rest)."""
+    import http.server
+    import threading
+
+    released = threading.Event()
+
+    class Trickle(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - http.server's name
+            self.rfile.read(int(self.headers["Content-Length"]))
+            body = b" " * 200 + b'{"id": "late", "files": 0, "notebooks": []}'
+            self.send_response(201)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            for i in range(len(body)):  # each byte well within the socket timeout, the whole far past it
+                self.wfile.write(body[i:i + 1])
+                self.wfile.flush()
+                if released.wait(0.2):
+                    return
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Trickle)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        command = values["singleuser"]["lifecycleHooks"]["preStop"]["exec"]["command"]
+        argv = [sys.executable, *command[1:command.index("--timeout")], "--timeout", "2"]
+        env = {**{k: v for k, v in os.environ.items() if not k.startswith("JUPYTERHUB_")},
+               "JUPYTERHUB_SERVICE_URL": f"http://127.0.0.1:{server.server_address[1]}/user/alice/",
+               "JUPYTERHUB_API_TOKEN": "token"}
+        done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+    finally:
+        released.set()
+        server.shutdown()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.strip() == "spotwarp prestop: the server did not answer within 2 s", done.stderr

@@ -47,3 +47,16 @@ def test_a_snapshot_signed_with_bobs_key_is_refused_by_alice(monkeypatch, tmp_pa
     made = SnapshotEngine(settings, key=key_for(env, "bob").encode()).snapshot_kernel({"x": np.arange(3)})
     with pytest.raises(ManifestError, match="signed with another key"):
         SnapshotEngine(settings, key=key_for(env, "alice").encode()).restore_kernel(made.id, {})
+
+
+def test_under_a_hub_the_refusal_speaks_of_the_users_own_key(monkeypatch, tmp_path: Path):
+    """On a hub there is no one key to copy to every host: the refusal says whose key loads here."""
+    config = load("jupyterhub_config.py", monkeypatch=monkeypatch, env={"SPOTWARP_HUB_KEY_SECRET": HUB_SECRET})
+    env = spawner_environment(config)
+    monkeypatch.setenv("JUPYTERHUB_USER", "alice")
+    settings = Settings.resolve(project="p", storage=str(tmp_path / "store"), env={})
+    made = SnapshotEngine(settings, key=key_for(env, "bob").encode()).snapshot_kernel({"x": np.arange(3)})
+    with pytest.raises(ManifestError) as refused:
+        SnapshotEngine(settings, key=key_for(env, "alice").encode()).restore_kernel(made.id, {})
+    assert "only alice's own snapshots load here" in str(refused.value)
+    assert "same SPOTWARP_KEY on every host" not in str(refused.value)

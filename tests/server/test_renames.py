@@ -169,7 +169,7 @@ async def test_a_notice_to_a_kernel_without_spotwarp_logs_no_error(jp_fetch, jp_
     """A preemption notice asks only kernels with SpotWarp loaded to snapshot; any other would log an ERROR line
     for the control message it does not know."""
     from spotwarp_jupyter.protocol import NoticeRequest
-    from spotwarp_jupyter.server.watchers.final import request_safe_point_snapshot
+    from spotwarp_jupyter.server.kernel_link import request_safe_point_snapshot
 
     (jp_root_dir / "plain.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
                                                          "nbformat_minor": 5}))

@@ -55,3 +55,29 @@ async def test_a_restore_on_spawn_resumes_the_notebooks_kernel(jp_fetch, jp_serv
     assert status["report"]["preemptions"] == 1 and 29.9 < loss["work_lost_s"] < 31
     code, sessions = await call(jp_fetch, "GET", "api", "sessions")
     assert [s["path"] for s in sessions] == ["train.ipynb"] and sessions[0]["kernel"]["id"] == entry["kernel_id"]
+
+
+class TestOptedInByConfig:
+    """`c.SpotWarp.resume_unsigned = True` is the opt-in for the restore on spawn as much as the variable is: the
+    cells an unsigned kernel record ran go back into its notebook."""
+
+    @pytest.fixture
+    def jp_server_config(self, store_dir, tmp_path, monkeypatch) -> dict:
+        origin = tmp_path / "origin"
+        origin.mkdir()
+        (origin / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
+                                                        "nbformat_minor": 5}))
+        engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}), key=b"")
+        kernel = engine.snapshot_kernel({"x": 1}, "train.ipynb")
+        record = {**kernel.kernels["train.ipynb"], "cells": [{"id": "setup", "source": "x = 1"}]}
+        engine.snapshot_project(str(origin), kernels={"train.ipynb": record})
+        config = spotwarp_server_config(store_dir, monkeypatch)  # no key: the store's snapshots are unsigned
+        config["SpotWarp"].update(restore_on_start="if-empty", resume_unsigned=True, resume_kernels=False,
+                                  heartbeat_interval=0)
+        for name in ("SPOTWARP_START_RESTORE", "SPOTWARP_RESUME_KERNELS", "SPOTWARP_RESUME_UNSIGNED"):
+            monkeypatch.delenv(name, raising=False)
+        return config
+
+    async def test_the_recorded_cells_go_back_into_the_notebook(self, jp_fetch, jp_root_dir):
+        cells = json.loads((jp_root_dir / "train.ipynb").read_text())["cells"]
+        assert [(c["id"], "".join(c["source"])) for c in cells] == [("setup", "x = 1")], cells

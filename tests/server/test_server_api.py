@@ -152,7 +152,8 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         assert kernels[kid]["notebook"] == "nb/train.ipynb"
         assert kernels[kid]["last_snapshot"] == snap["id"]
         assert kernels[plain_kid] == {"kernel_id": plain_kid, "notebook": "plain.ipynb", "last_snapshot": None,
-                                      "execution_state": "idle"}
+                                      "execution_state": "idle", "newer": None}
+        assert kernels[kid]["newer"] is None  # its own state
 
         await execute(ws, "weights = None\nstep = 0")
         code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", snap["id"], "restore")
@@ -173,6 +174,33 @@ async def test_snapshot_and_restore_reach_every_live_kernel(jp_fetch, jp_ws_fetc
         plain_ws.close()
         for k in (kid, plain_kid):
             await jp_fetch("api", "kernels", k, method="DELETE")
+
+
+async def test_a_kernel_started_after_its_notebooks_stored_state_says_so_until_restored(jp_fetch, jp_ws_fetch,
+                                                                                         workspace):
+    """A kernel that cannot hold its notebook's stored state (started after it, not restored: a restarted kernel,
+    a kept home opened without a resume) is named in GET status with that snapshot; restored, it is not."""
+    kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "train.ipynb")
+    try:
+        await execute(ws, "%load_ext spotwarp\nweights = [1.5, 2.5]\nstep = 7\n%spotwarp snapshot")
+    finally:
+        ws.close()
+    await jp_fetch("api", "kernels", kid, method="DELETE")
+    fresh, ws = await open_notebook(jp_fetch, jp_ws_fetch, "train.ipynb")
+    try:
+        _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+        (k,) = status["kernels"]
+        assert k["kernel_id"] == fresh and k["newer"] is not None, k
+        assert k["newer"]["id"] == k["last_snapshot"] and k["newer"]["variables"] == 2, k
+        await execute(ws, "%load_ext spotwarp")
+        code, restored = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
+        assert code == 200 and restored["kernels"][0]["kernel_id"] == fresh
+        _code, status = await call(jp_fetch, "GET", "spotwarp", "api", "status")
+        assert status["kernels"][0]["newer"] is None, status["kernels"]
+        assert "[1.5, 2.5] 7" in await execute(ws, "print(weights, step)")
+    finally:
+        ws.close()
+        await jp_fetch("api", "kernels", fresh, method="DELETE")
 
 
 # -- the written contract and the configuration ---------------------------------------------------

@@ -1,5 +1,5 @@
 """The server on a real jupyter_server: its own signed snapshots say so, and `restore latest` never falls
-back past a damaged newest snapshot (issue 14, items 11 and 14)."""
+back past a damaged newest snapshot."""
 
 from __future__ import annotations
 

@@ -5,10 +5,13 @@ from __future__ import annotations
 import json
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Any
 
 from jupyter_client.manager import KernelManager
+
+from spotwarp_jupyter.protocol import NOTICE_REPLY, NOTICE_REQUEST
 
 # run in a test kernel: binds `s` to the kernel's SpotWarp session (kernel/session.py)
 SESSION = "s = __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current()\n"
@@ -94,3 +97,16 @@ class Kernel:
             if self.km.has_kernel:
                 self.km.shutdown_kernel(now=True)
         self.km.cleanup_resources()
+
+
+def notice_request(kernel: Kernel, content: dict, timeout: float = 30) -> dict:
+    """Send a notice on the control channel (as the server does) and return the kernel's answer."""
+    msg = kernel.kc.session.msg(NOTICE_REQUEST, content)
+    kernel.kc.control_channel.send(msg)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        reply = kernel.kc.control_channel.get_msg(timeout=max(0.1, deadline - time.monotonic()))
+        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+            assert reply["msg_type"] == NOTICE_REPLY
+            return reply["content"]
+    raise AssertionError("no answer to the notice")

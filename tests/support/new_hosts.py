@@ -1,4 +1,4 @@
-"""Hosts for the resume tests (issue 22): `spotwarp start` servers sharing a store, notebooks, waiting, killing."""
+"""Hosts for the resume tests: `spotwarp start` servers sharing a store, notebooks, waiting, killing."""
 
 from __future__ import annotations
 
@@ -107,6 +107,18 @@ def new_user_host(tmp_path: Path, name: str, store: str, *start_args: str, **env
     server = LabServer(tmp_path / f"ws-{name}", store, "proj",
                        host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **env),
                        tmp_path / f"{name}.log", start_args=start_args)
+    server.wait_ready()
+    return server
+
+
+def restart_host(tmp_path: Path, lost: LabServer, name: str, store: str, **env: str) -> LabServer:
+    """`spotwarp start` again on the workspace and home a lost host left (a kept home volume): the same folder,
+    another process and port, timed file backup off."""
+    home = Path(lost.env["HOME"])
+    env = {"SPOTWARP_KEY": PROJECT_KEY, "SPOTWARP_BACKUP_INTERVAL": "0", **env}
+    server = LabServer(lost.workspace, store, "proj",
+                       host_env(home, PYTHONPATH=os.environ.get("PYTHONPATH", ""), OMP_NUM_THREADS="1", **env),
+                       tmp_path / f"{name}.log")
     server.wait_ready()
     return server
 

@@ -189,7 +189,7 @@ def test_dataloader_with_its_own_generator(engine):
 
 
 def test_draws_between_the_restore_and_the_rerun_change_nothing(engine):
-    """Issue 22 item 8: IPython draws from `random` on every kernel_info_request (a client connecting), and
+    """IPython draws from `random` on every kernel_info_request (a client connecting), and
     anything may run between the restore and the continuation: the loop goes on from the global streams as they
     were at its safe point (Python, NumPy, torch; the loader's generator was already set to its state there)."""
     def make():

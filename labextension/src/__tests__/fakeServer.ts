@@ -80,7 +80,13 @@ export class FakeServer {
       workspace: '/work/ws',
       last_snapshot: this.snapshots[0] ? { ...this.snapshots[0], age_s: 12 } : null,
       kernels: [
-        { kernel_id: 'k1', notebook: 'train.ipynb', last_snapshot: this.snapshots[0]?.id ?? null, execution_state: 'idle' }
+        {
+          kernel_id: 'k1',
+          notebook: 'train.ipynb',
+          last_snapshot: this.snapshots[0]?.id ?? null,
+          execution_state: 'idle',
+          newer: null
+        }
       ],
       watchers: [
         { name: 'sigterm', state: 'watching', endpoint: null, last_notice: null },

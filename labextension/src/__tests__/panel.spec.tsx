@@ -75,12 +75,24 @@ describe('StatusView, EventsView, ServerNotice', () => {
     expect(document.querySelector('.jp-SpotWarp-kernels li')?.textContent).toBe('train.ipynb: a1b2c3d4');
   });
 
+  it("says when the store holds newer state of a kernel's notebook than the kernel", () => {
+    const status = new FakeServer().status();
+    const newer = { id: 'e5f6a7b8', created: '2026-12-02T10:00:00Z', age_s: 300, variables: 4 };
+    status.kernels = [{ ...status.kernels[0], last_snapshot: 'e5f6a7b8', newer }];
+    render(<StatusView status={status} error={null} now={Date.parse('2026-12-02T10:05:00Z')} />);
+    expect(document.querySelector('.jp-SpotWarp-kernels .jp-SpotWarp-newer')?.textContent).toBe(
+      'The store holds newer state of this notebook than this kernel: snapshot e5f6a7b8 (4 variables, 5 min ago), ' +
+        'taken before the kernel started and not restored into it. Run %spotwarp restore latest in the notebook ' +
+        'to bring it back.'
+    );
+  });
+
   it('says a kernel running a cell is busy, not gone', () => {
     const status = new FakeServer().status();
     status.kernels = [{ ...status.kernels[0], last_snapshot: 'a1b2c3d4', execution_state: 'busy' }];
     render(<StatusView status={status} error={null} />);
     expect(document.querySelector('.jp-SpotWarp-kernels li')?.textContent).toBe(
-      'train.ipynb: a1b2c3d4 · busy: running a cell (it answers once the cell ends)'
+      'train.ipynb: a1b2c3d4 · busy: running a cell (a resumable loop answers at its next step, other cells when they end)'
     );
     // what watches this host first; watchers of other clouds (diagnostics) behind a closed disclosure
     const watchers = [...document.querySelectorAll('.jp-SpotWarp-watcher')];

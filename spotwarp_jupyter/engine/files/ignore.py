@@ -48,14 +48,28 @@ CREDENTIAL_PATTERNS = (
     "**/.local/share/fish/fish_history",
 )
 
-# Rebuildable or private by nature; a `!pattern` line in .spotwarpignore brings any of them back.
+# The running server's own state: Jupyter's file-id and notebook-trust databases (SQLite files the server holds
+# open, under the data folder: in a home-folder workspace, .local/share/jupyter), its runtime files,
+# jupyter-collaboration's document history and session ids, and checkpoints. Never backed up by default, and
+# never restored, whatever the snapshot holds: written under a running server, they break its open copies.
+SERVER_STATE_PATTERNS = (
+    "file_id_manager.db*",
+    "nbsignatures.db*",
+    ".local/share/jupyter/runtime/",
+    ".jupyter_ystore.db*",
+    ".jupyter/collaboration_sessions.json",
+    ".ipynb_checkpoints/",
+)
+
+# Rebuildable or private by nature; a `!pattern` line in .spotwarpignore brings any of them back (a server's own
+# state then goes into snapshots, but never comes back over a server's copy).
 DEFAULT_PATTERNS = (
+    *SERVER_STATE_PATTERNS,
     ".git/",
     ".hg/",
     ".svn/",
     "__pycache__/",
     "*.py[cod]",
-    ".ipynb_checkpoints/",
     ".pytest_cache/",
     ".mypy_cache/",
     ".ruff_cache/",
@@ -64,14 +78,8 @@ DEFAULT_PATTERNS = (
     ".Trash-*/",
     ".spotwarp/",
     "*.spotwarp-tmp-*",
-    # a JupyterHub workspace is the home folder: Jupyter's runtime files (server info, cookie
-    # secret) and package-manager caches belong to the running host, not to the session
-    ".local/share/jupyter/runtime/",
+    # a JupyterHub workspace is the home folder: its saved layouts and package-manager caches are the host's
     ".jupyter/lab/workspaces/",
-    # jupyter-collaboration's document history (in the folder the server started in) and its session ids (under
-    # the server's root): the host's own, rebuilt from the notebook files
-    ".jupyter_ystore.db*",
-    ".jupyter/collaboration_sessions.json",
     ".npm/",
     ".ipython/profile_*/history.sqlite*",
     *CREDENTIAL_PATTERNS,
@@ -139,3 +147,12 @@ class IgnoreRules:
                 memo.clear()
             memo[relpath] = answer
         return answer
+
+
+_SERVER_STATE = pathspec.GitIgnoreSpec.from_lines(SERVER_STATE_PATTERNS)
+
+
+def is_server_state(relpath: str) -> bool:
+    """True when `relpath` (posix, relative to the workspace) is a running Jupyter server's own state: a restore
+    never writes it (SERVER_STATE_PATTERNS)."""
+    return _SERVER_STATE.match_file(relpath)

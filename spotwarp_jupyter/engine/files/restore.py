@@ -7,7 +7,9 @@ on the way are created one by one and never entered through a symbolic link. Eac
 to a short temporary name and renamed into place, so a failed restore leaves no half-written file,
 and the temporaries a killed restore left are removed by the next one (temporaries.py).
 Files already holding the snapshot's content are left alone; files the snapshot does not name are
-never deleted.
+never deleted. A running server's own state (ignore.SERVER_STATE_PATTERNS: Jupyter's file-id database, runtime
+files, collaboration history, checkpoints) is never written, whatever the snapshot holds. With `keep_existing`
+(a kept home), whatever is on disk stays as it is: only what is missing comes back.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from ..errors import ManifestError, SpotWarpError
 from ..hashing import fingerprint, is_object_id
 from ..storage import Store, replace_with
 from . import temporaries
+from .ignore import is_server_state
 from .link_safety import Links
 
 _NS_LIMIT = 2**63  # file times are signed 64-bit nanoseconds
@@ -228,13 +231,16 @@ class FileRestoreReport:
     duration_s: float = 0.0
     unstable: list[str] = field(default_factory=list)
     temporaries_removed: int = 0
+    files_kept: int = 0  # on disk already, left as they are (keep_existing)
+    server_state_skipped: list[str] = field(default_factory=list)  # a server's own state, never written
 
     def as_dict(self) -> dict[str, Any]:
         return {
             "files_restored": self.files_restored, "files_unchanged": self.files_unchanged,
             "links_restored": self.links_restored, "bytes_restored": self.bytes_restored,
             "bytes_total": self.bytes_total, "duration_s": round(self.duration_s, 3), "unstable": self.unstable,
-            "temporaries_removed": self.temporaries_removed,
+            "temporaries_removed": self.temporaries_removed, "files_kept": self.files_kept,
+            "server_state_skipped": self.server_state_skipped,
         }
 
 
@@ -323,16 +329,42 @@ class _Restore:
             self.count(files_restored=1, bytes_restored=entry["size"])
 
 
+def _occupied(root: str, relpath: str) -> bool:
+    """Whether something on disk holds `relpath`'s place: the path itself (any kind), or a non-folder on its way."""
+    path = root
+    for part in relpath.split("/"):
+        path = os.path.join(path, part)
+        try:
+            st = os.lstat(path)
+        except FileNotFoundError:
+            return False
+        except OSError:
+            return True  # unreadable: the user's, left alone
+        if not stat.S_ISDIR(st.st_mode):
+            return True
+    return True
+
+
 def restore_files(store: Store, files: dict[str, Any], root: str, progress: Progress | None = None,
-                  workers: int | None = None) -> FileRestoreReport:
-    """Write the snapshot's files into `root` (created if missing); see the module docstring for the rules."""
+                  workers: int | None = None, keep_existing: bool = False) -> FileRestoreReport:
+    """Write the snapshot's files into `root` (created if missing); see the module docstring for the rules.
+
+    `keep_existing`: only entries nothing on disk holds the place of are written (a kept home after a loss: its
+    files are the newest the user has)."""
     started = time.perf_counter()
     entries = check_files(files)
     root = os.path.realpath(root)
+    skipped = sorted(p for p in entries if is_server_state(p))
+    entries = {p: e for p, e in entries.items() if not is_server_state(p)}
+    kept = 0
+    if keep_existing and os.path.isdir(root):
+        missing = {p: e for p, e in entries.items() if not _occupied(root, p)}
+        kept, entries = len(entries) - len(missing), missing
     on_disk, leftovers = survey(root) if os.path.isdir(root) else ({}, [])
     check_links(root, on_disk, entries)
     os.makedirs(root, exist_ok=True)
-    report = FileRestoreReport(unstable=sorted(p for p, e in entries.items() if e.get("unstable")))
+    report = FileRestoreReport(unstable=sorted(p for p, e in entries.items() if e.get("unstable")),
+                               files_kept=kept, server_state_skipped=skipped)
     report.temporaries_removed = temporaries.sweep(leftovers)[0]
     report.bytes_total = sum(e.get("size", 0) for e in entries.values())
     restore = _Restore(store, root, report, progress)

@@ -15,6 +15,7 @@ from .manifest import (
     Manifest,
     committed_kernel_record,
     new_snapshot_id,
+    newer_state,
     newest_kernel_records,
     record_objects,
     signing_key,
@@ -24,6 +25,6 @@ from .scope import signing_scope
 
 __all__ = [
     "collect_facts", "committed_kernel_record", "RECORD", "record_chunks", "with_record", "Manifest", "ManifestCatalog", "new_snapshot_id",
-    "newest_kernel_records", "package_versions", "record_objects", "signing_key", "signing_scope", "trust_warning",
+    "newer_state", "newest_kernel_records", "package_versions", "record_objects", "signing_key", "signing_scope", "trust_warning",
     "version_warnings",
 ]

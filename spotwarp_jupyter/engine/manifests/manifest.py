@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound, UnreadableManifest
-from ..signing import key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
+from ..signing import key_advice, key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
 from .files_record import stored_form
 from .scope import check_scope
 
@@ -102,6 +102,9 @@ class Manifest:
     generation: int = 0  # the writer's lease generation (0: no failover); `latest` never goes to a lower one
     holder: str | None = None  # the writer's candidate id under failover
     requests: list[str] = field(default_factory=list)  # ids of the requests this snapshot answers (protocol.py)
+    # a collective snapshot of a `resumable` loop over torch.distributed ranks: its DCP files and each rank's
+    # position, as objects (kind "collective"; docs/distributed.md)
+    collective: dict[str, Any] = field(default_factory=dict)
 
     @property
     def order(self) -> tuple[int, float, str]:
@@ -144,6 +147,7 @@ class Manifest:
             **({"generation": self.generation} if self.generation else {}),
             **({"holder": self.holder} if self.holder else {}),
             **({"requests": list(self.requests)} if self.requests else {}),
+            **({"collective": self.collective} if self.collective else {}),
         }
         if self.scope is not None:
             body["scope"] = self.scope
@@ -182,7 +186,7 @@ class Manifest:
                 check_scope(doc.get("id", name), doc.get("scope"), scope)
         if checksum != hashlib.sha256(payload).hexdigest():
             raise ManifestError(f"snapshot manifest {name} fails its checksum (damaged or altered)")
-        for record in ("kernels", "files", "env", "stats", "objects"):
+        for record in ("kernels", "files", "env", "stats", "objects", "collective"):
             if not isinstance(doc.get(record) or {}, dict):
                 raise ManifestError(f"snapshot manifest {name}: its {record!r} record is malformed")
         requests = doc.get("requests") or []
@@ -213,6 +217,7 @@ class Manifest:
             generation=int(doc.get("generation") or 0),
             holder=doc.get("holder"),
             requests=requests,
+            collective=doc.get("collective") or {},
         )
 
 
@@ -242,7 +247,7 @@ def _check_signature(ident: str, payload: bytes, signature: Any, signer: Any, ke
     if signer is not None and signer != key_id(key):
         raise SignatureError(
             f"snapshot {ident} is signed with another key (key id {signer}, this host's is {key_id(key)}): "
-            "refusing to load it; use the same SPOTWARP_KEY on every host of the project"
+            f"refusing to load it; {key_advice()}"
         )
     raise SignatureError(f"snapshot {ident} was altered after it was signed: refusing to load it")
 
@@ -269,9 +274,23 @@ def committed_kernel_record(listing: list[Manifest], snapshot_id: str, notebook:
 
 
 def newest_kernel_records(listing: list[Manifest]) -> dict[str, dict[str, Any]]:
-    """Every notebook's newest committed kernel record in `listing` (newest first, as `engine.manifests()`)."""
+    """Every notebook's newest kernel state in `listing` (newest first, as `engine.manifests()`).
+
+    Among the records of one kernel run, newest by the instant of the state (`state_at`): a snapshot may
+    commit after a later one (a writer that took longer), and a project snapshot naming it would move training
+    back. Across runs (another host, a restarted kernel) the commit order stands: clocks may differ."""
     out: dict[str, dict[str, Any]] = {}
     for manifest in listing:
         for notebook, record in manifest.kernels.items():
-            out.setdefault(notebook, record)
+            if notebook not in out or newer_state(record, out[notebook]):
+                out[notebook] = record
     return out
+
+
+def newer_state(record: dict[str, Any], than: dict[str, Any]) -> bool:
+    """Whether kernel `record` holds state its kernel run took after `than`'s (False when another run took
+    `than`, or either does not say when)."""
+    a, b = record.get("state_at"), than.get("state_at")
+    run = record.get("kernel_run")
+    return (isinstance(run, str) and run == than.get("kernel_run") and isinstance(a, (int, float))
+            and isinstance(b, (int, float)) and a > b)

@@ -7,10 +7,12 @@ NumPy arrays and torch tensors (parameters, gradients, optimizer state, on any d
 their bytes out of band, as buffers that go straight to storage without an in-memory copy.
 Objects with `state_dict()` / `load_state_dict()` (torchdata's StatefulDataLoader, a GradScaler,
 user classes) are saved with their state dict and get it back through `load_state_dict` on load;
-torch modules, optimizers and schedulers already pickle their whole state and are left as they are.
+torch modules and schedulers pickle their whole state; optimizers are rebuilt from their state dict.
 
 This module holds the picklers; the routes live in data (arrays, state_dict objects, loaders),
-tensors (torch tensors), classes (classes saved by value) and context (`__main__`, devices).
+tensors (torch tensors), torch_modules (compiled and parametrized modules, compiled functions),
+iterators (a loader's live iterator, tqdm bars, TensorBoard writers, threads refused with a reason),
+handles (files, locks), classes (classes saved by value) and context (`__main__`, devices).
 Streams name every rebuilder as `spotwarp_jupyter.engine.pickling.<name>`, whichever module defines it.
 """
 
@@ -25,7 +27,7 @@ from typing import Any
 
 import dill
 
-from . import classes, context, data, handles, tensors
+from . import classes, context, data, handles, iterators, tensors, torch_modules
 from .classes import _create_type, _importable, _new_class, _put_back, _quietly  # noqa: F401
 from .context import _main_module, device_notes, main_namespace, restore_device, stream_memo  # noqa: F401
 from .data import (  # noqa: F401
@@ -47,7 +49,25 @@ from .data import (  # noqa: F401
     _set_state_and_load,
 )
 from .handles import _recreate_lock, _recreate_rlock, _reduce_file, _reduce_lock, _reopen_file  # noqa: F401
+from .iterators import (  # noqa: F401
+    _new_progress_bar,
+    _new_summary_writer,
+    _reduce_loader_iterator,
+    _reduce_progress_bar,
+    _reduce_summary_writer,
+    _reduce_thread,
+    _set_loader_iterator_state,
+)
 from .tensors import _kind_of, _rebuild_storage, _rebuild_strided, _rebuild_tensor, _reduce_tensor  # noqa: F401
+from .torch_modules import (  # noqa: F401
+    _compile_again,
+    _new_module,
+    _reduce_compiled,
+    _reduce_compiled_function,
+    _reduce_parametrized,
+    _set_parametrized_state,
+    is_compiled_function,
+)
 
 _CODE_TYPES = (types.FunctionType, type)
 
@@ -136,7 +156,23 @@ class _Reducer:
             return _reduce_optimizer(obj)
         if kind == "state_dict":
             return _reduce_with_state_dict(obj)
+        if kind == "compiled":
+            return _reduce_compiled(obj)
+        if kind == "parametrized":
+            return _reduce_parametrized(obj)
+        if kind == "loader_iterator":
+            return _reduce_loader_iterator(obj)
+        if kind == "progress":
+            return _reduce_progress_bar(obj)
+        if kind == "summary_writer":
+            return _reduce_summary_writer(obj)
+        if kind == "thread":
+            return _reduce_thread(obj)
         if isinstance(obj, _CODE_TYPES):
+            if isinstance(obj, types.FunctionType) and is_compiled_function(obj):
+                reduced = _reduce_compiled_function(obj)
+                if reduced is not NotImplemented:
+                    return reduced
             if id(obj) in self._by_value:
                 return NotImplemented if isinstance(self, dill.Pickler) else (_load_dill, (_dill_by_value(obj, self),))
             if getattr(obj, "__module__", None) == "__main__":
@@ -234,7 +270,7 @@ def loads(codec: str, data: bytes, buffers: list[Any]) -> Any:
 def _stable_names() -> None:
     """Streams name rebuilders as `spotwarp_jupyter.engine.pickling.<name>` (as they did before this module was
     split): saving them under this module keeps every stream, old and new, loadable whatever the internal layout."""
-    for module in (classes, context, data, handles, tensors):
+    for module in (classes, context, data, handles, iterators, tensors, torch_modules):
         for name, value in vars(module).items():
             if isinstance(value, (types.FunctionType, type)) and getattr(value, "__module__", None) == module.__name__:
                 if globals().get(name) is value:

@@ -234,6 +234,12 @@ def _reduce_optimizer(opt: Any):
 def _rebuild_optimizer(cls: type, groups: list[dict[str, Any]], defaults: dict[str, Any], state_dict: Any) -> Any:
     opt = cls(groups, **defaults)
     opt.load_state_dict(state_dict)
+    for group, saved_group in zip(opt.param_groups, groups):  # load_state_dict moves `params` last: as they were
+        order = list(saved_group) + [k for k in group if k not in saved_group]
+        if list(group) != order:
+            items = {k: group[k] for k in order if k in group}
+            group.clear()
+            group.update(items)
     return opt
 
 

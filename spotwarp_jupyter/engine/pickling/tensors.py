@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pickle
 import sys
+import threading
 import types
 import warnings
 import weakref
@@ -15,6 +16,8 @@ from typing import Any
 
 from .context import restore_device, saved
 from .handles import FILE_TYPES, LOCK_TYPES
+from .iterators import is_loader_iterator, is_progress_bar, is_summary_writer
+from .torch_modules import is_compiled_module, is_parametrized_module
 
 
 def holds_most_of(t: Any, storage: Any) -> bool:
@@ -162,8 +165,9 @@ _KINDS: "weakref.WeakKeyDictionary[type, str | None]" = weakref.WeakKeyDictionar
 
 
 def _kind_of(cls: type) -> str | None:
-    """How objects of `cls` are reduced: "code", "file", "lock", "tensor", "ndarray", "memmap",
-    "dataloader", "optimizer", "state_dict" or None (plain)."""
+    """How objects of `cls` are reduced: "code", "file", "lock", "thread", "tensor", "compiled", "parametrized",
+    "ndarray", "memmap", "dataloader", "loader_iterator", "progress", "summary_writer", "optimizer", "state_dict"
+    or None (plain)."""
     try:
         return _KINDS[cls]
     except (KeyError, TypeError):
@@ -183,9 +187,16 @@ def _classify(cls: type) -> str | None:
         return "file"
     if issubclass(cls, LOCK_TYPES):
         return "lock"
+    if issubclass(cls, threading.Thread):
+        return "thread"
     torch = sys.modules.get("torch")
     if torch is not None and issubclass(cls, torch.Tensor):
         return "tensor"
+    if torch is not None and issubclass(cls, torch.nn.Module):
+        if is_compiled_module(cls):
+            return "compiled"
+        if is_parametrized_module(cls):
+            return "parametrized"
     numpy = sys.modules.get("numpy")
     if numpy is not None and cls is numpy.ndarray:
         return "ndarray"
@@ -194,6 +205,12 @@ def _classify(cls: type) -> str | None:
     data = sys.modules.get("torch.utils.data")
     if data is not None and issubclass(cls, data.DataLoader):
         return "dataloader"
+    if is_loader_iterator(cls):
+        return "loader_iterator"
+    if is_progress_bar(cls):
+        return "progress"
+    if is_summary_writer(cls):
+        return "summary_writer"
     if torch is not None and issubclass(cls, torch.optim.Optimizer):
         return "optimizer"
     if callable(getattr(cls, "state_dict", None)) and callable(getattr(cls, "load_state_dict", None)):

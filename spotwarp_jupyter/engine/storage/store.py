@@ -131,8 +131,8 @@ class Store:
         self._protocol = protocol
         self.retry = RetryPolicy(attempts=1) if self.local else RetryPolicy.from_env()
         # writers in flight: on a local disk four keep more direct writes queued while others hash (full
-        # snapshots 3-16% faster than with two from 0.25 to 4 GB, on 2 cores idle or busy; README), for 32 MiB
-        # of staging buffers in all
+        # snapshots 3-16% faster than with two from 0.25 to 4 GB, on 2 cores idle or busy; benchmarks/RESULTS.md),
+        # for 32 MiB of staging buffers in all
         self.workers = env_int("SPOTWARP_STORAGE_WORKERS", 4 if self.local else 8, 1)
         self.base = base.rstrip("/")
         self.root = posixpath.join(self.base, project) if base else project

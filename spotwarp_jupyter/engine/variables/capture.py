@@ -191,8 +191,10 @@ def import_path(module: types.ModuleType) -> str:
         if loaded is module:
             return key
     short = name.rpartition(".")[2]
+    # the notebook's own namespace holds it too (`from tokenizers import trainers`): never where it is imported from
     holders = [key for key, loaded in list(sys.modules.items())
-               if isinstance(loaded, types.ModuleType) and loaded.__dict__.get(short) is module]
+               if isinstance(loaded, types.ModuleType) and loaded.__dict__.get(short) is module
+               and key != "__main__" and getattr(loaded, "__name__", None) != "__main__"]
     return f"{min(holders, key=len)}.{short}" if holders else name
 
 

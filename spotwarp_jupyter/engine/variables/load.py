@@ -22,7 +22,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import pickling
+from .. import pages, pickling
 from ..errors import SpotWarpError
 from ..pages import PAGE
 from ..storage import Store
@@ -88,19 +88,33 @@ def group_bytes(group: dict[str, Any]) -> int:
 
 
 def _allocate(size: int, head: int = 0) -> Any:
-    """A writable buffer for a restored array: large ones are anonymous maps whose pages the reads fault in
-    chunk by chunk, as they reach them (`Store.read_object_into`): memory is taken as the restore goes.
+    """A writable buffer for a restored array: large ones are anonymous maps, untouched until `_fill` queues
+    their population ahead of the reads: the map becomes the array's own memory, with no staging copy.
     A buffer stored with a `head` object (the bytes before its first page, see save.chunk_views) starts that
     far before a page, so its other chunks land on pages and are read straight into place with O_DIRECT.
 
-    Not huge pages: with this kernel's usual THP setting (defrag on madvise) a fault may wait for memory
-    to be compacted, measured at 1.5 s per GB against 0.3 s for small pages when memory is fragmented.
+    Not huge pages, whatever the system's THP setting: a fault may wait for memory to be compacted, or
+    for memory the VM gave back to its host (1.1-2.6 s per GB against 0.22-0.33 s for small pages).
     """
     if size < (1 << 20):
         return bytearray(size)
     skip = (PAGE - head) % PAGE
     region = mmap.mmap(-1, size + skip, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+    pages.no_huge_pages(region)
     return memoryview(region)[skip:] if skip else region
+
+
+def _read_into(store: Store, oid: str, part: memoryview, populating: list[Future]) -> None:
+    """Read one chunk into its place; its pages' population not started by then is dropped: the read faults
+    them in itself, and a populating thread behind the readers would only contend with them for the CPU."""
+    for piece in populating:
+        piece.cancel()
+    store.read_object_into(oid, part)
+
+
+def _populate(piece: memoryview) -> None:
+    with phase("populate", piece.nbytes):
+        pages.populate_view(piece)
 
 
 # a chunk already queued in this group: its read and where it lands (a later equal chunk is copied from there)
@@ -115,6 +129,7 @@ class GroupRead:
     data: Future
     buffers: list[tuple[Any, list[Future]]]  # each buffer and the futures of its chunks' reads
     copies: list[tuple[Placed, memoryview]] = field(default_factory=list)  # chunks equal to one read already
+    populating: list[Future] = field(default_factory=list)  # its buffers' pages, populated ahead of the reads
 
     def result(self) -> tuple[bytes, list[Any], int]:
         """Wait for every object; raise the first failure (a DamagedObjectError or StorageError)."""
@@ -135,11 +150,14 @@ class GroupRead:
         for _target, chunks in self.buffers:
             for chunk in chunks:
                 chunk.cancel()
+        for piece in self.populating:
+            piece.cancel()
 
 
 def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: dict[str, Placed],
-          copies: list[tuple[Placed, memoryview]]) -> tuple[Any, list[Future]]:
-    """Map one buffer (its pages come with the reads) and queue its chunks' reads.
+          copies: list[tuple[Placed, memoryview]], populating: list[Future]) -> tuple[Any, list[Future]]:
+    """Map one buffer, queue the population of its pages (one thread, pages.populate_ahead) and then its
+    chunks' reads, in the same order: the readers find their destination's pages in and never wait on faults.
 
     A chunk equal to one already queued for this group (same hash, so same bytes) is not read again
     but copied from there once that read is checked: an optimizer keeps one equal `step` tensor per
@@ -148,16 +166,19 @@ def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: d
     chunks = buf["chunks"]
     target = _allocate(buf["size"], chunks[0]["size"] if len(chunks) > 1 and chunks[0]["size"] < PAGE else 0)
     view = memoryview(target)
+    ahead = pages.populate_ahead(view, _populate) if not isinstance(target, bytearray) else []
+    populating.extend(ahead)
     reads = []
     offset = 0
     for chunk in chunks:
         oid, part = chunk["id"], view[offset:offset + chunk["size"]]
+        pieces = ahead[offset // pages.POPULATE_PIECE:-(-(offset + chunk["size"]) // pages.POPULATE_PIECE)]
         offset += chunk["size"]
         first = placed.get(oid)
         if first is not None and first[1].nbytes == part.nbytes:
             copies.append((first, part))
             continue
-        read = pool.submit(store.read_object_into, oid, part)
+        read = pool.submit(_read_into, store, oid, part, pieces)
         placed.setdefault(oid, (read, part))
         reads.append(read)
     return target, reads
@@ -173,8 +194,9 @@ def start_read(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) ->
     ref = group["pickle"]
     data = pool.submit(store.read_object, ref["id"], ref["size"])
     copies: list[tuple[Placed, memoryview]] = []
-    buffers = [_fill(store, buf, pool, placed, copies) for buf in group.get("buffers", [])]
-    return GroupRead(group, data, buffers, copies)
+    populating: list[Future] = []
+    buffers = [_fill(store, buf, pool, placed, copies, populating) for buf in group.get("buffers", [])]
+    return GroupRead(group, data, buffers, copies, populating)
 
 
 def read_pool(store: Store) -> ThreadPoolExecutor:

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any, Awaitable, Callable
 
+from ..kernel_link import request_safe_point_snapshot
 from .base import Notice, NotThisCloud, Unreachable, Watcher
 from .clouds import DEFAULT_METADATA_URL, AwsWatcher, AzureWatcher, GcpWatcher, host_cloud
-from .final import PreemptionResponder, request_safe_point_snapshot
+from .final import PreemptionResponder
 from .signals import SignalWatcher
 
 KINDS = ("signals", "aws", "gcp", "azure")

@@ -20,8 +20,8 @@ from typing import TYPE_CHECKING, Any
 
 from ...engine import Manifest, SpotWarpError
 from ...engine.journal import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
-from ...protocol import NOTICE_REQUEST, NoticeAnswer, NoticeRequest, ProtocolError, answers_request
-from ..kernel_link import KernelUnavailable, ask_control, spotwarp_loaded
+from ...protocol import NoticeAnswer, NoticeRequest
+from ..kernel_link import request_safe_point_snapshot, snapshot_answering
 from .base import Notice
 
 if TYPE_CHECKING:
@@ -30,31 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("spotwarp")
 ACK_TIMEOUT_S = 2.0
 POLL_S = 0.1
-
-
-async def request_safe_point_snapshot(kernel_manager: Any, kernel_id: str, timeout: float,
-                                      notice: NoticeRequest) -> NoticeAnswer | str:
-    """Ask one kernel over its control channel to snapshot at its next safe point; its answer, or why none came."""
-    if not await spotwarp_loaded(kernel_manager, kernel_id):
-        # a kernel without SpotWarp would log an ERROR for a control message it does not know
-        return "SpotWarp is not loaded in this kernel"
-    try:
-        content = await ask_control(kernel_manager, kernel_id, NOTICE_REQUEST, notice.to_message(), timeout)
-    except KernelUnavailable as exc:
-        return str(exc)
-    try:
-        answer = NoticeAnswer.from_message(content, notice)
-    except ProtocolError as exc:
-        return f"unreadable answer: {exc}"
-    return answer if answer.ok else str(answer.error)
-
-
-def _preemption_snapshot(manifests: list[Manifest], notebook: str, request_id: str) -> Manifest | None:
-    """The kernel snapshot taken for this notice: its manifest names the notice's request id."""
-    for m in manifests:
-        if m.kind == "kernel" and notebook in m.kernels and answers_request(m.requests, request_id):
-            return m
-    return None
 
 
 class PreemptionResponder:
@@ -121,7 +96,7 @@ class PreemptionResponder:
         stop_waiting = notice.deadline - self._files_reserve(manifests, notice.window_s)
         while waiting:
             for kernel_id, ack in list(waiting.items()):
-                found = _preemption_snapshot(manifests, ack.notebook, request.request_id)
+                found = snapshot_answering(manifests, ack, request.request_id)
                 if found is not None:
                     collected[kernel_id] = {"id": found.id, "notebook": ack.notebook}
                     del waiting[kernel_id]

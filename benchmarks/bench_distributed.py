@@ -1,0 +1,127 @@
+"""Collective snapshot and restore of a DDP model and its Adam state, against plain DCP in the same run.
+
+Ranks (gloo, forked as a notebook cell forks them) each time, alternating, on the same state and the same store
+folder: a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
+manifest), then a plain `dcp.load` from that folder against SpotWarp's restore (each file checked against its
+hash). Both include the DCP state-dict helpers. Figures are medians of `--reps`, as ratios (goal: 1.1). Also the
+price of every step (the ranks' agreement on whether to snapshot), as a share of a training step of the model.
+
+    python benchmarks/bench_distributed.py [--mb 256] [--ranks 2] [--reps 3] [--dir DIR] [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+
+def _timed(fn) -> float:
+    dist.barrier()
+    started = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - started
+
+
+def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+    from torch.distributed import checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    from spotwarp_jupyter.training import collective
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=args.ranks)
+    width = 1024
+    layers = max(1, int(args.mb * 2**20 / 4 / (width * width)))
+    model = torch.nn.parallel.DistributedDataParallel(
+        torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)]))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, width)).sum().backward()
+    opt.step()
+    state = {"model": model, "optim": opt}
+    loop = collective.CollectivePass(range(1), "bench", state)
+    plain_dir = os.path.join(args.dir, "plain")
+
+    def plain_save(rep: int) -> None:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        dcp.save({"model": model_sd, "optim": optim_sd}, storage_writer=dcp.FileSystemWriter(f"{plain_dir}/{rep}"))
+
+    def plain_load(rep: int) -> None:
+        model_sd, optim_sd = get_state_dict(model, opt)
+        sd = {"model": model_sd, "optim": optim_sd}
+        dcp.load(sd, storage_reader=dcp.FileSystemReader(f"{plain_dir}/{rep}"))
+        set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
+
+    times: dict[str, list[float]] = {"plain_save": [], "save": [], "plain_load": [], "load": []}
+    for rep in range(args.reps):
+        times["plain_save"].append(_timed(lambda: plain_save(rep)))
+        times["save"].append(_timed(lambda: loop.snapshot("bench")))
+        manifest = collective.newest(collective.engine().manifests(), "bench")
+        times["plain_load"].append(_timed(lambda: plain_load(rep)))
+        times["load"].append(_timed(lambda: loop._load(manifest)))
+    # the price of every step: the ranks' agreement (one all-reduce of a flag), against a step of this model
+    steps = 500
+    bare = _timed(lambda: [None for _ in collective.CollectivePass(range(steps), "agreement", state)]) / steps
+
+    def train_step() -> None:
+        model(torch.randn(8, width)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+
+    step_s = statistics.median(_timed(train_step) for _ in range(5))
+    if rank == 0:
+        medians = {k: statistics.median(v) for k, v in times.items()}
+        state_bytes = sum(p.numel() * 4 for p in model.parameters()) * 3  # weights and Adam's two moments
+        with open(out, "w") as f:
+            json.dump({"ranks": args.ranks, "state_mb": round(state_bytes / 2**20), "reps": args.reps,
+                       **{f"{k}_s": round(v, 3) for k, v in medians.items()},
+                       "save_ratio": round(medians["save"] / medians["plain_save"], 3),
+                       "load_ratio": round(medians["load"] / medians["plain_load"], 3),
+                       "agreement_us": round(bare * 1e6, 1), "train_step_s": round(step_s, 4),
+                       "step_overhead_pct": round(100 * bare / step_s, 3)}, f)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--mb", type=float, default=256, help="model weights in MiB (the state is 3x: Adam)")
+    parser.add_argument("--ranks", type=int, default=2)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (the store lives there)")
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    args.dir = args.dir or tempfile.mkdtemp(prefix="bench-distributed-")
+    os.environ.update({"SPOTWARP_STORAGE": os.path.join(args.dir, "store"), "SPOTWARP_PROJECT": "bench",
+                       "SPOTWARP_KEY": os.environ.get("SPOTWARP_KEY", "bench-key"), "SPOTWARP_EVERY": "1h"})
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = os.path.join(args.dir, "result.json")
+    mp.start_processes(rank_main, args=(args, port, out), nprocs=args.ranks, start_method="fork")
+    result = json.loads(Path(out).read_text())
+    if args.json:
+        print(json.dumps(result))
+        return
+    print(f"{result['ranks']} ranks, {result['state_mb']} MiB of state (DDP + Adam), median of {result['reps']}:")
+    print(f"  save: plain dcp.save {result['plain_save_s']:.3f} s, collective snapshot {result['save_s']:.3f} s "
+          f"-> {result['save_ratio']:.2f}x (goal 1.1x)")
+    print(f"  load: plain dcp.load {result['plain_load_s']:.3f} s, collective restore {result['load_s']:.3f} s "
+          f"-> {result['load_ratio']:.2f}x (goal 1.1x)")
+    print(f"  each step: the ranks' agreement {result['agreement_us']:.0f} us, {result['step_overhead_pct']:.2f}% of a "
+          f"training step of this model ({result['train_step_s'] * 1e3:.0f} ms)")
+
+
+if __name__ == "__main__":
+    main()
