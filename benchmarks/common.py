@@ -67,24 +67,38 @@ def _aligned_buffers(count: int, block: int) -> list[mmap.mmap]:
     return [mmap.mmap(-1, block) for _ in range(count)]
 
 
-def direct_write(path: Path, nbytes: int, block: int = 64 << 20, inflight: int = 4) -> float | None:
-    """Seconds to write `nbytes` with O_DIRECT, `inflight` blocks at a time, then fsync; None where refused."""
+def _direct_writer(path: Path, nbytes: int, count: int, block: int) -> tuple[int, int, list[mmap.mmap]] | None:
+    """An O_DIRECT file opened for writing `nbytes` (rounded up to the alignment), and `count` aligned buffers of
+    `block` bytes filled with random data; None where O_DIRECT is refused."""
     rounded = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    buffers = _aligned_buffers(inflight, block)
+    buffers = _aligned_buffers(count, block)
     for buf in buffers:
         buf.write(os.urandom(1 << 20) * (block >> 20))
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
     except OSError:
         return None
+    return fd, rounded, buffers
+
+
+def _write_block(fd: int, view: memoryview, offset: int) -> None:
+    """Write all of `view` at `offset` (pwrite may write less than asked)."""
+    done = 0
+    while done < view.nbytes:
+        done += os.pwrite(fd, view[done:], offset + done)
+
+
+def direct_write(path: Path, nbytes: int, block: int = 64 << 20, inflight: int = 4) -> float | None:
+    """Seconds to write `nbytes` with O_DIRECT, `inflight` blocks at a time, then fsync; None where refused."""
+    opened = _direct_writer(path, nbytes, inflight, block)
+    if opened is None:
+        return None
+    fd, rounded, buffers = opened
     offsets = list(range(0, rounded, block))
 
     def write(i: int) -> None:
         offset = offsets[i]
-        view = memoryview(buffers[i % inflight])[: min(block, rounded - offset)]
-        done = 0
-        while done < view.nbytes:
-            done += os.pwrite(fd, view[done:], offset + done)
+        _write_block(fd, memoryview(buffers[i % inflight])[: min(block, rounded - offset)], offset)
 
     started = time.perf_counter()
     try:
@@ -205,14 +219,10 @@ def stream_read(path: Path, threads: int = 2, piece: int = PIECE) -> float | Non
 def stream_write(path: Path, nbytes: int, threads: int = 2, piece: int = PIECE) -> float | None:
     """Seconds to write `nbytes` with O_DIRECT, `threads` threads each streaming `piece`-byte writes from its own
     reused buffer with no barrier, then fsync: the write limit of this disk. None where O_DIRECT is refused."""
-    rounded = (nbytes + _ALIGN - 1) // _ALIGN * _ALIGN
-    buffers = _aligned_buffers(threads, piece)
-    for buf in buffers:
-        buf.write(os.urandom(1 << 20) * (piece >> 20))
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | getattr(os, "O_DIRECT", 0), 0o644)
-    except OSError:
+    opened = _direct_writer(path, nbytes, threads, piece)
+    if opened is None:
         return None
+    fd, rounded, buffers = opened
     offsets = iter(range(0, rounded, piece))
     lock = threading.Lock()
 
@@ -222,10 +232,7 @@ def stream_write(path: Path, nbytes: int, threads: int = 2, piece: int = PIECE) 
                 offset = next(offsets, None)
             if offset is None:
                 return
-            view = memoryview(buf)[: min(piece, rounded - offset)]
-            done = 0
-            while done < view.nbytes:
-                done += os.pwrite(fd, view[done:], offset + done)
+            _write_block(fd, memoryview(buf)[: min(piece, rounded - offset)], offset)
 
     started = time.perf_counter()
     try:
