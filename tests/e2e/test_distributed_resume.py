@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -23,6 +22,7 @@ import pytest
 import torch
 
 from new_hosts import PROJECT_KEY, kill_host, notebook, resume_entry, start_host, wait_for
+from storage_servers import free_port
 
 pytestmark = pytest.mark.slow  # real servers and kernels, ranks forked and killed
 
@@ -35,11 +35,6 @@ mp.start_processes(dcp_training.worker, args=(ranks,), nprocs=ranks["nprocs"], s
 print("launch done")
 """
 
-
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _lines(path: Path) -> int:
@@ -72,7 +67,7 @@ def lose_host_a(tmp_path: Path, hosts: list, store: str, cfg: dict) -> None:
 def test_a_cell_launching_ranks_resumes_on_a_new_host(tmp_path: Path, hosts: list) -> None:
     store, out = str(tmp_path / "store"), tmp_path / "out"
     out.mkdir()
-    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "ddp", "epochs": 2, "request_at": [[0, 5]],
+    cfg = {"out": str(out), "nprocs": 2, "port": free_port(), "mode": "ddp", "epochs": 2, "request_at": [[0, 5]],
            "gate_at": [1, 3]}
     lose_host_a(tmp_path, hosts, store, cfg)
     before = _lines(out / "losses-0.jsonl")
@@ -89,7 +84,7 @@ def test_a_cell_launching_ranks_resumes_on_a_new_host(tmp_path: Path, hosts: lis
     reference = tmp_path / "reference"
     reference.mkdir()
     config = tmp_path / "reference.json"
-    config.write_text(json.dumps({**cfg, "out": str(reference), "port": _port(), "request_at": [], "gate_at": None}))
+    config.write_text(json.dumps({**cfg, "out": str(reference), "port": free_port(), "request_at": [], "gate_at": None}))
     env = {**os.environ, "SPOTWARP_STORAGE": str(tmp_path / "reference-store"), "SPOTWARP_PROJECT": "ref",
            "SPOTWARP_KEY": PROJECT_KEY, "SPOTWARP_EVERY": "1h", "PYTHONPATH": os.pathsep.join(sys.path)}
     done = subprocess.run([sys.executable, str(PROGRAM), str(config)], env=env, capture_output=True, text=True, timeout=300)
@@ -105,7 +100,7 @@ def test_fsdp2_ranks_resume_on_a_host_with_fewer(tmp_path: Path, hosts: list) ->
     """2 FSDP2 ranks on host A; host B launches 1 (its cell reads the count from the host): the state resharded."""
     store, out = str(tmp_path / "store"), tmp_path / "out"
     out.mkdir()
-    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "fsdp", "epochs": 2, "request_at": [[0, 5]],
+    cfg = {"out": str(out), "nprocs": 2, "port": free_port(), "mode": "fsdp", "epochs": 2, "request_at": [[0, 5]],
            "gate_at": [1, 3], "dump_after_request": True}
     lose_host_a(tmp_path, hosts, store, cfg)
     saved = torch.load(out / "full-2.pt")

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -25,6 +24,7 @@ from spotwarp_jupyter.engine import Manifest, Settings, SnapshotEngine
 from spotwarp_jupyter.protocol import NoticeRequest
 
 from kernels import notice_request
+from storage_servers import free_port
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow  # each launch starts torch in 3-5 processes and a gloo group
@@ -35,11 +35,6 @@ EPOCHS, STEPS = 2, 32  # 512 samples, 2 ranks, batches of 8
 PROJECT = "dist"
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def _env(store: Path, **extra: str) -> dict[str, str]:
     env = {**os.environ, "SPOTWARP_STORAGE": str(store), "SPOTWARP_PROJECT": PROJECT, "SPOTWARP_KEY": KEY,
@@ -49,8 +44,8 @@ def _env(store: Path, **extra: str) -> dict[str, str]:
 
 def _config(tmp: Path, out: Path, **cfg: Any) -> Path:
     out.mkdir(parents=True, exist_ok=True)
-    path = tmp / f"cfg-{_port()}.json"
-    path.write_text(json.dumps({"out": str(out), "nprocs": 2, "port": _port(), "mode": "ddp", "epochs": EPOCHS, **cfg}))
+    path = tmp / f"cfg-{free_port()}.json"
+    path.write_text(json.dumps({"out": str(out), "nprocs": 2, "port": free_port(), "mode": "ddp", "epochs": EPOCHS, **cfg}))
     return path
 
 
@@ -211,7 +206,7 @@ def test_a_notice_to_the_kernel_reaches_every_rank(start_kernel, store_url: str,
     """The kernel's cell launches the ranks; a notice sent to the busy kernel makes all of them snapshot at one step."""
     out = tmp_path / "out"
     out.mkdir()
-    cfg = {"out": str(out), "nprocs": 2, "port": _port(), "mode": "ddp", "epochs": 1, "gate_at": [0, 10]}
+    cfg = {"out": str(out), "nprocs": 2, "port": free_port(), "mode": "ddp", "epochs": 1, "gate_at": [0, 10]}
     k = start_kernel("host", SPOTWARP_EVERY="1h")
     k.run(f"%load_ext spotwarp\nimport sys\nsys.path.insert(0, {str(PROGRAM.parent)!r})\nimport dcp_training")
     cell = f"import torch.multiprocessing as mp\nmp.start_processes(dcp_training.worker, args=({cfg!r},), nprocs=2, start_method='fork')"

@@ -61,7 +61,6 @@ from .iterators import (  # noqa: F401
 from .tensors import _kind_of, _rebuild_storage, _rebuild_strided, _rebuild_tensor, _reduce_tensor  # noqa: F401
 from .torch_modules import (  # noqa: F401
     _compile_again,
-    _new_module,
     _reduce_compiled,
     _reduce_compiled_function,
     _reduce_parametrized,

@@ -17,6 +17,8 @@ import inspect
 import sys
 from typing import Any
 
+from .data import _new_instance
+
 # --- DataLoader iterators --------------------------------------------------------------------------
 
 
@@ -44,10 +46,6 @@ def _reduce_loader_iterator(it: Any):
             rest = iter(list(sampler_iter))
             it._sampler_iter = state["_sampler_iter"] = rest
     return (_new_instance, (type(it),), state, None, None, _set_loader_iterator_state)
-
-
-def _new_instance(cls: type) -> Any:
-    return cls.__new__(cls)
 
 
 def _set_loader_iterator_state(it: Any, state: dict[str, Any]) -> None:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from .data import _new_instance
+
 
 def is_compiled_module(cls: type) -> bool:
     """Whether `cls` is what `torch.compile` returns for a module."""
@@ -89,11 +91,7 @@ def _compile_again(target: Any, options: dict[str, Any]) -> Any:
 def _reduce_parametrized(module: Any):
     base = type(module).__bases__[0]  # the module's own class, under the one parametrize injected
     state = dict(module.__dict__)
-    return (_new_module, (base,), state, None, None, _set_parametrized_state)
-
-
-def _new_module(cls: type) -> Any:
-    return cls.__new__(cls)
+    return (_new_instance, (base,), state, None, None, _set_parametrized_state)
 
 
 def _set_parametrized_state(module: Any, state: dict[str, Any]) -> None:
