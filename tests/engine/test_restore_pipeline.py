@@ -153,6 +153,7 @@ def _tree(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.process
 def test_a_restore_killed_midway_leaves_the_store_whole_for_the_next(snapped, tmp_path):
     store, state, _objects = snapped
     before = _tree(Path(store))

@@ -237,6 +237,7 @@ def test_cluster_names_are_valid_for_skypilot(sky_home):
     assert sky.__version__
 
 
+@pytest.mark.process
 def test_offers_ranked_by_spot_price_and_capped(provider):
     """Catalog offers across clouds, cheapest spot first, one per (cloud, region, instance type), max_price honoured."""
     p = provider({"dryrun_offers": False})
@@ -337,6 +338,7 @@ except m.SkyPilotUnavailable as e:
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("block", "expected"),
     [
@@ -357,6 +359,7 @@ def test_missing_or_old_skypilot_is_one_line(tmp_path, block, expected):
     assert expected in lines[0] and 'spotwarp-jupyter[failover]"' in lines[0], lines[0]
 
 
+@pytest.mark.process
 def test_setup_installs_exactly_this_version_and_refuses_another_spotwarp(tmp_path):
     """PyPI's `spotwarp` is another project's, with its own `spotwarp` command: setup installs spotwarp-jupyter
     at the launcher's version unless the host has it, then checks the `spotwarp` that `run` calls is that."""
@@ -400,6 +403,7 @@ def test_the_run_line_serves_as_root_on_every_interface(provider):
     assert passthrough == ["--ServerApp.ip=0.0.0.0"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("storage", ["LOCAL", "file://LOCAL", "memory://sw", None])
 def test_skypilot_refuses_storage_on_this_machine_before_creating_anything(tmp_path, storage):
     """Cloud hosts restore from the project's storage: a folder (or memory) on the launching machine would give

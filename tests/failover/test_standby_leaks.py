@@ -34,6 +34,7 @@ def standby_of(tmp_path: Path, provider: LocalProvider) -> tuple[WarmStandby, An
     return WarmStandby(provider, spec, store, 1, lambda kind, data: None, None, threading.Event(), poll_s=0.05), spec
 
 
+@pytest.mark.process
 def test_standbys_taken_by_a_race_whose_offers_fail_are_torn_down(tmp_path: Path) -> None:
     # each candidate sleeps before it starts: it stays pending (usable) and never serves
     provider = OffersFailLater({"root": str(tmp_path / "hosts"), "delays": "60", "grace": "2"})
