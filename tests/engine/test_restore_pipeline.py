@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine
-from tests.support.waiting import wait_for
+
+from waiting import wait_for
 
 MIB = 1024 * 1024
 BIG = 2 * 64 * MIB + 8 * MIB + 3 * 4096 + 123  # two whole objects, a partial one, a partial page
