@@ -26,7 +26,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from ..failover.registry import make_provider
+    from ..failover.providers import make_provider
     from ..failover.watchers import Announcement, refuse_second_watch
 
     provider = make_provider(args.provider, dict(args.provider_options))

@@ -87,7 +87,7 @@ def test_a_torn_down_candidate_leaves_no_copy_of_the_workspace(tmp_path, monkeyp
     """A loser restored the workspace before it was torn down: its copy goes with it (the demo's losers kept
     theirs on disk); its log stays."""
     from spotwarp_jupyter.failover.provider import LaunchSpec
-    from spotwarp_jupyter.failover.registry import make_provider
+    from spotwarp_jupyter.failover.providers import make_provider
 
     store = str(tmp_path / "store")
     seed_project(tmp_path, store)

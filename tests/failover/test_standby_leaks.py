@@ -9,8 +9,8 @@ from typing import Any, Sequence
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
-from spotwarp_jupyter.failover.local import LocalProvider
 from spotwarp_jupyter.failover.provider import GONE, LaunchSpec, Offer
+from spotwarp_jupyter.failover.providers.local import LocalProvider
 from spotwarp_jupyter.failover.race import race
 from spotwarp_jupyter.failover.standby import WarmStandby
 
