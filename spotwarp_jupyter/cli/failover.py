@@ -213,63 +213,15 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
 
 @command("hosts")
 def cmd_hosts(args: argparse.Namespace) -> int:
-    from ..engine.coordination import DamagedLease, Lease, read_lease
-    from ..engine.coordination.heartbeats import MAX_HOSTS, heartbeat_ids
+    from ..failover.hosts import survey
 
     engine = _stored_engine(args)
-    damaged = None
-    try:
-        lease = read_lease(engine.store)
-    except DamagedLease as exc:
-        lease, damaged = Lease(exc.generation), str(exc)
     now = time.time()
-    ids = heartbeat_ids(engine.store)
-    hosts, unreadable = _read_hosts(engine.store, ids[:MAX_HOSTS], now)
-    pruned: list[str] = []
-    if args.prune is not None:
-        pruned = _prune_hosts(engine.store, hosts, unreadable, lease, args.prune, now)
-        hosts = [h for h in hosts if h["id"] not in pruned]
-        unreadable = [i for i in unreadable if i not in pruned]
-    hosts.sort(key=lambda h: -float(h["time"]))
-    data = {"project": engine.settings.project, "lease": {**lease.as_dict(), "damaged": damaged}, "hosts": hosts,
-            "unreadable": unreadable, "pruned": pruned, "more": max(0, len(ids) - MAX_HOSTS)}
-    _print(args, data, _hosts_text(data, lease, damaged, now))
+    hosts = survey(engine.store, now, prune_older_than=args.prune)
+    data = {"project": engine.settings.project, "lease": {**hosts.lease.as_dict(), "damaged": hosts.damaged},
+            "hosts": hosts.hosts, "unreadable": hosts.unreadable, "pruned": hosts.pruned, "more": hosts.more}
+    _print(args, data, _hosts_text(data, hosts.lease, hosts.damaged, now))
     return EXIT_OK
-
-
-def _read_hosts(store: Any, ids: list[str], now: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """The well-formed heartbeats of `ids` with their age and staleness, and the ids of unreadable ones."""
-    from ..engine.coordination.heartbeats import read_heartbeat, stale_after
-
-    hosts, unreadable = [], []
-    for ident in ids:
-        doc = read_heartbeat(store, ident)
-        if doc is None:
-            unreadable.append(ident)
-            continue
-        # the writer's clock against this one: for display only (the watch never decides on it)
-        age_s = max(0.0, now - float(doc["time"]))
-        stale = age_s > stale_after(doc)  # not serving, whatever its last beat said ("silent")
-        hosts.append({**doc, "age_s": round(age_s, 1), "stale": stale, "silent": stale})
-    return hosts, unreadable
-
-
-def _prune_hosts(store: Any, hosts: list[dict[str, Any]], unreadable: list[str], lease: Any, older_than: float,
-                 now: float) -> list[str]:
-    """Delete heartbeats older than `older_than` seconds (never the lease holder's); the ids deleted."""
-    from ..engine.coordination.heartbeats import delete_heartbeat, heartbeat_modified
-
-    pruned = []
-    for h in hosts:
-        if h["age_s"] > older_than and not (h["id"] == lease.holder and h["generation"] == lease.generation):
-            delete_heartbeat(store, h["id"])
-            pruned.append(h["id"])
-    for ident in unreadable:
-        written = heartbeat_modified(store, ident)
-        if written is not None and now - written > older_than:
-            delete_heartbeat(store, ident)
-            pruned.append(ident)
-    return pruned
 
 
 def _hosts_text(data: dict[str, Any], lease: Any, damaged: str | None, now: float) -> str:
