@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import multiprocessing.util
 import os
+import platform
+import subprocess
 import tempfile
 from pathlib import Path
 
@@ -20,6 +23,45 @@ from kernels import Kernel  # noqa: E402
 from server_config import spotwarp_server_config  # noqa: E402
 
 pytest_plugins = ["storage_servers"]  # gcs/s3 emulators and the `storage` fixture
+
+# fixtures that start a process of their own (an emulator, a kernel, a hub) before the test body runs
+# (pytest-jupyter's server runs in this process but starts commands as it initialises)
+PROCESS_FIXTURES = {"gcs_server", "s3_server", "serial_s3_server", "start_kernel", "kernel", "jp_fetch", "jp_ws_fetch",
+                    "jp_serverapp"}
+platform.platform()  # asks `uname -p` once per process: here, before any test, not inside one
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """A test that asks for a fixture starting a process is marked `process`, as if it said so."""
+    for item in items:
+        params = getattr(getattr(item, "callspec", None), "params", {})
+        emulated = any(value in ("gcs", "s3") for value in params.values() if isinstance(value, str))
+        if (emulated or PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))) \
+                and not item.get_closest_marker("process"):
+            item.add_marker(pytest.mark.process)
+
+
+class StartsAProcess(RuntimeError):
+    """A test not marked `process` (nor `slow`) started one: the quick tier would not be what it says."""
+
+
+def _refuse(*args: object, **kwargs: object) -> None:
+    raise StartsAProcess("this test starts a process (a kernel, server, worker or command): mark it "
+                         "@pytest.mark.process, or pytestmark = pytest.mark.process for its file")
+
+
+@pytest.fixture(autouse=True)
+def _quick_tests_start_no_process(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch):
+    """Tests not marked `process` or `slow` run in this process only: the quick tier,
+    `pytest -m "not slow and not process"`, starts no kernel, server or command, and a test that does fails here."""
+    if request.node.get_closest_marker("process") or request.node.get_closest_marker("slow"):
+        yield
+        return
+    monkeypatch.setattr(subprocess.Popen, "_execute_child", _refuse)
+    monkeypatch.setattr(multiprocessing.util, "spawnv_passfds", _refuse)
+    monkeypatch.setattr(os, "fork", _refuse)
+    monkeypatch.setattr(os, "posix_spawn", _refuse)
+    yield
 
 
 @pytest.fixture(autouse=True)

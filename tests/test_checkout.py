@@ -10,6 +10,10 @@ import os
 import subprocess
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
+
 ROOT = Path(__file__).resolve().parent.parent
 UNTRACKED = {".git", ".venv"}
 

@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
+
 JUPYTER = ("IPython", "ipykernel", "jupyter_server", "jupyter_client", "tornado", "jupyterlab", "anywidget")
 
 

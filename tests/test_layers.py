@@ -12,6 +12,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
+
 ROOT = Path(__file__).resolve().parent.parent
 LINT = str(Path(sys.executable).with_name("lint-imports"))
 

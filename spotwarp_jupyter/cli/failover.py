@@ -9,7 +9,7 @@ import sys
 import time
 from typing import Any
 
-from ..engine import ConfigError, SpotWarpError
+from ..engine import ConfigError
 from ..engine.units import format_duration
 from .common import EXIT_FAILURE, EXIT_OK, _engine, _print, _projects_there, _stored_engine, command
 
@@ -26,7 +26,7 @@ def cmd_launch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
-    from ..failover.registry import make_provider
+    from ..failover.providers import make_provider
     from ..failover.watchers import Announcement, refuse_second_watch
 
     provider = make_provider(args.provider, dict(args.provider_options))
@@ -65,45 +65,12 @@ def cmd_launch(args: argparse.Namespace) -> int:
 
 def _launch_and_watch(args: argparse.Namespace, engine: Any, provider: Any, spec: Any, store: Any, say: Any,
                       stop: Any, floor: Any) -> int:
-    from ..failover.race import finish, race, wait_promotion_seen
-    from ..failover.watch import adopt, holder_of, watch
+    from ..failover.launch import LaunchPlan, launch
 
-    replace = getattr(args, "replace", False)
-    if args.standby and not args.watch:
-        raise ConfigError("--standby keeps candidates for the next race of a watch: use it with --watch")
-    holder = adopt(store, args.dead_after, stop)
-    if holder is not None and not args.watch and not replace:
-        raise SpotWarpError(f"project {engine.settings.project!r} is served by the live host {holder.id} (generation "
-                            f"{holder.generation}): follow it with `spotwarp watch`, or move it to a new host with "
-                            "`spotwarp launch --replace` (it takes a final snapshot first)")
-    if holder is not None and replace:
-        final_snapshot(store, holder, say, timeout=min(args.timeout, 120.0), stop=stop)
-        holder = None
-    if holder is None and getattr(args, "adopt_only", False):
-        raise SpotWarpError(f"no live host serves project {engine.settings.project!r} (no heartbeat within "
-                            f"{format_duration(args.dead_after)}): start one with `spotwarp launch`")
-    if holder is not None and holder.interval and args.dead_after < 2 * holder.interval:
-        raise ConfigError(f"--dead-after {format_duration(args.dead_after)} is too short for {holder.id}, which beats "
-                          f"every {format_duration(holder.interval)}: give at least twice that")
-    if holder is not None:
-        say("adopted", {"holder": holder.id, "generation": holder.generation})
-    else:
-        if getattr(provider, "notice", None):
-            say("provider_note", {"note": provider.notice})
-            provider.notice = None
-        result = race(provider, spec, store, args.candidates, timeout=args.timeout, on_event=say, floor=floor,
-                      stop=stop)
-        wait_promotion_seen(store, result, timeout=min(30.0, max(5.0, args.dead_after)), on_event=say)
-        say("failover_finished", finish(store, result, "launch"))
-        holder = holder_of(result)
-    if args.watch:
-        try:
-            holder = watch(provider, spec, store, args.candidates, holder, args.dead_after, stop, say,
-                           race_timeout=args.timeout, floor=floor, standby=args.standby)
-        except KeyboardInterrupt:
-            stop.set()
-        say("stopped", {"holder": holder.id, "leaks": provider.leaks()})
-    leaks = provider.leaks()
+    plan = LaunchPlan(candidates=args.candidates, timeout=args.timeout, dead_after=args.dead_after, watch=args.watch,
+                      adopt_only=getattr(args, "adopt_only", False), replace=getattr(args, "replace", False),
+                      standby=args.standby)
+    leaks = launch(plan, engine.settings.project, provider, spec, store, say, stop, floor)
     if leaks:
         print(f"spotwarp launch: still up after teardown: {'; '.join(leaks)}", file=sys.stderr)
         return EXIT_FAILURE
@@ -156,34 +123,6 @@ def _settings(args: argparse.Namespace) -> Any:
 
     return Settings.resolve(project=getattr(args, "project", None), storage=args.storage,
                             config=server_config_layer())
-
-
-def final_snapshot(store: Any, holder: Any, say: Any, timeout: float, stop: Any) -> str | None:
-    """Ask the live holder for a final snapshot (through the store: its next beat reads the request) and wait
-    for it; the snapshot's id, or None (said) when none came within `timeout`."""
-    import secrets
-
-    from ..engine.coordination.heartbeats import delete_request, write_request
-    from ..engine.journal import FINAL_SNAPSHOT_COMMITTED, Journal
-
-    nonce = secrets.token_hex(8)
-    write_request(store, holder.id, {"request": nonce, "kind": "final_snapshot", "generation": holder.generation,
-                                     "window_s": timeout, "time": time.time()})
-    say("replace_requested", {"holder": holder.id, "request": nonce})
-    deadline = time.monotonic() + timeout
-    found = None
-    try:
-        while found is None and time.monotonic() < deadline and not stop.is_set():
-            found = next((e for e in Journal(store).events(limit=50) if e.event == FINAL_SNAPSHOT_COMMITTED
-                          and e.details.get("kind") == f"replace-{nonce}" and e.details.get("host_id") == holder.id),
-                         None)
-            if found is None:
-                stop.wait(0.5)  # deadline-bounded poll of the store
-    finally:
-        delete_request(store, holder.id)
-    say("replace_snapshot", {"holder": holder.id, "snapshot": found.snapshot if found else None,
-                             "waited_s": round(timeout - max(0.0, deadline - time.monotonic()), 3)})
-    return found.snapshot if found else None
 
 
 def _launch_spec(args: argparse.Namespace, engine: Any) -> Any:
@@ -274,63 +213,15 @@ def _launch_line(kind: str, d: dict[str, Any]) -> str:
 
 @command("hosts")
 def cmd_hosts(args: argparse.Namespace) -> int:
-    from ..engine.coordination import DamagedLease, Lease, read_lease
-    from ..engine.coordination.heartbeats import MAX_HOSTS, heartbeat_ids
+    from ..failover.hosts import survey
 
     engine = _stored_engine(args)
-    damaged = None
-    try:
-        lease = read_lease(engine.store)
-    except DamagedLease as exc:
-        lease, damaged = Lease(exc.generation), str(exc)
     now = time.time()
-    ids = heartbeat_ids(engine.store)
-    hosts, unreadable = _read_hosts(engine.store, ids[:MAX_HOSTS], now)
-    pruned: list[str] = []
-    if args.prune is not None:
-        pruned = _prune_hosts(engine.store, hosts, unreadable, lease, args.prune, now)
-        hosts = [h for h in hosts if h["id"] not in pruned]
-        unreadable = [i for i in unreadable if i not in pruned]
-    hosts.sort(key=lambda h: -float(h["time"]))
-    data = {"project": engine.settings.project, "lease": {**lease.as_dict(), "damaged": damaged}, "hosts": hosts,
-            "unreadable": unreadable, "pruned": pruned, "more": max(0, len(ids) - MAX_HOSTS)}
-    _print(args, data, _hosts_text(data, lease, damaged, now))
+    hosts = survey(engine.store, now, prune_older_than=args.prune)
+    data = {"project": engine.settings.project, "lease": {**hosts.lease.as_dict(), "damaged": hosts.damaged},
+            "hosts": hosts.hosts, "unreadable": hosts.unreadable, "pruned": hosts.pruned, "more": hosts.more}
+    _print(args, data, _hosts_text(data, hosts.lease, hosts.damaged, now))
     return EXIT_OK
-
-
-def _read_hosts(store: Any, ids: list[str], now: float) -> tuple[list[dict[str, Any]], list[str]]:
-    """The well-formed heartbeats of `ids` with their age and staleness, and the ids of unreadable ones."""
-    from ..engine.coordination.heartbeats import read_heartbeat, stale_after
-
-    hosts, unreadable = [], []
-    for ident in ids:
-        doc = read_heartbeat(store, ident)
-        if doc is None:
-            unreadable.append(ident)
-            continue
-        # the writer's clock against this one: for display only (the watch never decides on it)
-        age_s = max(0.0, now - float(doc["time"]))
-        stale = age_s > stale_after(doc)  # not serving, whatever its last beat said ("silent")
-        hosts.append({**doc, "age_s": round(age_s, 1), "stale": stale, "silent": stale})
-    return hosts, unreadable
-
-
-def _prune_hosts(store: Any, hosts: list[dict[str, Any]], unreadable: list[str], lease: Any, older_than: float,
-                 now: float) -> list[str]:
-    """Delete heartbeats older than `older_than` seconds (never the lease holder's); the ids deleted."""
-    from ..engine.coordination.heartbeats import delete_heartbeat, heartbeat_modified
-
-    pruned = []
-    for h in hosts:
-        if h["age_s"] > older_than and not (h["id"] == lease.holder and h["generation"] == lease.generation):
-            delete_heartbeat(store, h["id"])
-            pruned.append(h["id"])
-    for ident in unreadable:
-        written = heartbeat_modified(store, ident)
-        if written is not None and now - written > older_than:
-            delete_heartbeat(store, ident)
-            pruned.append(ident)
-    return pruned
 
 
 def _hosts_text(data: dict[str, Any], lease: Any, damaged: str | None, now: float) -> str:

@@ -20,8 +20,8 @@ from ..engine.coordination import HOLDER
 from ..engine.errors import SpotWarpError
 from ..engine.journal import CANDIDATE_READY, FAILOVER_FINISHED, PROMOTED, RACE_STARTED, Journal
 from ..engine.storage import Store
-from .heartbeat import read_heartbeat, ready_candidate
 from .lease import LeaseConflict, move_lease, next_generation, taken_generation
+from .liveness import read_heartbeat, ready_candidate
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Offer, Provider
 
 log = logging.getLogger("spotwarp")

@@ -18,8 +18,8 @@ import time
 from typing import Callable
 
 from ..engine.storage import Store
-from .heartbeat import ready_candidate
 from .lease import next_generation
+from .liveness import ready_candidate
 from .provider import FAILED, GONE, LaunchSpec, Provider
 from .race import Candidate, OnEvent
 

@@ -19,8 +19,8 @@ from ..engine.coordination import FENCED, DamagedLease
 from ..engine.errors import one_line
 from ..engine.journal import FINAL_SNAPSHOT_COMMITTED, HOST_LOST, NOTICE_SEEN, Journal
 from ..engine.storage import Store
-from .heartbeat import BeatClock, candidates_for_adoption, live_host, read_heartbeat, skew_s
 from .lease import LeaseConflict, read_lease
+from .liveness import BeatClock, candidates_for_adoption, live_host, read_heartbeat, skew_s
 from .provider import FAILED, GONE, CandidateHandle, LaunchSpec, Provider
 from .race import OnEvent, RaceFailed, RaceResult, finish, race, wait_promotion_seen
 from .standby import WarmStandby

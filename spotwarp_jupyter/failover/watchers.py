@@ -22,7 +22,7 @@ from ..engine.coordination.heartbeats import record_ids
 from ..engine.errors import SpotWarpError
 from ..engine.signing import check_record, sign_record, signing_key
 from ..engine.storage import Store
-from .heartbeat import BeatClock
+from .liveness import BeatClock
 
 WATCHERS_DIR = "watchers"
 WATCHER_BEAT_S = 2.0

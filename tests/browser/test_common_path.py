@@ -9,8 +9,8 @@ import json
 import re
 
 import pytest
+from lab_pages import open_notebook_and_wait_for_kernel
 from playwright.sync_api import expect
-from test_panel_browser import open_notebook_and_wait_for_kernel
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from lab_pages import open_notebook_and_wait_for_kernel
 from playwright.sync_api import expect
 
 from lab_server import TOKEN
@@ -114,16 +115,6 @@ def test_panel_snapshot_restore_and_notebook_widget(lab, page, tmp_path):
     screenshot(widget, "widget.png", tmp_path)
     assert not errors, errors
 
-
-
-def open_notebook_and_wait_for_kernel(page, path: str) -> None:
-    page.wait_for_function("() => window.jupyterapp && window.jupyterapp.commands.hasCommand('docmanager:open')")
-    page.evaluate(f"window.jupyterapp.commands.execute('docmanager:open', {{path: '{path}'}})")
-    expect(page.locator(".jp-NotebookPanel .jp-Notebook")).to_be_visible()
-    # the toolbar's kernel indicator, as a user sees it
-    expect(page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='idle']")).to_have_count(
-        1, timeout=120_000)
-    page.locator(".jp-NotebookPanel .jp-Cell").first.click()
 
 
 RUN_CELLS = """async ([command, path]) => {

@@ -64,6 +64,7 @@ def test_unreachable_storage_in_the_magic(start_kernel, tmp_path):
     assert k.value(storage_expr) == before
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("args,code,expected", [
     (["frob"], 2, "invalid choice"),
     (["list", "--bogus"], 2, "unrecognized arguments"),
@@ -121,6 +122,7 @@ def test_storage_that_is_a_file_is_refused(tmp_path):
         SnapshotEngine(Settings(project="p", storage=str(blocker / "store")))
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("kind", ["local", "s3"])
 def test_a_project_id_the_storage_holds_nothing_of_is_named_and_nothing_is_created(kind, request, tmp_path):
     """`dmeo` for `demo` after a preemption must not read as "no snapshots": one line naming the projects there."""

@@ -8,10 +8,13 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.coordination import write_heartbeat
 
 
+@pytest.mark.process
 def test_a_holder_silent_for_minutes_is_shown_lost(tmp_path):
     store = str(tmp_path / "store")
     engine = SnapshotEngine(Settings.resolve(project="demo", storage=store, env={}), create=True)
@@ -30,6 +33,7 @@ def test_a_holder_silent_for_minutes_is_shown_lost(tmp_path):
     assert {h["id"]: h["silent"] for h in data["hosts"]} == {"cand-old": True, "cand-new": False}
 
 
+@pytest.mark.process
 def test_a_refused_watch_leaves_nothing_in_the_store(tmp_path):
     store = tmp_path / "store"
     store.mkdir()

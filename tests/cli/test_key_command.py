@@ -8,7 +8,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from lab_server import host_env
+
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
 
 
 def key(home: Path, store: Path, *args: str, **env: str) -> subprocess.CompletedProcess:

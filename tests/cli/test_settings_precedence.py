@@ -89,6 +89,7 @@ def run_cli(tmp_path: Path, setting: str, strongest: str, *command: str) -> subp
                           text=True, env=env, cwd=tmp_path, timeout=120)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("setting, strongest", table("cli", ("project", "storage")))
 def test_cli(tmp_path: Path, setting: str, strongest: str):
     default_store = tmp_path / "home" / ".spotwarp" / "store"
@@ -100,6 +101,7 @@ def test_cli(tmp_path: Path, setting: str, strongest: str):
     assert json.loads(result.stdout)[setting] == expected
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("setting, strongest", table("cli", ("workspace",)))
 def test_cli_workspace(tmp_path: Path, setting: str, strongest: str):
     for count, layer in enumerate(LAYERS[:-1], 1):  # a workspace of 1, 2 or 3 files: the snapshot says which
@@ -113,6 +115,7 @@ def test_cli_workspace(tmp_path: Path, setting: str, strongest: str):
     assert json.loads(result.stdout)["files"] == LAYERS.index(strongest) + 1
 
 
+@pytest.mark.process
 def test_cli_names_a_bad_variable_in_one_line(tmp_path: Path):
     env = {**os.environ, "HOME": str(tmp_path), "SPOTWARP_PROJECT": "no such/project"}
     result = subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", "status"], check=False, capture_output=True,
@@ -163,6 +166,7 @@ async def test_server(server_row, jp_fetch, jp_serverapp, jp_root_dir, tmp_path)
     assert shown[setting] == expected
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("server_row", [pytest.param(("shutdown_grace", "config"), id="bad-variable")], indirect=True)
 def test_server_names_a_bad_variable_in_one_line(server_row, jp_configurable_serverapp, jp_server_config,
                                                  monkeypatch):
@@ -193,6 +197,7 @@ def magic_kernel(tmp_path: Path, setting: str, strongest: str, monkeypatch: pyte
     return Kernel(tmp_path / "host", env)
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("setting, strongest", table("magic", ("project", "storage", "every")))
 def test_magic(tmp_path: Path, setting: str, strongest: str, monkeypatch):
     kernel = magic_kernel(tmp_path, setting, strongest, monkeypatch)
@@ -210,6 +215,7 @@ def test_magic(tmp_path: Path, setting: str, strongest: str, monkeypatch):
     assert shown[setting] == expected
 
 
+@pytest.mark.process
 def test_magic_names_a_bad_variable_in_one_line(tmp_path: Path, monkeypatch):
     kernel = magic_kernel(tmp_path, "every", "config", monkeypatch)  # a good config value under a bad variable
     try:

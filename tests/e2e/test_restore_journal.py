@@ -22,6 +22,8 @@ from spotwarp_jupyter.engine.journal.events import NOTICE_SEEN, RESTORE_FINISHED
 from jupyter_api import call
 from lab_server import LabServer, host_env, tree
 
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
+
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
 CLI = [sys.executable, "-m", "spotwarp_jupyter.cli"]

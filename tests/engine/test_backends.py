@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
+
 
 def cli_with(shadow: Path, *args: str) -> subprocess.CompletedProcess:
     """The CLI in a process where the packages under `shadow` stand in front of the installed ones."""

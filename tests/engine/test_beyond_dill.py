@@ -17,6 +17,8 @@ import pytest
 
 from kernels import Kernel
 
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
+
 KERNELS = pytest.mark.slow  # one kernel pair for the module: ~25 s
 
 WORK = r'''

@@ -152,6 +152,7 @@ def test_a_file_written_just_before_its_record_was_scanned_is_read_again_at_ever
         assert set(cut.clean) == {"train.log", "metrics.json", "run.bin", "data.csv"}
 
 
+@pytest.mark.process
 def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWARP_KEY", "the project's key")  # recorded cells go into notebooks only when it vouches
     engine = SnapshotEngine(Settings.resolve(project="old", storage=str(tmp_path / "store"), env={}))

@@ -36,6 +36,7 @@ def _flip(path: Path, offset: int = 100) -> None:
     path.write_bytes(bytes(data))
 
 
+@pytest.mark.process
 def test_flipped_byte_is_found_by_verify_and_refused_by_restore(snapped, store_url):
     engine, manifest, ns = snapped
     biggest = max(_object_files(store_url), key=lambda p: p.stat().st_size)
@@ -62,6 +63,7 @@ def test_missing_object_is_named(snapped, store_url):
     assert not report.ok and any(victim.name in p and "missing" in p for p in report.problems)
 
 
+@pytest.mark.process
 def test_truncated_manifest_is_not_listed_and_is_reported(snapped, store_url):
     engine, manifest, _ = snapped
     path = Path(store_url, "proj", "snapshots", manifest.name)
@@ -85,6 +87,7 @@ def test_edited_manifest_fails_its_checksum(snapped, store_url):
         fresh.get(manifest.id)
 
 
+@pytest.mark.process
 def test_clean_store_verifies(snapped, store_url):
     result = _cli("verify", "--project-id", "proj", store=store_url)
     assert result.returncode == 0, result.stderr

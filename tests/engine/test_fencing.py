@@ -93,6 +93,7 @@ def project_with_files(tmp_path: Path, store: str) -> str:
     return engine_for(store, Fence()).snapshot_project(str(ws), message="origin").id
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("lease", ["unmoved", "lost"])
 def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, lease):
     store = str(tmp_path / "store")
@@ -138,6 +139,7 @@ def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, l
     assert heartbeat["restore"]["snapshot"] == origin
 
 
+@pytest.mark.process
 def test_a_host_that_finds_it_lost_the_lease_says_so_and_stops(tmp_path):
     store = str(tmp_path / "store")
     project_with_files(tmp_path, store)
@@ -156,6 +158,7 @@ def test_a_host_that_finds_it_lost_the_lease_says_so_and_stops(tmp_path):
     assert [m.generation for m in engine.manifests()] == [0]
 
 
+@pytest.mark.process
 def test_a_promoted_candidate_commits_its_generation_and_its_final_snapshot(tmp_path):
     store = str(tmp_path / "store")
     project_with_files(tmp_path, store)
@@ -180,6 +183,7 @@ def test_a_promoted_candidate_commits_its_generation_and_its_final_snapshot(tmp_
     assert final.message.startswith("final snapshot") and final.generation == 1, server.log()[-3000:]
 
 
+@pytest.mark.process
 def test_start_refuses_half_a_candidate_in_one_line(tmp_path):
     env = host_env(tmp_path / "home")
     for args, message in [(["--candidate-id", "x"], "go together"), (["--candidate-id", "../x", "--generation", "1"],
@@ -193,6 +197,7 @@ def test_start_refuses_half_a_candidate_in_one_line(tmp_path):
     assert not (tmp_path / "w").exists()
 
 
+@pytest.mark.process
 def test_a_holder_whose_lease_vanishes_says_so_and_the_next_race_ranks_above_it(tmp_path):
     from spotwarp_jupyter.failover.lease import move_lease, next_generation
 
@@ -221,6 +226,7 @@ def test_a_holder_whose_lease_vanishes_says_so_and_the_next_race_ranks_above_it(
         server.discard()
 
 
+@pytest.mark.process
 def test_a_plain_start_on_a_failed_over_project_refuses_and_take_over_moves_the_lease(tmp_path):
     import threading
 
@@ -295,6 +301,7 @@ def test_a_manifest_written_after_the_lease_moved_by_a_writer_that_died_never_co
     assert engine_for(store, Fence()).get("latest").id == new.id
 
 
+@pytest.mark.process
 def test_a_failed_promotion_snapshot_is_retried_until_it_lands(tmp_path):
     from spotwarp_jupyter.failover.lease import move_lease
 

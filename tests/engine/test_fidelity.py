@@ -12,6 +12,7 @@ import ast
 
 import numpy as np
 import pandas as pd
+import pytest
 
 from spotwarp_jupyter.engine.variables.grouping import shared_groups
 
@@ -282,6 +283,7 @@ print(json.dumps(report))
 '''
 
 
+@pytest.mark.process
 def test_class_shapes_rebuild_without_init_subclass(tmp_path):
     """Slots, builtin bases (dict, int, Exception), ABCs and Generic keep their layout and attributes."""
     import json

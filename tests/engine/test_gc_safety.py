@@ -211,6 +211,7 @@ def test_gc_keeps_the_objects_of_a_damaged_but_readable_manifest(target):
     assert engine.store.present(named) == named
 
 
+@pytest.mark.process
 def test_gc_deletes_no_object_while_a_manifest_cannot_be_read(target, tmp_path):
     engine = engine_on(target)
     engine.snapshot_kernel({"weights": np.arange(1000.0)})
@@ -254,6 +255,7 @@ def test_locks_of_dead_processes_block_neither_writers_nor_gc(tmp_path, monkeypa
     assert "1 snapshot(s) being written" in report.objects_left
 
 
+@pytest.mark.process
 def test_gc_says_what_the_grace_period_kept_and_grace_0s_frees_it(tmp_path):
     """`gc --keep 1` on objects all younger than the grace period deletes none, and says why and how to free them
     safely; with `--grace 0s` (no writer live) it frees them."""

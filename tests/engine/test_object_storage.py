@@ -519,6 +519,7 @@ def tree(root: Path) -> dict[str, bytes]:
     return {p.relative_to(root).as_posix(): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.process
 def test_workspace_files_move_to_a_new_host(storage: StorageTarget, tmp_path: Path):
     ws = tmp_path / "hostA" / "ws"
     (ws / "data").mkdir(parents=True)

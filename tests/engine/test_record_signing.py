@@ -24,8 +24,8 @@ from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat, read
 from spotwarp_jupyter.engine.journal.events import NOTICE_SEEN, Event, Journal
 from spotwarp_jupyter.engine.signing import RecordRefused, check_record, sign_record
 from spotwarp_jupyter.engine.storage import Store
-from spotwarp_jupyter.failover.heartbeat import BeatClock
 from spotwarp_jupyter.failover.lease import LeaseConflict, UnsignedEntry, move_lease, next_generation
+from spotwarp_jupyter.failover.liveness import BeatClock
 
 KEY = "record-signing-test-key"
 

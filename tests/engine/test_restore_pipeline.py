@@ -19,7 +19,8 @@ import pytest
 import torch
 
 from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine
-from tests.support.waiting import wait_for
+
+from waiting import wait_for
 
 MIB = 1024 * 1024
 BIG = 2 * 64 * MIB + 8 * MIB + 3 * 4096 + 123  # two whole objects, a partial one, a partial page
@@ -153,6 +154,7 @@ def _tree(folder: Path) -> dict[str, str]:
             for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
+@pytest.mark.process
 def test_a_restore_killed_midway_leaves_the_store_whole_for_the_next(snapped, tmp_path):
     store, state, _objects = snapped
     before = _tree(Path(store))

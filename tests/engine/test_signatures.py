@@ -146,6 +146,7 @@ def test_kernels_with_and_without_the_right_key(tmp_path, start_kernel):
     assert other.value("'secret_weights' in dir()") is False
 
 
+@pytest.mark.process
 def test_unsigned_restore_warning_is_given_once_per_process():
     code = (
         "from spotwarp_jupyter.engine.manifests import trust_warning\n"

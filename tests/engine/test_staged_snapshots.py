@@ -100,6 +100,7 @@ def test_the_staged_writer_keeps_the_kernels_priority(start_kernel):
     assert [who for who, _delta in json.loads(calls)] == [k.value("forked.pid")], calls  # only the child was lowered
 
 
+@pytest.mark.process
 def test_when_memory_is_short_the_serialized_image_goes_to_a_forked_writer(tmp_path, monkeypatch):
     from spotwarp_jupyter.kernel.policy import Policy
     from spotwarp_jupyter.kernel.session import KernelSession

@@ -66,6 +66,7 @@ def damage_newest(store: Path) -> str:
 # -- item 11: a damaged newest snapshot is refused everywhere ------------------------------------------------
 
 
+@pytest.mark.process
 def test_restore_refuses_a_damaged_newest_snapshot_and_names_the_way_to_an_older_one(two_snapshots, tmp_path):
     store, _ws, (older, _newer) = two_snapshots
     damaged = damage_newest(store)
@@ -79,6 +80,7 @@ def test_restore_refuses_a_damaged_newest_snapshot_and_names_the_way_to_an_older
     assert (into / "notes.txt").read_text() == "first"
 
 
+@pytest.mark.process
 def test_start_refuses_a_damaged_newest_snapshot(two_snapshots, tmp_path):
     store, _ws, _ids = two_snapshots
     damaged = damage_newest(store)
@@ -103,6 +105,7 @@ def test_hub_restore_on_start_refuses_a_damaged_newest_snapshot(two_snapshots, t
 # -- item 14: the writer's own signed snapshot says so ------------------------------------------------------
 
 
+@pytest.mark.process
 def test_snapshot_json_reports_a_signed_snapshot_as_signed(tmp_path):
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -120,11 +123,13 @@ def test_snapshot_json_reports_a_signed_snapshot_as_signed(tmp_path):
 # -- item 12: store failures in one line ----------------------------------------------------------------
 
 
+@pytest.mark.process
 def test_an_unknown_users_home_as_storage_is_one_line(tmp_path):
     result = spotwarp("list", "--storage", "~nosuchuser-spotwarp/store", cwd=tmp_path)
     one_line_failure(result, "~nosuchuser-spotwarp")
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("url", ["file://", "file://relative/store"])
 def test_a_file_url_without_a_folder_writes_nothing_into_the_current_folder(tmp_path, url):
     cwd, ws = tmp_path / "cwd", tmp_path / "ws"
@@ -136,6 +141,7 @@ def test_a_file_url_without_a_folder_writes_nothing_into_the_current_folder(tmp_
     assert list(cwd.iterdir()) == []
 
 
+@pytest.mark.process
 def test_an_unreachable_gcs_endpoint_fails_within_the_connect_timeout(tmp_path):
     with socket.socket() as s:  # a port nothing listens on
         s.bind(("127.0.0.1", 0))
@@ -150,6 +156,7 @@ def test_an_unreachable_gcs_endpoint_fails_within_the_connect_timeout(tmp_path):
     assert took < 15, took
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs root and unshare for a tmpfs")
 def test_a_full_local_disk_is_one_line_and_leaves_no_snapshot(tmp_path):
     disk, ws = tmp_path / "disk", tmp_path / "ws"
@@ -173,6 +180,7 @@ def test_a_full_local_disk_is_one_line_and_leaves_no_snapshot(tmp_path):
 # -- item 13: temporaries of killed writes go on the next write -----------------------------------------
 
 
+@pytest.mark.process
 def test_temporaries_of_dead_writers_are_removed_on_the_next_snapshot(tmp_path):
     store, ws = tmp_path / "store", tmp_path / "ws"
     ws.mkdir()

@@ -301,6 +301,7 @@ def test_malformed_entries_are_refused(engine, ws, tmp_path):
         restore_files(engine.store, clash, str(tmp_path / "t"))
 
 
+@pytest.mark.process
 def test_project_snapshot_and_cli_restore_refuse_a_tampered_manifest(engine, ws, tmp_path):
     manifest = engine.snapshot_project(str(ws), message="first", chunk_size=CHUNK)
     assert engine.with_files().id == manifest.id and manifest.kind == "project"

@@ -77,6 +77,7 @@ def engine(store: str) -> SnapshotEngine:
 
 
 # -- item 3: names that are not UTF-8 -------------------------------------------------------------------
+@pytest.mark.process
 @pytest.mark.parametrize("key", [KEY, None], ids=["signed", "unsigned"])
 def test_names_that_are_not_utf8_round_trip_byte_for_byte(tmp_path, store, key):
     ws = tmp_path / "ws"
@@ -103,6 +104,7 @@ def test_names_that_are_not_utf8_round_trip_byte_for_byte(tmp_path, store, key):
     assert btree(target) == btree(ws)
 
 
+@pytest.mark.process
 def test_a_message_that_is_not_utf8_is_refused_in_one_line(tmp_path, store):
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -112,6 +114,7 @@ def test_a_message_that_is_not_utf8_is_refused_in_one_line(tmp_path, store):
     assert not (Path(store) / PROJECT / "snapshots").is_dir() or not list((Path(store) / PROJECT / "snapshots").iterdir())
 
 
+@pytest.mark.process
 def test_automatic_and_final_snapshots_of_names_that_are_not_utf8(tmp_path, store):
     """`spotwarp start` with automatic backups every second, then SIGTERM: both snapshots hold the odd names."""
     ws = tmp_path / "ws"
@@ -144,6 +147,7 @@ def test_automatic_and_final_snapshots_of_names_that_are_not_utf8(tmp_path, stor
 
 
 # -- item 4: names up to the filesystem's limit ----------------------------------------------------------
+@pytest.mark.process
 def test_names_of_255_bytes_back_up_and_restore(tmp_path, store):
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -205,6 +209,7 @@ def test_a_file_replaced_by_a_fifo_during_backup_is_skipped_not_waited_on(tmp_pa
     assert "not a regular file" in files["skipped"]["b.txt"]
 
 
+@pytest.mark.process
 def test_pipes_sockets_and_fifos_present_from_the_start_are_skipped_by_the_cli(tmp_path, store):
     import socket
 
@@ -247,6 +252,7 @@ def commit_links(engine: SnapshotEngine, links: dict[str, str], message: str) ->
     return engine.commit_manifest(manifest).id
 
 
+@pytest.mark.process
 def test_a_link_chain_in_one_snapshot_that_leaves_the_workspace_is_refused(tmp_path, store, engine):
     # l2 resolves to the workspace root; l1 passes through it and climbs out. The lexical check sees
     # l1 -> DEEP/l2/../../../../../../../../etc as `etc` inside the workspace. l1 sorts (and is planted) first.
@@ -262,6 +268,7 @@ def test_a_link_chain_in_one_snapshot_that_leaves_the_workspace_is_refused(tmp_p
     assert not (target / "l1").exists() and not os.path.lexists(target / "l1")
 
 
+@pytest.mark.process
 def test_a_link_through_a_link_planted_by_an_earlier_restore_is_refused(tmp_path, store, engine):
     target = tmp_path / "ws"
     first = commit_links(engine, {f"{DEEP}/l2": "../" * 6 + ".."}, "harmless on its own")
@@ -274,6 +281,7 @@ def test_a_link_through_a_link_planted_by_an_earlier_restore_is_refused(tmp_path
     assert escapes(target) == [] and not os.path.lexists(target / "l1")
 
 
+@pytest.mark.process
 def test_a_new_link_that_would_turn_a_planted_link_outward_is_refused(tmp_path, store, engine):
     # s/l -> ../d/../x stays inside while d is nothing; `d -> .` is inside itself, but then s/l leaves
     target = tmp_path / "ws"
@@ -288,6 +296,7 @@ def test_a_new_link_that_would_turn_a_planted_link_outward_is_refused(tmp_path, 
     assert escapes(target) == []
 
 
+@pytest.mark.process
 def test_link_chains_that_stay_inside_are_restored(tmp_path, store, engine):
     good = commit_links(engine, {
         f"{DEEP}/l2": "../" * 6 + "..",          # the workspace root itself
@@ -301,6 +310,7 @@ def test_link_chains_that_stay_inside_are_restored(tmp_path, store, engine):
     assert os.path.realpath(target / "up") == os.path.realpath(target / "z" / "b")
 
 
+@pytest.mark.process
 def test_a_file_is_never_written_through_a_planted_link(tmp_path, store, engine):
     """A snapshot naming a file under a folder that the workspace holds as a link to elsewhere is refused."""
     ws = tmp_path / "ws"
@@ -373,6 +383,7 @@ def restored_names(tmp_path: Path, ws: Path, store: str, name: str) -> set[str]:
     return {p.relative_to(target).as_posix() for p in target.rglob("*") if p.is_file()}
 
 
+@pytest.mark.process
 def test_a_home_folder_workspace_leaves_credentials_out_by_default(tmp_path, store):
     home = tmp_path / "home" / "jovyan"
     home_workspace(home)
@@ -380,6 +391,7 @@ def test_a_home_folder_workspace_leaves_credentials_out_by_default(tmp_path, sto
     assert names == set(KEPT), sorted(names ^ set(KEPT))
 
 
+@pytest.mark.process
 def test_spotwarpignore_negation_brings_credentials_back(tmp_path, store):
     home = tmp_path / "home" / "jovyan"
     home_workspace(home)
@@ -390,12 +402,14 @@ def test_spotwarpignore_negation_brings_credentials_back(tmp_path, store):
 
 
 # -- item 12: malformed modes and times in a signed manifest --------------------------------------------
+@pytest.mark.process
 @pytest.mark.parametrize("bad", [{"mode": "rwxr-xr-x"}, {"mode": None}, {"mode": [493]}, {"mode": 1 << 70},
                                  {"mtime_ns": "yesterday"}, {"mtime_ns": 10**30}, {"mtime_ns": {"s": 1}}])
 def test_a_malformed_mode_or_mtime_is_refused_in_one_line(tmp_path, store, engine, bad):
     malformed_metadata_is_refused(tmp_path, store, engine, bad, KEY)
 
 
+@pytest.mark.process
 def test_a_malformed_mode_in_an_unsigned_manifest_is_refused_in_one_line(tmp_path, store):
     unsigned = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=b"")
     malformed_metadata_is_refused(tmp_path, store, unsigned, {"mode": "0644", "mtime_ns": -1.5}, None)
@@ -427,6 +441,7 @@ def malformed_metadata_is_refused(tmp_path: Path, store: str, engine: SnapshotEn
     assert (tmp_path / "again" / "f.txt").read_text() == "payload"
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("files", ["not a record", {"entries": ["a"]}, {"entries": {"f.txt": 5}}])
 def test_a_malformed_files_record_is_refused_in_one_line(tmp_path, store, engine, files):
     evil = engine.commit_manifest(engine.new_manifest("project", "malformed", files=files))
@@ -451,6 +466,7 @@ def stored_content(store: str) -> dict[str, dict[bytes, tuple]]:
     return {part: btree(root / part) for part in ("objects", "snapshots")}
 
 
+@pytest.mark.process
 def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, store):
     ws = tmp_path / "ws"
     (ws / "sub").mkdir(parents=True)
@@ -505,6 +521,7 @@ def test_a_killed_restore_leaves_temporaries_the_next_restore_removes(tmp_path, 
     assert {rel: restored.get(rel) for rel in source} == source  # every file and folder, whole
 
 
+@pytest.mark.process
 def test_the_temporary_of_a_restore_still_running_is_left_alone(tmp_path, store):
     from spotwarp_jupyter.engine.files import temporaries as restore_temporaries
 

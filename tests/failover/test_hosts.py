@@ -10,10 +10,14 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from spotwarp_jupyter.engine.coordination.fence import Lease, write_lease
 from spotwarp_jupyter.engine.storage import Store
 
 from lab_server import host_env
+
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
 
 # The CLI runs as the child of a fresh, small Python, which reports its child's peak RSS alone (RUSAGE_CHILDREN):
 # measured in the CLI process itself, ru_maxrss would carry the high-water mark of whatever spawned it (Linux

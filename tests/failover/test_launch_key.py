@@ -17,7 +17,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from test_failover import attach
+from failover_hosts import attach
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeats

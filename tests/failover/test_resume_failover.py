@@ -15,7 +15,7 @@ import sys
 import time
 
 import pytest
-from test_failover import Launch, attach, cleanup, engine_for, env_for
+from failover_hosts import Launch, attach, cleanup, engine_for, env_for
 
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 

@@ -179,7 +179,7 @@ def server_log_after_each_test(sky_home):
 
 @pytest.fixture
 def provider(sky_home):
-    from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
+    from spotwarp_jupyter.failover.providers.skypilot import SkyPilotProvider
 
     return SkyPilotProvider
 
@@ -226,7 +226,7 @@ def test_cluster_names_are_valid_for_skypilot(sky_home):
     import sky
     from sky.utils import common_utils
 
-    from spotwarp_jupyter.failover.skypilot import cluster_name
+    from spotwarp_jupyter.failover.providers.skypilot import cluster_name
 
     names = [cluster_name("Demo Project/ü", "cand_1"), cluster_name("p" * 80, "c-2"), cluster_name("p" * 80, "c-3")]
     for name in names:
@@ -237,6 +237,7 @@ def test_cluster_names_are_valid_for_skypilot(sky_home):
     assert sky.__version__
 
 
+@pytest.mark.process
 def test_offers_ranked_by_spot_price_and_capped(provider):
     """Catalog offers across clouds, cheapest spot first, one per (cloud, region, instance type), max_price honoured."""
     p = provider({"dryrun_offers": False})
@@ -305,7 +306,7 @@ def test_failed_launch_is_a_failed_candidate(provider):
 
 def test_unknown_option_is_one_line(sky_home):
     from spotwarp_jupyter.engine.errors import SpotWarpError
-    from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
+    from spotwarp_jupyter.failover.providers.skypilot import SkyPilotProvider
 
     with pytest.raises(SpotWarpError) as e:
         SkyPilotProvider({"imageid": "x"})
@@ -315,7 +316,7 @@ def test_unknown_option_is_one_line(sky_home):
 def test_options_given_as_text_on_the_command_line(sky_home):
     """`spotwarp launch --provider-option open_port=false` hands text: "false" must not read as yes."""
     from spotwarp_jupyter.engine.errors import SpotWarpError
-    from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
+    from spotwarp_jupyter.failover.providers.skypilot import SkyPilotProvider
 
     p = SkyPilotProvider({"open_port": "false", "dryrun_offers": "no", "retry_until_up": "true", "idle_minutes": "30"})
     assert (p.open_port, p.dryrun_offers, p.retry_until_up, p.idle_minutes) == (False, False, True, 30)
@@ -328,7 +329,7 @@ def test_options_given_as_text_on_the_command_line(sky_home):
 MISSING = """
 import sys
 {block}
-import spotwarp_jupyter.failover, spotwarp_jupyter.failover.provider as pv, spotwarp_jupyter.failover.skypilot as m
+import spotwarp_jupyter.failover, spotwarp_jupyter.failover.provider as pv, spotwarp_jupyter.failover.providers.skypilot as m
 assert sys.modules.get("sky") is None, "importing the failover package imported sky"
 try:
     m.SkyPilotProvider().offers(pv.LaunchSpec(project_id="p", storage="/s", gpus="A100:1", clouds=("aws",)), 1)
@@ -337,6 +338,7 @@ except m.SkyPilotUnavailable as e:
 """
 
 
+@pytest.mark.process
 @pytest.mark.parametrize(
     ("block", "expected"),
     [
@@ -357,10 +359,11 @@ def test_missing_or_old_skypilot_is_one_line(tmp_path, block, expected):
     assert expected in lines[0] and 'spotwarp-jupyter[failover]"' in lines[0], lines[0]
 
 
+@pytest.mark.process
 def test_setup_installs_exactly_this_version_and_refuses_another_spotwarp(tmp_path):
     """PyPI's `spotwarp` is another project's, with its own `spotwarp` command: setup installs spotwarp-jupyter
     at the launcher's version unless the host has it, then checks the `spotwarp` that `run` calls is that."""
-    from spotwarp_jupyter.failover.skypilot import SkyPilotProvider
+    from spotwarp_jupyter.failover.providers.skypilot import SkyPilotProvider
 
     setup = SkyPilotProvider().setup_command(SPEC)
     bin_dir, pip_log = tmp_path / "bin", tmp_path / "pip.log"
@@ -400,6 +403,7 @@ def test_the_run_line_serves_as_root_on_every_interface(provider):
     assert passthrough == ["--ServerApp.ip=0.0.0.0"]
 
 
+@pytest.mark.process
 @pytest.mark.parametrize("storage", ["LOCAL", "file://LOCAL", "memory://sw", None])
 def test_skypilot_refuses_storage_on_this_machine_before_creating_anything(tmp_path, storage):
     """Cloud hosts restore from the project's storage: a folder (or memory) on the launching machine would give

@@ -9,8 +9,8 @@ from typing import Any, Sequence
 import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine
-from spotwarp_jupyter.failover.local import LocalProvider
 from spotwarp_jupyter.failover.provider import GONE, LaunchSpec, Offer
+from spotwarp_jupyter.failover.providers.local import LocalProvider
 from spotwarp_jupyter.failover.race import race
 from spotwarp_jupyter.failover.standby import WarmStandby
 
@@ -34,6 +34,7 @@ def standby_of(tmp_path: Path, provider: LocalProvider) -> tuple[WarmStandby, An
     return WarmStandby(provider, spec, store, 1, lambda kind, data: None, None, threading.Event(), poll_s=0.05), spec
 
 
+@pytest.mark.process
 def test_standbys_taken_by_a_race_whose_offers_fail_are_torn_down(tmp_path: Path) -> None:
     # each candidate sleeps before it starts: it stays pending (usable) and never serves
     provider = OffersFailLater({"root": str(tmp_path / "hosts"), "delays": "60", "grace": "2"})

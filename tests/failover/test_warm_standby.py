@@ -12,7 +12,7 @@ import os
 import signal
 
 import pytest
-from test_failover import Launch, attach, cleanup, engine_for, env_for, seed_project
+from failover_hosts import Launch, attach, cleanup, engine_for, env_for, seed_project
 
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 

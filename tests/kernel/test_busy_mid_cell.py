@@ -7,7 +7,11 @@ from __future__ import annotations
 import time
 from queue import Empty
 
+import pytest
+
 from kernels import Kernel
+
+pytestmark = pytest.mark.process  # every test here starts a process (a kernel, server or command)
 
 LOOP = """import spotwarp, time
 print('looping', flush=True)

@@ -210,6 +210,7 @@ def test_widget_module_is_plain_es_module_without_imports():
         assert len(re.findall(rf"function {name}\(", js)) == 1 and f"export function {name}(" in shared
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 def test_widget_module_parses_and_formats(tmp_path):
     """The served module is valid JavaScript (no name defined twice) and its formatters answer as agreed."""
@@ -225,6 +226,7 @@ def test_widget_module_parses_and_formats(tmp_path):
     assert json.loads(out.stdout) == ["function", "?", "-1.5 KB", "2m 0s", "?"]
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 def test_a_busy_kernel_reads_busy_and_protected_never_gone(tmp_path):
     """While the kernel says a cell runs, its unanswered refreshes are no silence: "busy, protected <age>"."""
@@ -247,6 +249,7 @@ def test_a_busy_kernel_reads_busy_and_protected_never_gone(tmp_path):
     assert label == "This notebook's last snapshot"  # the panel's other one is the project's newest
 
 
+@pytest.mark.process
 @pytest.mark.skipif(shutil.which("node") is None, reason="needs Node.js")
 def test_the_offer_says_what_restoring_brings(tmp_path):
     """The restore button names the notebook and variable count; the line under it size, training position, age."""

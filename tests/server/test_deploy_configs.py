@@ -173,6 +173,7 @@ def test_values_credentials_come_from_per_user_secrets(values):
     assert not [v for v in plain if re.search(r"(?i)secret|AKIA", v)]  # no secret written in the file
 
 
+@pytest.mark.process
 def test_values_spot_pool_grace_period_and_prestop_hook(values):
     single = values["singleuser"]
     selector = single["nodeSelector"]
@@ -226,6 +227,7 @@ def test_guide_python_snippets_are_the_deploy_files(monkeypatch):
         assert not missing, f"guide lines not in deploy/*.py: {missing}"
 
 
+@pytest.mark.process
 def test_the_prestop_hook_gives_up_within_its_timeout_on_a_server_that_trickles(values):
     """The hook's --timeout bounds the whole call: a server that answers a byte at a time never holds the pod's
     grace period past it (the final snapshot after SIGTERM needs the rest)."""

@@ -232,6 +232,7 @@ class Augmented(torch.utils.data.Dataset):
         return torch.rand(1) + i
 
 
+@pytest.mark.process
 def test_worker_processes_get_the_same_seeds(engine):
     def make():
         return {"loader": torch.utils.data.DataLoader(Augmented(), batch_size=2, shuffle=True, num_workers=1),

@@ -50,6 +50,7 @@ def test_state_survives_serialization_out_of_band():
     assert _draws() == expected
 
 
+@pytest.mark.process
 def test_only_libraries_already_imported_are_captured():
     code = ("import json, sys; from spotwarp_jupyter.training.rng import capture_rng; "
             "s = capture_rng(); print(json.dumps([sorted(s), 'torch' in sys.modules, 'numpy' in sys.modules]))")

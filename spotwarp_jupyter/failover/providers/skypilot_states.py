@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .provider import FAILED, GONE, PENDING, RUNNING, CandidateStatus
+from ..provider import FAILED, GONE, PENDING, RUNNING, CandidateStatus
 from .skypilot_sdk import one_line
 
 # sky.api_status request states.

@@ -7,8 +7,8 @@ import re
 from collections.abc import Sequence
 from typing import Any
 
-from ..engine.errors import SpotWarpError
-from .provider import LaunchSpec, Offer
+from ...engine.errors import SpotWarpError
+from ..provider import LaunchSpec, Offer
 from .skypilot_sdk import SkyPilotUnavailable, load_sky, one_line
 
 

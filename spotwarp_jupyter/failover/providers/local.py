@@ -32,8 +32,8 @@ import time
 from pathlib import Path
 from typing import Any, Sequence
 
-from ..engine.errors import ConfigError
-from .provider import FAILED, GONE, PENDING, RUNNING, CandidateHandle, CandidateStatus, LaunchSpec, Offer
+from ...engine.errors import ConfigError
+from ..provider import FAILED, GONE, PENDING, RUNNING, CandidateHandle, CandidateStatus, LaunchSpec, Offer
 
 OPTIONS = ("delays", "fail", "root", "token", "grace", "jupyter_args")
 

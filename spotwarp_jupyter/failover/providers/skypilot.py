@@ -18,9 +18,9 @@ import threading
 from collections.abc import Sequence
 from typing import Any
 
-from .._version import __version__
-from ..engine.errors import ConfigError
-from .provider import FAILED, GONE, CandidateHandle, CandidateStatus, LaunchSpec, Offer
+from ..._version import __version__
+from ...engine.errors import ConfigError
+from ..provider import FAILED, GONE, CandidateHandle, CandidateStatus, LaunchSpec, Offer
 from .skypilot_offers import catalog_offers, enabled_clouds
 from .skypilot_sdk import INSTALL_HINT, OLDEST_SKYPILOT, SkyPilotUnavailable, cluster_name, load_sky, one_line
 from .skypilot_states import cluster_state, launch_state

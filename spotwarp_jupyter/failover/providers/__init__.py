@@ -1,16 +1,17 @@
-"""Providers by name: `local` (processes on this machine) and `skypilot` (imported only when asked for)."""
+"""Providers by name, one module each: `local` (processes on this machine) and `skypilot` (imported only when
+asked for)."""
 
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-from ..engine.errors import ConfigError
-from .provider import Provider
+from ...engine.errors import ConfigError
+from ..provider import Provider
 
 PROVIDERS = {
-    "local": ("spotwarp_jupyter.failover.local", "LocalProvider"),
-    "skypilot": ("spotwarp_jupyter.failover.skypilot", "SkyPilotProvider"),
+    "local": ("spotwarp_jupyter.failover.providers.local", "LocalProvider"),
+    "skypilot": ("spotwarp_jupyter.failover.providers.skypilot", "SkyPilotProvider"),
 }
 
 

@@ -10,7 +10,7 @@ import re
 from importlib import metadata
 from typing import Any
 
-from ..engine.errors import SpotWarpError
+from ...engine.errors import SpotWarpError
 
 OLDEST_SKYPILOT = (0, 14, 1)
 INSTALL_HINT = 'pip install "spotwarp-jupyter[failover]"'

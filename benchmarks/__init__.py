@@ -1,0 +1,1 @@
+"""SpotWarp's benchmarks: `python -m benchmarks NAME` runs one and keeps its figures (see __main__.py)."""
