@@ -7,13 +7,14 @@ the files and starts no kernel: the marker never appears, the notebook never get
 in `spotwarp start`'s output, the server log and `GET status` says why. Opted in (`--resume-unsigned`), the
 same store resumes, with the warning wherever the resume is reported. A host given the project's key resumes;
 the key appears in no store file, no log and no process's command line.
+
+Each runs on a local store and on S3 (moto), where the writer edits the bucket's objects directly.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import shutil
 import stat
 import time
 from pathlib import Path
@@ -22,18 +23,19 @@ import pytest
 
 from lab_server import carried_key
 from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
+from storage_servers import StorageTarget, make_target
 
 pytestmark = pytest.mark.slow  # real servers and kernels, host A killed
 
 FORGED = "open({marker!r}, 'w').write('pwned')\n"
 
 
-@pytest.fixture(scope="module")
-def signed_store(tmp_path_factory) -> tuple[Path, str, str | None]:
+@pytest.fixture(scope="module", params=("local", "s3"))
+def signed_store(request, tmp_path_factory) -> tuple[Path, StorageTarget, str | None]:
     """Host A, started with no key set by hand, snapshots one notebook's kernel (x = 41) and is killed."""
     root = tmp_path_factory.mktemp("signed")
-    store = str(root / "store")
-    a = start_host(root, "a", store, SPOTWARP_KEY="")
+    store = make_target(request.param, request, root)
+    a = start_host(root, "a", store.url, SPOTWARP_KEY="", **store.kernel_env())
     try:
         (a.workspace / "train.ipynb").write_text(json.dumps(notebook([("setup", "%load_ext spotwarp\nx = 41")])))
         nb = a.open_notebook("train.ipynb")
@@ -54,17 +56,22 @@ def test_the_first_start_keeps_a_key_the_user_alone_reads(signed_store):
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     log = (root / "a.log").read_text()
     assert "created a signing key for project 'proj'" in log and key not in log
-    manifests = [json.loads(p.read_text()) for p in (Path(store) / "proj" / "snapshots").glob("*.json")]
+    manifests = [json.loads(store.read(f"proj/snapshots/{name}")) for name in _manifest_names(store)]
     assert manifests and all(m.get("signature") for m in manifests)  # signed from the first snapshot on
 
 
-def _forged_copy(root: Path, store: str, name: str) -> tuple[str, Path]:
+def _manifest_names(store: StorageTarget) -> list[str]:
+    return [name for name in store.names("proj/snapshots") if name.endswith(".json")]
+
+
+def _forged_copy(root: Path, store: StorageTarget, name: str) -> tuple[StorageTarget, Path]:
     """A copy of the store whose newest kernel record a writer without the key rewrote; the marker its cell makes."""
-    copy = root / f"store-{name}"
-    shutil.copytree(store, copy)
+    copy = store.beside(name)
+    store.copy_to(copy)
     marker = root / f"marker-{name}"
-    newest = max((copy / "proj" / "snapshots").glob("*.json"), key=lambda p: json.loads(p.read_text())["created_ts"])
-    doc = json.loads(newest.read_text())
+    docs = {n: json.loads(copy.read(f"proj/snapshots/{n}")) for n in _manifest_names(copy)}
+    newest = max(docs, key=lambda n: docs[n]["created_ts"])
+    doc = docs[newest]
     for seal in ("checksum", "signature", "key_id"):
         doc.pop(seal, None)
     record = doc["kernels"]["train.ipynb"]
@@ -74,8 +81,8 @@ def _forged_copy(root: Path, store: str, name: str) -> tuple[str, Path]:
     doc["created_ts"] = time.time()
     payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
     doc["checksum"] = hashlib.sha256(payload).hexdigest()  # what anyone can recompute
-    newest.write_text(json.dumps(doc, sort_keys=True, indent=1))
-    return str(copy), marker
+    copy.write(f"proj/snapshots/{newest}", json.dumps(doc, sort_keys=True, indent=1))
+    return copy, marker
 
 
 def _settled(server) -> dict | None:
@@ -90,7 +97,7 @@ def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_sto
     root, store, _key = signed_store
     forged, marker = _forged_copy(root, store, "nokey")
     (root / "nokey").mkdir()
-    b = start_host(root / "nokey", "b", forged, SPOTWARP_KEY="")
+    b = start_host(root / "nokey", "b", forged.url, SPOTWARP_KEY="", **forged.kernel_env())
     hosts.append(b)
     status = wait_for(lambda: _settled(b), 120, "the resume's entry for train.ipynb", b)
     (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
@@ -118,7 +125,7 @@ def test_opted_in_the_same_store_resumes_with_the_warning(signed_store, hosts):
     root, store, _key = signed_store
     forged, marker = _forged_copy(root, store, "optin")
     (root / "optin").mkdir()
-    b = start_host(root / "optin", "b", forged, "--resume-unsigned", SPOTWARP_KEY="")
+    b = start_host(root / "optin", "b", forged.url, "--resume-unsigned", SPOTWARP_KEY="", **forged.kernel_env())
     hosts.append(b)
     status = wait_for(lambda: _settled(b), 180, "the resume's entry for train.ipynb", b)
     (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
@@ -139,7 +146,7 @@ def test_a_host_given_the_key_resumes_and_the_key_never_leaves_the_host(signed_s
     root, store, key = signed_store
     assert key, "host A kept no key"
     (root / "keyed").mkdir()
-    b = start_host(root / "keyed", "b", store, **carried_key(root / "home-a", project="proj"))
+    b = start_host(root / "keyed", "b", store.url, **store.kernel_env(), **carried_key(root / "home-a", project="proj"))
     hosts.append(b)
     status = wait_for(lambda: _settled(b), 180, "the resume's entry for train.ipynb", b)
     (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
@@ -147,8 +154,8 @@ def test_a_host_given_the_key_resumes_and_the_key_never_leaves_the_host(signed_s
     assert status["trust"]["vouched"] is True and status["trust"]["line"] is None
     # in no store file, no log, no command line of the server or its kernels
     secret = key.encode()
-    for path in Path(store).rglob("*"):
-        assert not path.is_file() or secret not in path.read_bytes(), path
+    for name in store.files():
+        assert secret not in store.read(name), name
     assert key not in b.log() and key not in (root / "a.log").read_text()
     pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
     for pid in pids:
