@@ -3,7 +3,7 @@
 
 Host A commits x = 41, then x = 42, and is SIGKILLed with its kernel. A new host B, in its own folder with an
 empty workspace:
-- junk (`{not json`) and an unsigned well-formed manifest named to sort newest are skipped: B resumes x = 42,
+- junk (`{not json`) and an unsigned well-formed manifest (its checksum recomputed) named to sort newest are skipped: B resumes x = 42,
   and its status lists both as skipped;
 - the newest manifest deleted: B refuses to resume `latest`, naming the missing snapshot; B started with the
   older snapshot's id resumes it (x = 41).
@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from lab_server import LabServer, host_env
-from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
+from new_hosts import kernel_pids, kill_host, notebook, start_host, unsigned, wait_for
 from storage_servers import StorageTarget, make_target
 
 pytestmark = pytest.mark.slow  # real servers and kernels, one host killed
@@ -81,17 +81,17 @@ def _resumed(server: LabServer) -> dict | None:
 def test_junk_and_unsigned_newest_manifests_are_skipped(lost_host, hosts):
     folder, store = _copy(lost_host, "b")
     store.write(f"proj/snapshots/{JUNK}", "{not json")
-    doc = json.loads(store.read(f"proj/snapshots/{lost_host[2][1]['name']}"))
-    for seal in ("signature", "key_id"):
-        doc.pop(seal, None)
-    store.write(f"proj/snapshots/{UNSIGNED}", json.dumps({**doc, "id": "yyyyyyyy"}))
+    newer = lost_host[2][1]
+    store.write(f"proj/snapshots/{UNSIGNED}", unsigned(json.loads(store.read(f"proj/snapshots/{newer['name']}")),
+                                                         id="yyyyyyyy"))
     b = start_host(folder, "b", store.url, SPOTWARP_KEY=KEY, **store.kernel_env())
     hosts.append(b)
     entry = wait_for(lambda: _resumed(b), 120, "the resume line", b)
-    assert entry["state"] == "restored", entry
+    assert entry["state"] == "restored" and f"snapshot {newer['id']}" in entry["line"], entry
     code, status = b.request("GET", "spotwarp/api/status")
     rejected = status["rejected"]
     assert sorted(rejected) == sorted([JUNK, UNSIGNED]) and all(r.startswith("skipped: ") for r in rejected.values())
+    assert "is unsigned, but SPOTWARP_KEY is set here" in rejected[UNSIGNED], rejected
     assert b.open_notebook("n.ipynb").value("x") == 42
 
 

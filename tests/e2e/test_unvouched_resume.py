@@ -13,7 +13,6 @@ Each runs on a local store and on S3 (moto), where the writer edits the bucket's
 
 from __future__ import annotations
 
-import hashlib
 import json
 import stat
 import time
@@ -22,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lab_server import carried_key
-from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
+from new_hosts import kernel_pids, kill_host, notebook, start_host, unsigned, wait_for
 from storage_servers import StorageTarget, make_target
 
 pytestmark = pytest.mark.slow  # real servers and kernels, host A killed
@@ -72,16 +71,11 @@ def _forged_copy(root: Path, store: StorageTarget, name: str) -> tuple[StorageTa
     docs = {n: json.loads(copy.read(f"proj/snapshots/{n}")) for n in _manifest_names(copy)}
     newest = max(docs, key=lambda n: docs[n]["created_ts"])
     doc = docs[newest]
-    for seal in ("checksum", "signature", "key_id"):
-        doc.pop(seal, None)
     record = doc["kernels"]["train.ipynb"]
     source = FORGED.format(marker=str(marker))
     record.update(at="step", running={"id": "setup", "source": source}, cells=[{"id": "setup", "source": source}],
                   positions={"train": 3})
-    doc["created_ts"] = time.time()
-    payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    doc["checksum"] = hashlib.sha256(payload).hexdigest()  # what anyone can recompute
-    copy.write(f"proj/snapshots/{newest}", json.dumps(doc, sort_keys=True, indent=1))
+    copy.write(f"proj/snapshots/{newest}", unsigned(doc, created_ts=time.time()))
     return copy, marker
 
 
