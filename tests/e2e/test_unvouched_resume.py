@@ -2,9 +2,9 @@
 
 A project gets a key at its first `spotwarp start` (mode 0600 in SpotWarp's config folder, never in the store).
 A store writer without it edits the newest kernel record: a cell "running at a loop step" whose source leaves a
-marker file, `created_ts` now, the checksum recomputed, the signature dropped. A new host given no key restores
-the files and starts no kernel: the marker never appears, the notebook never gets the forged source, and one line
-in `spotwarp start`'s output, the server log and `GET status` says why. Opted in (`--resume-unsigned`), the
+marker file, or its variables from a pickle whose reducer calls os.system; `created_ts` now, the checksum
+recomputed, the signature dropped. A new host given no key restores the files and starts no kernel: the marker
+never appears, the notebook never gets the forged source, and one line in `spotwarp start`'s output, the server log and `GET status` says why. Opted in (`--resume-unsigned`), the
 same store resumes, with the warning wherever the resume is reported. A host given the project's key resumes;
 the key appears in no store file, no log and no process's command line.
 
@@ -14,10 +14,14 @@ Each runs on a local store and on S3 (moto), where the writer edits the bucket's
 from __future__ import annotations
 
 import json
+import os
+import pickle
+import shlex
 import stat
 import time
 from pathlib import Path
 
+import blake3
 import pytest
 
 from lab_server import carried_key
@@ -63,19 +67,42 @@ def _manifest_names(store: StorageTarget) -> list[str]:
     return [name for name in store.names("proj/snapshots") if name.endswith(".json")]
 
 
-def _forged_copy(root: Path, store: StorageTarget, name: str) -> tuple[StorageTarget, Path]:
-    """A copy of the store whose newest kernel record a writer without the key rewrote; the marker its cell makes."""
+def _running_cell(copy: StorageTarget, doc: dict, marker: Path) -> None:
+    """The kernel record says a cell that leaves `marker` was running at a loop step."""
+    source = FORGED.format(marker=str(marker))
+    doc["kernels"]["train.ipynb"].update(at="step", running={"id": "setup", "source": source},
+                                         cells=[{"id": "setup", "source": source}], positions={"train": 3})
+
+
+class _Runs:
+    """Unpickled, runs a shell command (what a forged pickle does)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def _reducing_pickle(copy: StorageTarget, doc: dict, marker: Path) -> None:
+    """The kernel record's variables come from a new object: a pickle whose reducer calls os.system."""
+    data = pickle.dumps({"x": _Runs(f"echo pwned > {shlex.quote(str(marker))}")})
+    oid = blake3.blake3(data).hexdigest()  # a content address anyone can compute
+    copy.write(f"proj/objects/{oid[:2]}/{oid}", data)
+    doc["kernels"]["train.ipynb"]["groups"][0]["pickle"] = {"id": oid, "size": len(data)}
+    doc["objects"][oid] = len(data)
+
+
+def _forged_copy(root: Path, store: StorageTarget, name: str, forge=_running_cell) -> tuple[StorageTarget, Path]:
+    """A copy of the store whose newest kernel record a writer without the key rewrote (`forge`); the marker that
+    running the forged code makes."""
     copy = store.beside(name)
     store.copy_to(copy)
     marker = root / f"marker-{name}"
     docs = {n: json.loads(copy.read(f"proj/snapshots/{n}")) for n in _manifest_names(copy)}
     newest = max(docs, key=lambda n: docs[n]["created_ts"])
-    doc = docs[newest]
-    record = doc["kernels"]["train.ipynb"]
-    source = FORGED.format(marker=str(marker))
-    record.update(at="step", running={"id": "setup", "source": source}, cells=[{"id": "setup", "source": source}],
-                  positions={"train": 3})
-    copy.write(f"proj/snapshots/{newest}", unsigned(doc, created_ts=time.time()))
+    forge(copy, docs[newest], marker)
+    copy.write(f"proj/snapshots/{newest}", unsigned(docs[newest], created_ts=time.time()))
     return copy, marker
 
 
@@ -113,6 +140,21 @@ def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_sto
                            "__import__('spotwarp_jupyter.kernel.session', fromlist=['_']).current().status())[1]")
     assert "this host has no key for it" in widget_line, widget_line
     assert not marker.exists()
+
+
+def test_a_forged_pickle_unpickles_nothing_on_a_host_without_the_key(signed_store, hosts):
+    root, store, _key = signed_store
+    forged, marker = _forged_copy(root, store, "pickle", _reducing_pickle)
+    (root / "pickle").mkdir()
+    b = start_host(root / "pickle", "b", forged.url, SPOTWARP_KEY="", **forged.kernel_env())
+    hosts.append(b)
+    status = wait_for(lambda: _settled(b), 120, "the resume's entry for train.ipynb", b)
+    (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
+    assert not marker.exists(), entry  # nothing was unpickled
+    assert entry["state"] == "skipped" and "no kernel is resumed" in entry["line"], entry
+    assert "this host has no key" in entry["line"] and status["trust"]["allowed"] is False
+    assert kernel_pids(b.workspace) == []
+    assert (b.workspace / "train.ipynb").exists()  # the files came back
 
 
 def test_opted_in_the_same_store_resumes_with_the_warning(signed_store, hosts):

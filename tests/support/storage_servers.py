@@ -90,6 +90,8 @@ class StorageTarget:
 
     def write(self, name: str, data: bytes | str) -> None:
         """Create or overwrite one object, as a plain PUT (or a file write) does."""
+        if self.kind == "local":
+            os.makedirs(posixpath.dirname(self.path(name)), exist_ok=True)
         self.filesystem().pipe_file(self.path(name), data.encode() if isinstance(data, str) else data)
 
     def delete(self, name: str) -> None:
