@@ -1,8 +1,9 @@
-"""A store writer without SPOTWARP_KEY against real `spotwarp start` hosts with the key (local store).
+"""A store writer without SPOTWARP_KEY against real `spotwarp start` hosts with the key, on a local store and on S3
+(moto), where the writer edits the bucket's objects directly.
 
 Host A commits x = 41, then x = 42, and is SIGKILLed with its kernel. A new host B, in its own folder with an
 empty workspace:
-- junk (`{not json`) and an unsigned well-formed manifest named to sort newest are skipped: B resumes x = 42,
+- junk (`{not json`) and an unsigned well-formed manifest (its checksum recomputed) named to sort newest are skipped: B resumes x = 42,
   and its status lists both as skipped;
 - the newest manifest deleted: B refuses to resume `latest`, naming the missing snapshot; B started with the
   older snapshot's id resumes it (x = 41).
@@ -13,14 +14,14 @@ B says in its resume entry that it is not restored.
 from __future__ import annotations
 
 import json
-import shutil
 import urllib.error
 from pathlib import Path
 
 import pytest
 
 from lab_server import LabServer, host_env
-from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
+from new_hosts import kernel_pids, kill_host, notebook, start_host, unsigned, wait_for
+from storage_servers import StorageTarget, make_target
 
 pytestmark = pytest.mark.slow  # real servers and kernels, one host killed
 
@@ -29,12 +30,12 @@ JUNK = "99991231T235959999Z-zzzzzzzz.json"
 UNSIGNED = "99991231T235959998Z-yyyyyyyy.json"
 
 
-@pytest.fixture(scope="module")
-def lost_host(tmp_path_factory) -> tuple[Path, str, list[dict]]:
+@pytest.fixture(scope="module", params=("local", "s3"))
+def lost_host(request, tmp_path_factory) -> tuple[Path, StorageTarget, list[dict]]:
     """Host A's store after two commits (x = 41, then x = 42), A killed; the two manifests, oldest first."""
     tmp_path = tmp_path_factory.mktemp("trust")
-    store = str(tmp_path / "store")
-    a = start_host(tmp_path, "a", store, SPOTWARP_KEY=KEY)
+    store = make_target(request.param, request, tmp_path)
+    a = start_host(tmp_path, "a", store.url, SPOTWARP_KEY=KEY, **store.kernel_env())
     try:
         (a.workspace / "n.ipynb").write_text(json.dumps(notebook([("setup", "%load_ext spotwarp\nx = 41")])))
         socket = a.open_notebook("n.ipynb")
@@ -50,19 +51,18 @@ def lost_host(tmp_path_factory) -> tuple[Path, str, list[dict]]:
         kill_host(a, pid)
     finally:
         a.discard()
-    folder = Path(store) / "proj" / "snapshots"
-    docs = {json.loads(p.read_text())["id"]: p.name for p in folder.glob("*.json")}
+    names = [n for n in store.names("proj/snapshots") if n.endswith(".json")]
+    docs = {json.loads(store.read(f"proj/snapshots/{n}"))["id"]: n for n in names}
     return tmp_path, store, [{"id": i, "name": docs[i]} for i in ids]
 
 
-def _copy(lost_host, name: str) -> tuple[Path, str]:
+def _copy(lost_host, name: str) -> tuple[Path, StorageTarget]:
     """A's store as A left it, at A's path (a signature binds the store's location), and a folder for host `name`."""
     root, store, _ = lost_host
-    pristine = root / "store-as-left"
-    if not pristine.exists():
-        shutil.copytree(store, pristine)
-    shutil.rmtree(store)
-    shutil.copytree(pristine, store)
+    pristine = store.beside("as-left")
+    if not pristine.files():
+        store.copy_to(pristine)
+    pristine.copy_to(store)
     (root / name).mkdir()
     return root / name, store
 
@@ -80,36 +80,35 @@ def _resumed(server: LabServer) -> dict | None:
 
 def test_junk_and_unsigned_newest_manifests_are_skipped(lost_host, hosts):
     folder, store = _copy(lost_host, "b")
-    snapshots = Path(store) / "proj" / "snapshots"
-    (snapshots / JUNK).write_text("{not json")
-    doc = json.loads((snapshots / lost_host[2][1]["name"]).read_text())
-    for seal in ("signature", "key_id"):
-        doc.pop(seal, None)
-    (snapshots / UNSIGNED).write_text(json.dumps({**doc, "id": "yyyyyyyy"}))
-    b = start_host(folder, "b", store, SPOTWARP_KEY=KEY)
+    store.write(f"proj/snapshots/{JUNK}", "{not json")
+    newer = lost_host[2][1]
+    store.write(f"proj/snapshots/{UNSIGNED}", unsigned(json.loads(store.read(f"proj/snapshots/{newer['name']}")),
+                                                         id="yyyyyyyy"))
+    b = start_host(folder, "b", store.url, SPOTWARP_KEY=KEY, **store.kernel_env())
     hosts.append(b)
     entry = wait_for(lambda: _resumed(b), 120, "the resume line", b)
-    assert entry["state"] == "restored", entry
+    assert entry["state"] == "restored" and f"snapshot {newer['id']}" in entry["line"], entry
     code, status = b.request("GET", "spotwarp/api/status")
     rejected = status["rejected"]
     assert sorted(rejected) == sorted([JUNK, UNSIGNED]) and all(r.startswith("skipped: ") for r in rejected.values())
+    assert "is unsigned, but SPOTWARP_KEY is set here" in rejected[UNSIGNED], rejected
     assert b.open_notebook("n.ipynb").value("x") == 42
 
 
 def test_a_deleted_newest_manifest_is_detected_and_an_explicit_id_still_restores(lost_host, hosts):
     folder, store = _copy(lost_host, "c")
     older, newer = lost_host[2]
-    (Path(store) / "proj" / "snapshots" / newer["name"]).unlink()
+    store.delete(f"proj/snapshots/{newer['name']}")
     (folder / "home-c").mkdir()
-    c = LabServer(folder / "ws-c", store, "proj", host_env(folder / "home-c", SPOTWARP_KEY=KEY,
-                                                            SPOTWARP_BACKUP_INTERVAL="0"),
+    c = LabServer(folder / "ws-c", store.url, "proj", host_env(folder / "home-c", SPOTWARP_KEY=KEY,
+                                                                SPOTWARP_BACKUP_INTERVAL="0", **store.kernel_env()),
                   folder / "c.log")
     hosts.append(c)
     wait_for(lambda: c.proc.poll() is not None or _resumed(c), 120, "start to refuse or resume", c)
     assert c.proc.poll() not in (None, 0), c.log()
     assert f"snapshot {newer['id']}" in c.log() and "rolled back" in c.log(), c.log()
     assert not (folder / "ws-c" / "n.ipynb").exists()  # nothing restored
-    d = start_host(folder, "d", store, "--snapshot", older["id"], SPOTWARP_KEY=KEY)
+    d = start_host(folder, "d", store.url, "--snapshot", older["id"], SPOTWARP_KEY=KEY, **store.kernel_env())
     hosts.append(d)
     entry = wait_for(lambda: _resumed(d), 120, "the resume line", d)
     assert entry["state"] == "restored", entry

@@ -2,38 +2,43 @@
 
 A project gets a key at its first `spotwarp start` (mode 0600 in SpotWarp's config folder, never in the store).
 A store writer without it edits the newest kernel record: a cell "running at a loop step" whose source leaves a
-marker file, `created_ts` now, the checksum recomputed, the signature dropped. A new host given no key restores
-the files and starts no kernel: the marker never appears, the notebook never gets the forged source, and one line
-in `spotwarp start`'s output, the server log and `GET status` says why. Opted in (`--resume-unsigned`), the
+marker file, or its variables from a pickle whose reducer calls os.system; `created_ts` now, the checksum
+recomputed, the signature dropped. A new host given no key restores the files and starts no kernel: the marker
+never appears, the notebook never gets the forged source, and one line in `spotwarp start`'s output, the server log and `GET status` says why. Opted in (`--resume-unsigned`), the
 same store resumes, with the warning wherever the resume is reported. A host given the project's key resumes;
 the key appears in no store file, no log and no process's command line.
+
+Each runs on a local store and on S3 (moto), where the writer edits the bucket's objects directly.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
-import shutil
+import os
+import pickle
+import shlex
 import stat
 import time
 from pathlib import Path
 
+import blake3
 import pytest
 
 from lab_server import carried_key
-from new_hosts import kernel_pids, kill_host, notebook, start_host, wait_for
+from new_hosts import kernel_pids, kill_host, notebook, start_host, unsigned, wait_for
+from storage_servers import StorageTarget, make_target
 
 pytestmark = pytest.mark.slow  # real servers and kernels, host A killed
 
 FORGED = "open({marker!r}, 'w').write('pwned')\n"
 
 
-@pytest.fixture(scope="module")
-def signed_store(tmp_path_factory) -> tuple[Path, str, str | None]:
+@pytest.fixture(scope="module", params=("local", "s3"))
+def signed_store(request, tmp_path_factory) -> tuple[Path, StorageTarget, str | None]:
     """Host A, started with no key set by hand, snapshots one notebook's kernel (x = 41) and is killed."""
     root = tmp_path_factory.mktemp("signed")
-    store = str(root / "store")
-    a = start_host(root, "a", store, SPOTWARP_KEY="")
+    store = make_target(request.param, request, root)
+    a = start_host(root, "a", store.url, SPOTWARP_KEY="", **store.kernel_env())
     try:
         (a.workspace / "train.ipynb").write_text(json.dumps(notebook([("setup", "%load_ext spotwarp\nx = 41")])))
         nb = a.open_notebook("train.ipynb")
@@ -54,28 +59,51 @@ def test_the_first_start_keeps_a_key_the_user_alone_reads(signed_store):
     assert stat.S_IMODE(kept.stat().st_mode) == 0o600 and stat.S_IMODE(kept.parent.stat().st_mode) == 0o700
     log = (root / "a.log").read_text()
     assert "created a signing key for project 'proj'" in log and key not in log
-    manifests = [json.loads(p.read_text()) for p in (Path(store) / "proj" / "snapshots").glob("*.json")]
+    manifests = [json.loads(store.read(f"proj/snapshots/{name}")) for name in _manifest_names(store)]
     assert manifests and all(m.get("signature") for m in manifests)  # signed from the first snapshot on
 
 
-def _forged_copy(root: Path, store: str, name: str) -> tuple[str, Path]:
-    """A copy of the store whose newest kernel record a writer without the key rewrote; the marker its cell makes."""
-    copy = root / f"store-{name}"
-    shutil.copytree(store, copy)
-    marker = root / f"marker-{name}"
-    newest = max((copy / "proj" / "snapshots").glob("*.json"), key=lambda p: json.loads(p.read_text())["created_ts"])
-    doc = json.loads(newest.read_text())
-    for seal in ("checksum", "signature", "key_id"):
-        doc.pop(seal, None)
-    record = doc["kernels"]["train.ipynb"]
+def _manifest_names(store: StorageTarget) -> list[str]:
+    return [name for name in store.names("proj/snapshots") if name.endswith(".json")]
+
+
+def _running_cell(copy: StorageTarget, doc: dict, marker: Path) -> None:
+    """The kernel record says a cell that leaves `marker` was running at a loop step."""
     source = FORGED.format(marker=str(marker))
-    record.update(at="step", running={"id": "setup", "source": source}, cells=[{"id": "setup", "source": source}],
-                  positions={"train": 3})
-    doc["created_ts"] = time.time()
-    payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
-    doc["checksum"] = hashlib.sha256(payload).hexdigest()  # what anyone can recompute
-    newest.write_text(json.dumps(doc, sort_keys=True, indent=1))
-    return str(copy), marker
+    doc["kernels"]["train.ipynb"].update(at="step", running={"id": "setup", "source": source},
+                                         cells=[{"id": "setup", "source": source}], positions={"train": 3})
+
+
+class _Runs:
+    """Unpickled, runs a shell command (what a forged pickle does)."""
+
+    def __init__(self, command: str):
+        self.command = command
+
+    def __reduce__(self):
+        return (os.system, (self.command,))
+
+
+def _reducing_pickle(copy: StorageTarget, doc: dict, marker: Path) -> None:
+    """The kernel record's variables come from a new object: a pickle whose reducer calls os.system."""
+    data = pickle.dumps({"x": _Runs(f"echo pwned > {shlex.quote(str(marker))}")})
+    oid = blake3.blake3(data).hexdigest()  # a content address anyone can compute
+    copy.write(f"proj/objects/{oid[:2]}/{oid}", data)
+    doc["kernels"]["train.ipynb"]["groups"][0]["pickle"] = {"id": oid, "size": len(data)}
+    doc["objects"][oid] = len(data)
+
+
+def _forged_copy(root: Path, store: StorageTarget, name: str, forge=_running_cell) -> tuple[StorageTarget, Path]:
+    """A copy of the store whose newest kernel record a writer without the key rewrote (`forge`); the marker that
+    running the forged code makes."""
+    copy = store.beside(name)
+    store.copy_to(copy)
+    marker = root / f"marker-{name}"
+    docs = {n: json.loads(copy.read(f"proj/snapshots/{n}")) for n in _manifest_names(copy)}
+    newest = max(docs, key=lambda n: docs[n]["created_ts"])
+    forge(copy, docs[newest], marker)
+    copy.write(f"proj/snapshots/{newest}", unsigned(docs[newest], created_ts=time.time()))
+    return copy, marker
 
 
 def _settled(server) -> dict | None:
@@ -90,7 +118,7 @@ def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_sto
     root, store, _key = signed_store
     forged, marker = _forged_copy(root, store, "nokey")
     (root / "nokey").mkdir()
-    b = start_host(root / "nokey", "b", forged, SPOTWARP_KEY="")
+    b = start_host(root / "nokey", "b", forged.url, SPOTWARP_KEY="", **forged.kernel_env())
     hosts.append(b)
     status = wait_for(lambda: _settled(b), 120, "the resume's entry for train.ipynb", b)
     (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
@@ -114,11 +142,26 @@ def test_a_forged_running_cell_runs_nothing_on_a_host_without_the_key(signed_sto
     assert not marker.exists()
 
 
+def test_a_forged_pickle_unpickles_nothing_on_a_host_without_the_key(signed_store, hosts):
+    root, store, _key = signed_store
+    forged, marker = _forged_copy(root, store, "pickle", _reducing_pickle)
+    (root / "pickle").mkdir()
+    b = start_host(root / "pickle", "b", forged.url, SPOTWARP_KEY="", **forged.kernel_env())
+    hosts.append(b)
+    status = wait_for(lambda: _settled(b), 120, "the resume's entry for train.ipynb", b)
+    (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
+    assert not marker.exists(), entry  # nothing was unpickled
+    assert entry["state"] == "skipped" and "no kernel is resumed" in entry["line"], entry
+    assert "this host has no key" in entry["line"] and status["trust"]["allowed"] is False
+    assert kernel_pids(b.workspace) == []
+    assert (b.workspace / "train.ipynb").exists()  # the files came back
+
+
 def test_opted_in_the_same_store_resumes_with_the_warning(signed_store, hosts):
     root, store, _key = signed_store
     forged, marker = _forged_copy(root, store, "optin")
     (root / "optin").mkdir()
-    b = start_host(root / "optin", "b", forged, "--resume-unsigned", SPOTWARP_KEY="")
+    b = start_host(root / "optin", "b", forged.url, "--resume-unsigned", SPOTWARP_KEY="", **forged.kernel_env())
     hosts.append(b)
     status = wait_for(lambda: _settled(b), 180, "the resume's entry for train.ipynb", b)
     (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
@@ -139,7 +182,7 @@ def test_a_host_given_the_key_resumes_and_the_key_never_leaves_the_host(signed_s
     root, store, key = signed_store
     assert key, "host A kept no key"
     (root / "keyed").mkdir()
-    b = start_host(root / "keyed", "b", store, **carried_key(root / "home-a", project="proj"))
+    b = start_host(root / "keyed", "b", store.url, **store.kernel_env(), **carried_key(root / "home-a", project="proj"))
     hosts.append(b)
     status = wait_for(lambda: _settled(b), 180, "the resume's entry for train.ipynb", b)
     (entry,) = [e for e in status["resume"] if e["notebook"] == "train.ipynb"]
@@ -147,8 +190,8 @@ def test_a_host_given_the_key_resumes_and_the_key_never_leaves_the_host(signed_s
     assert status["trust"]["vouched"] is True and status["trust"]["line"] is None
     # in no store file, no log, no command line of the server or its kernels
     secret = key.encode()
-    for path in Path(store).rglob("*"):
-        assert not path.is_file() or secret not in path.read_bytes(), path
+    for name in store.files():
+        assert secret not in store.read(name), name
     assert key not in b.log() and key not in (root / "a.log").read_text()
     pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
     for pid in pids:

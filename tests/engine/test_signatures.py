@@ -175,3 +175,25 @@ def test_a_deleted_or_replaced_newest_manifest_is_a_rollback_on_every_backend(st
     later = engine_for(storage, KEY_A).snapshot_kernel({"step": 3}, message="after")
     engine_for(storage, KEY_A).check_head()  # a newer signed commit: the head is passed, nothing refused
     assert engine_for(storage, KEY_A).get("latest").id == later.id
+
+
+@pytest.mark.parametrize("planted", [(10**12 - 1,), (500,), tuple(range(2, 22))],
+                         ids=["top-of-the-range", "above-the-head", "the-next-names"])
+def test_head_entries_planted_without_the_key_neither_hide_nor_freeze_the_signed_head(storage: StorageTarget,
+                                                                                      planted: tuple[int, ...]):
+    """A writer without the key takes head names above the newest commit's (the top of the range, or every name
+    the next commits would count up to): the commits after it still record themselves in the head, so deleting
+    the newest manifest is still a rollback."""
+    from spotwarp_jupyter.engine import RolledBack
+    from spotwarp_jupyter.engine.coordination.head import head_path
+
+    writer = engine_for(storage, KEY_A)
+    writer.snapshot_kernel({"step": 1}, message="first")
+    for counter in planted:
+        writer.store.fs.pipe_file(head_path(writer.store, counter), b'{"counter": 1, "snapshot": "x", "name": "x"}')
+    writer.snapshot_kernel({"step": 2}, message="older")
+    newest = writer.snapshot_kernel({"step": 3}, message="newest")
+    writer.store.fs.rm_file(manifest_path(writer, newest))
+    with pytest.raises(RolledBack) as refused:
+        engine_for(storage, KEY_A).check_head()
+    assert newest.id in str(refused.value)

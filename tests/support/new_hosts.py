@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -59,6 +60,15 @@ def notebook(cells: list[tuple[str, str]], kernelspec: str = "python3") -> dict:
             "metadata": {"kernelspec": {"name": kernelspec, "language": "python",
                                         "display_name": "Python 3 (ipykernel)" if kernelspec == "python3" else kernelspec}},
             "nbformat": 4, "nbformat_minor": 5}
+
+
+def unsigned(manifest: dict, **changes) -> str:
+    """`manifest` with `changes`, as a store writer without the key writes it: no signature, and the checksum
+    recomputed (anyone can), so that only the missing signature tells it from one the project wrote."""
+    doc = {k: v for k, v in manifest.items() if k not in ("checksum", "signature", "key_id")}
+    doc.update(changes)
+    payload = json.dumps(doc, sort_keys=True, separators=(",", ":"), ensure_ascii=False).encode()
+    return json.dumps({**doc, "checksum": hashlib.sha256(payload).hexdigest()}, sort_keys=True, indent=1)
 
 
 def wait_for(condition, timeout: float, what: str, server: LabServer | None = None):

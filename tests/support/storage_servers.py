@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import json
 import os
+import posixpath
+import shutil
 import socket
 import struct
 import subprocess
@@ -18,7 +20,7 @@ import sys
 import threading
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -72,6 +74,56 @@ class StorageTarget:
         return fsspec.core.url_to_fs(self.url, **{**self.options, "skip_instance_cache": True,
                                                   "use_listings_cache": False})[0] \
             if self.kind != "local" else fsspec.filesystem("file")
+
+    # -- the objects, as anyone holding the bucket's credentials (and not the project's key) reaches them --------
+    def path(self, *parts: str) -> str:
+        """`parts` under this storage, for `filesystem()`."""
+        return posixpath.join(self.url, *parts)
+
+    def names(self, folder: str) -> list[str]:
+        """The names of the objects in `folder` (relative to this storage)."""
+        fs = self.filesystem()
+        return sorted(posixpath.basename(p.rstrip("/")) for p in fs.ls(self.path(folder), detail=False))
+
+    def read(self, name: str) -> bytes:
+        return self.filesystem().cat_file(self.path(name))
+
+    def write(self, name: str, data: bytes | str) -> None:
+        """Create or overwrite one object, as a plain PUT (or a file write) does."""
+        if self.kind == "local":
+            os.makedirs(posixpath.dirname(self.path(name)), exist_ok=True)
+        self.filesystem().pipe_file(self.path(name), data.encode() if isinstance(data, str) else data)
+
+    def delete(self, name: str) -> None:
+        self.filesystem().rm_file(self.path(name))
+
+    def files(self) -> list[str]:
+        """Every object under this storage, as paths relative to it."""
+        fs = self.filesystem()
+        root = fs._strip_protocol(self.url).rstrip("/") + "/"
+        return sorted(p[len(root):] for p in fs.find(self.url))
+
+    def beside(self, name: str) -> StorageTarget:
+        """Storage of the same kind next to this one (a sibling folder, or prefix in the same bucket)."""
+        return replace(self, url=f"{self.url.rstrip('/')}-{name}")
+
+    def copy_to(self, other: StorageTarget) -> None:
+        """Every object of this storage into `other` (emptied first), as a bucket-side copy or `cp -r` makes it."""
+        if self.kind == "local":
+            shutil.rmtree(other.url, ignore_errors=True)
+            shutil.copytree(self.url, other.url)
+            return
+        other.clear()
+        fs = self.filesystem()
+        for name in self.files():
+            fs.copy(self.path(name), other.path(name))
+
+    def clear(self) -> None:
+        """Remove every object under this storage."""
+        if self.kind == "local":
+            shutil.rmtree(self.url, ignore_errors=True)
+        elif self.files():
+            self.filesystem().rm(self.url, recursive=True)
 
 
 @dataclass

@@ -2,10 +2,13 @@
 (the newest manifests deleted) from one that simply has nothing newer.
 
 Every commit made with SPOTWARP_KEY creates `head/<counter, 12 digits>.json`, `{counter, snapshot, name,
-created}` signed for that name, one above the highest counter present: create-only, like the lease, so
-an entry is never replaced, and a name some other entry took (a store writer without the key) is passed
-over. A reader takes the newest *signed* entry. Without a key nothing is written or checked: anyone who can
-write the store could forge the head as well.
+created}` signed for that name, one above the newest *signed* entry: create-only, like the lease, so an
+entry is never replaced. Entries a store writer without the key plants are never counted from (one at
+the top of the range would push the next counter past 12 digits, where no reader looks, and the pruning
+below it would delete every signed entry); a name one took is passed over, to a random name above it, so
+that no one can take in advance every name the next commit could use. A reader takes the newest *signed*
+entry. Without a key nothing is written or checked: anyone who can write the store could forge the head
+as well.
 
 No Jupyter imports.
 """
@@ -17,6 +20,7 @@ import logging
 import os
 import posixpath
 import re
+import secrets
 import time
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +37,8 @@ KEEP_HEADS = 16  # entries kept below the newest (older ones are pruned by the n
 MAX_HEAD_BYTES = 64 * 1024
 _ENTRY = re.compile(r"^(\d{12})\.json$")
 _TRIES = 16  # names taken by someone else passed over before a commit gives up advancing the head
+_LAST = 10**12 - 1  # the highest counter a 12-digit name holds
+_JUMP = 1 << 20  # past a taken name, the next try is up to this far above it, unpredictably
 
 
 class RolledBack(SpotWarpError):
@@ -118,7 +124,10 @@ def read_head(store: Store, key: bytes) -> Head | None:
     """The newest head entry signed with `key`; None without a key or when no commit recorded one."""
     if not key:
         return None
-    entries = _entries(store)
+    return _newest_signed(store, _entries(store), key)
+
+
+def _newest_signed(store: Store, entries: dict[int, Any], key: bytes) -> Head | None:
     for counter in sorted(entries, reverse=True):
         head = _signed(store, counter, entries[counter], key)
         if head is not None:
@@ -126,26 +135,41 @@ def read_head(store: Store, key: bytes) -> Head | None:
     return None
 
 
+_WRITTEN: dict[tuple[str, bytes], int] = {}  # (head folder, key) -> the counter this process last created there
+
+
+def _next_counter(store: Store, entries: dict[int, Any], key: bytes) -> int:
+    """One above the newest signed entry: with nothing above this process's own last entry, without a read."""
+    own = _WRITTEN.get((head_path(store), key))
+    if own is not None and own == max(entries, default=0):
+        return own + 1
+    newest = _newest_signed(store, entries, key)
+    return (newest.counter if newest is not None else 0) + 1
+
+
 def advance_head(store: Store, key: bytes, snapshot: str, name: str, created: float) -> Head | None:
     """Record a commit as the project's head (one small create-only write); None without a key.
 
-    The counter is one above every entry present, signed or not, so that no write ever waits on a name
-    someone else took; an entry is never replaced.
+    The counter is one above the newest signed entry (what a writer without the key planted counts for
+    nothing); a name taken is passed over to a random one above it. An entry is never replaced.
     """
     if not key:
         return None
     entries = _entries(store)
-    counter = max(entries, default=0) + 1
+    base = counter = _next_counter(store, entries, key)
     for _ in range(_TRIES):
+        if counter > _LAST:
+            break
         head = Head(counter, snapshot, name, created)
         doc = sign_record(head.as_dict(), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
         if create_small(store, head_path(store, counter), json.dumps(doc, sort_keys=True).encode()):
+            _WRITTEN[(head_path(store), key)] = counter
             prune_numbered(store, "pruning the head", entries, counter - KEEP_HEADS,
                            lambda old: head_path(store, old))
             return head
-        counter += 1
-    raise SpotWarpError(f"the head of project {store.project!r} could not advance: {_TRIES} names above "
-                        f"{counter - _TRIES} were taken meanwhile")
+        counter += 1 + secrets.randbelow(_JUMP)  # never the kernel's `random`: a user's seeded stream
+    raise SpotWarpError(f"the head of project {store.project!r} could not advance: {_TRIES} names from "
+                        f"{base} on were taken meanwhile")
 
 
 def missing_head(head: Head | None, present: set[str], newest_valid: str | None, refused: str | None = None) -> str | None:
