@@ -21,10 +21,9 @@ from ..engine.coordination.fence import read_small, write_small
 from ..engine.coordination.heartbeats import record_ids
 from ..engine.errors import SpotWarpError
 from ..engine.signing import check_record, sign_record, signing_key
-from ..engine.storage import Store
+from ..engine.storage import Layout, Store
 from .heartbeat import BeatClock
 
-WATCHERS_DIR = "watchers"
 WATCHER_BEAT_S = 2.0
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 
@@ -39,11 +38,11 @@ def watcher_id() -> str:
 
 
 def _path(store: Store, ident: str) -> str:
-    return posixpath.join(store.root, WATCHERS_DIR, f"{ident}.json")
+    return posixpath.join(store.root, Layout.WATCHERS, f"{ident}.json")
 
 
 def _name(ident: str) -> str:
-    return f"{WATCHERS_DIR}/{ident}.json"
+    return f"{Layout.WATCHERS}/{ident}.json"
 
 
 def _read(store: Store, ident: str) -> dict[str, Any] | None:
@@ -59,7 +58,7 @@ def _read(store: Store, ident: str) -> dict[str, Any] | None:
 
 
 def watcher_ids(store: Store) -> list[str]:
-    return record_ids(store, WATCHERS_DIR, "listing watchers", lambda ident: bool(_ID.match(ident)))[:100]
+    return record_ids(store, Layout.WATCHERS, "listing watchers", lambda ident: bool(_ID.match(ident)))[:100]
 
 
 def live_watchers(store: Store, exclude: str | None = None, within: float = 2 * WATCHER_BEAT_S + 1.0,

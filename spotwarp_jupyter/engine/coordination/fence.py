@@ -26,13 +26,11 @@ from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import ConfigError, SpotWarpError
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Store, write_atomic
+from ..storage import Layout, Store, write_atomic
 from ..storage.local_files import fsync_folder, temporary_name, unlink_quietly
 
 log = logging.getLogger("spotwarp")
 
-LEGACY_LEASE_NAME = "lease.json"
-HOSTS_DIR = "hosts"
 SERVING = "serving"  # no failover in use: writes as always
 STANDBY = "standby"  # a candidate of a race, not promoted: serves, never writes
 HOLDER = "holder"  # holds the lease: writes
@@ -125,7 +123,6 @@ def create_small(store: Store, path: str, data: bytes) -> bool:
             return False
 
 
-LEASE_DIR = "lease"  # one create-only object per generation: lease/<generation, 12 digits>.json
 _LEASE_ENTRY = re.compile(r"^(\d{1,15})\.json$")
 MAX_LEASE_BYTES = 64 * 1024  # an entry is under 200 bytes: a bigger one is damaged, never read whole
 KEEP_LEASES = 16  # lease entries kept below the current one (older ones are pruned by the orchestrator)
@@ -133,13 +130,13 @@ KEEP_LEASES = 16  # lease entries kept below the current one (older ones are pru
 
 def lease_path(store: Store, generation: int | None = None) -> str:
     """The lease entry of `generation`; without one, the lease folder."""
-    folder = posixpath.join(store.root, LEASE_DIR)
+    folder = posixpath.join(store.root, Layout.LEASE)
     return folder if generation is None else posixpath.join(folder, f"{generation:012d}.json")
 
 
 def legacy_lease_path(store: Store) -> str:
     """`lease.json`: where the lease was kept before it became one entry per generation (read, never written)."""
-    return posixpath.join(store.root, LEGACY_LEASE_NAME)
+    return posixpath.join(store.root, Layout.LEGACY_LEASE)
 
 
 def lease_generations(store: Store) -> list[int]:
@@ -246,7 +243,7 @@ def parse_lease(raw: bytes, generation: int | None = None, store: Store | None =
         raise ValueError(str(exc)) from None
     if key:
         assert store is not None
-        name = LEGACY_LEASE_NAME if generation is None else f"{LEASE_DIR}/{generation:012d}.json"
+        name = Layout.LEGACY_LEASE if generation is None else f"{Layout.LEASE}/{generation:012d}.json"
         doc = check_record(doc, key, store.project, name)
     try:
         if not isinstance(doc, dict):
@@ -378,7 +375,7 @@ def free_generation(store: Store, generation: int) -> int:
 def lease_bytes(lease: Lease, store: Store, key: bytes | None = None) -> bytes:
     """A lease entry's bytes, signed with `key` (SPOTWARP_KEY from the environment when not given) if there is one."""
     key = key if key is not None else signing_key()
-    doc = sign_record(lease.as_dict(), key, store.project, f"{LEASE_DIR}/{lease.generation:012d}.json")
+    doc = sign_record(lease.as_dict(), key, store.project, f"{Layout.LEASE}/{lease.generation:012d}.json")
     return json.dumps(doc, sort_keys=True).encode()
 
 

@@ -23,12 +23,11 @@ from typing import Any
 
 from ..errors import SpotWarpError
 from ..signing import RecordRefused, check_record, sign_record
-from ..storage import Store
+from ..storage import Layout, Store
 from .fence import create_small, prune_numbered, read_small
 
 log = logging.getLogger("spotwarp")
 
-HEAD_DIR = "head"
 KEEP_HEADS = 16  # entries kept below the newest (older ones are pruned by the next commit)
 MAX_HEAD_BYTES = 64 * 1024
 _ENTRY = re.compile(r"^(\d{12})\.json$")
@@ -58,7 +57,7 @@ class Head:
 
 def head_path(store: Store, counter: int | None = None) -> str:
     """The head entry of `counter`; without one, the head folder."""
-    folder = posixpath.join(store.root, HEAD_DIR)
+    folder = posixpath.join(store.root, Layout.HEAD)
     return folder if counter is None else posixpath.join(folder, f"{counter:012d}.json")
 
 
@@ -101,7 +100,7 @@ def _signed(store: Store, counter: int, tag: Any, key: bytes) -> Head | None:
     try:
         raw = read_small(store, path, limit=MAX_HEAD_BYTES)
         if raw is not None:
-            doc = check_record(json.loads(raw), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
+            doc = check_record(json.loads(raw), key, store.project, f"{Layout.HEAD}/{counter:012d}.json")
             head = Head(int(doc["counter"]), str(doc["snapshot"]), str(doc["name"]), float(doc["created"]))
             if head.counter != counter or "/" in head.name:
                 head = None
@@ -138,7 +137,7 @@ def advance_head(store: Store, key: bytes, snapshot: str, name: str, created: fl
     counter = max(entries, default=0) + 1
     for _ in range(_TRIES):
         head = Head(counter, snapshot, name, created)
-        doc = sign_record(head.as_dict(), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
+        doc = sign_record(head.as_dict(), key, store.project, f"{Layout.HEAD}/{counter:012d}.json")
         if create_small(store, head_path(store, counter), json.dumps(doc, sort_keys=True).encode()):
             prune_numbered(store, "pruning the head", entries, counter - KEEP_HEADS,
                            lambda old: head_path(store, old))

@@ -18,8 +18,8 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Store
-from .fence import HOSTS_DIR, ROLES, read_small, validate_candidate_id, write_small
+from ..storage import Layout, Store
+from .fence import ROLES, read_small, validate_candidate_id, write_small
 
 _NONCE = re.compile(r"^[0-9a-f]{8,32}$")
 MAX_HOSTS = 1000  # heartbeats read by one listing at most
@@ -37,13 +37,13 @@ def host_id(candidate: str | None, port: int | None) -> str:
 
 
 def heartbeat_path(store: Store, ident: str) -> str:
-    return posixpath.join(store.root, HOSTS_DIR, f"{validate_candidate_id(ident)}.json")
+    return posixpath.join(store.root, Layout.HOSTS, f"{validate_candidate_id(ident)}.json")
 
 
 def write_heartbeat(store: Store, doc: dict[str, Any], key: bytes | None = None) -> None:
     """Write one heartbeat, signed with the key (SPOTWARP_KEY when not given) if there is one (blocking I/O: call
     it from a thread)."""
-    write_small(store, heartbeat_path(store, doc["id"]), _signed(store, doc, f"{HOSTS_DIR}/{doc['id']}.json", key))
+    write_small(store, heartbeat_path(store, doc["id"]), _signed(store, doc, f"{Layout.HOSTS}/{doc['id']}.json", key))
 
 
 def _signed(store: Store, doc: dict[str, Any], name: str, key: bytes | None) -> bytes:
@@ -101,7 +101,7 @@ def read_heartbeat(store: Store, ident: str, key: bytes | None = None) -> dict[s
         raw = read_small(store, heartbeat_path(store, ident), limit=MAX_HEARTBEAT_BYTES)
         if raw is None:
             return None
-        doc = valid_heartbeat(_trusted(store, raw, f"{HOSTS_DIR}/{ident}.json", key), ident)
+        doc = valid_heartbeat(_trusted(store, raw, f"{Layout.HOSTS}/{ident}.json", key), ident)
     except RecordRefused as exc:
         _skipped(f"heartbeat of {ident}", str(exc))
         return None
@@ -114,7 +114,7 @@ def read_heartbeat(store: Store, ident: str, key: bytes | None = None) -> dict[s
 
 def heartbeat_ids(store: Store) -> list[str]:
     """The ids of every heartbeat file in `hosts/` (stray files, bad names and temporaries left out)."""
-    return record_ids(store, HOSTS_DIR, "listing hosts", _is_candidate_id)
+    return record_ids(store, Layout.HOSTS, "listing hosts", _is_candidate_id)
 
 
 def record_ids(store: Store, folder_name: str, what: str, accept: Callable[[str], bool]) -> list[str]:
@@ -138,23 +138,20 @@ def _is_candidate_id(ident: str) -> bool:
     return True
 
 
-REQUESTS_DIR = "requests"
-
-
 def request_path(store: Store, ident: str) -> str:
-    return posixpath.join(store.root, REQUESTS_DIR, f"{validate_candidate_id(ident)}.json")
+    return posixpath.join(store.root, Layout.REQUESTS, f"{validate_candidate_id(ident)}.json")
 
 
 def write_request(store: Store, ident: str, doc: dict[str, Any]) -> None:
     """Ask host `ident` for something on its next beat (`spotwarp launch --replace`: a final snapshot); signed."""
-    write_small(store, request_path(store, ident), _signed(store, doc, f"{REQUESTS_DIR}/{ident}.json", None))
+    write_small(store, request_path(store, ident), _signed(store, doc, f"{Layout.REQUESTS}/{ident}.json", None))
 
 
 def read_request(store: Store, ident: str) -> dict[str, Any] | None:
     """The request waiting for host `ident`, None when there is none, it is unreadable or (with a key) unsigned."""
     try:
         raw = read_small(store, request_path(store, ident), limit=4096)
-        doc = _trusted(store, raw, f"{REQUESTS_DIR}/{ident}.json", None) if raw is not None else None
+        doc = _trusted(store, raw, f"{Layout.REQUESTS}/{ident}.json", None) if raw is not None else None
     except RecordRefused as exc:
         _skipped(f"request for {ident}", str(exc))
         return None

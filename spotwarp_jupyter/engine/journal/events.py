@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Store, write_atomic
+from ..storage import Layout, Store, write_atomic
 
 log = logging.getLogger("spotwarp")
 
@@ -42,7 +42,6 @@ PROMOTED = "promoted"
 FAILOVER_FINISHED = "failover_finished"
 EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED, KERNEL_RESUMED,
           PREEMPTION_DETECTED, HOST_LOST, RACE_STARTED, CANDIDATE_READY, PROMOTED, FAILOVER_FINISHED)
-EVENTS_DIR = "events"
 _REFUSED: set[tuple[str, str]] = set()  # (events folder, name) of events refused in this process: read and said once
 
 
@@ -87,7 +86,7 @@ class Journal:
 
     def __init__(self, store: Store):
         self.store = store
-        self.dir = posixpath.join(store.root, EVENTS_DIR)
+        self.dir = posixpath.join(store.root, Layout.EVENTS)
         self._read: dict[str, Event] = {}  # events are immutable: a long-lived reader fetches each once
         self._refused: set[str] = set()
 
@@ -100,7 +99,7 @@ class Journal:
                      {k: v for k, v in details.items() if v is not None})
         # signed with SPOTWARP_KEY when set: notices and final snapshots drive failover (docs/failover.md)
         name = item.name  # a new random suffix at each call: the name signed is the name written
-        doc = sign_record(item.as_dict(), signing_key(), self.store.project, f"{EVENTS_DIR}/{name}")
+        doc = sign_record(item.as_dict(), signing_key(), self.store.project, f"{Layout.EVENTS}/{name}")
         data = json.dumps(doc, sort_keys=True).encode()
         path = posixpath.join(self.dir, name)
         if self.store.local:
@@ -150,7 +149,7 @@ class Journal:
                 continue
             try:
                 raw = self.store.read_whole("reading an event", posixpath.join(self.dir, name))
-                doc = check_record(json.loads(raw), key, self.store.project, f"{EVENTS_DIR}/{name}")
+                doc = check_record(json.loads(raw), key, self.store.project, f"{Layout.EVENTS}/{name}")
                 self._read[name] = Event.from_dict(doc)
                 out.append(self._read[name])
             except FileNotFoundError:

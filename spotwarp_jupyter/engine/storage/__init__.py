@@ -7,9 +7,10 @@ failures, and the fsspec backend each URL scheme needs. Knows nothing of snapsho
 May import: the engine's base modules (errors, hashing, settings, units). Nothing else of the engine.
 """
 
+from .layout import Layout
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, replace_with, write_atomic
 from .store import CHUNK_SIZE, MANIFEST_SUFFIX, Store
 
 __all__ = [
-    "CHUNK_SIZE", "HOST_TAG", "MANIFEST_SUFFIX", "replace_with", "Store", "TEMPORARY_GRACE_S", "write_atomic",
+    "CHUNK_SIZE", "HOST_TAG", "Layout", "MANIFEST_SUFFIX", "replace_with", "Store", "TEMPORARY_GRACE_S", "write_atomic",
 ]

@@ -39,6 +39,7 @@ from ..hashing import Buffer, is_object_id, object_hasher, object_id  # noqa: E4
 from ..settings import env_float, env_int  # noqa: E402
 from ..timings import phase  # noqa: E402
 from .backends import check_backend  # noqa: E402
+from .layout import Layout  # noqa: E402
 from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
 from .local_reads import populate_for_copy, read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
@@ -136,9 +137,9 @@ class Store:
         self.workers = env_int("SPOTWARP_STORAGE_WORKERS", 4 if self.local else 8, 1)
         self.base = base.rstrip("/")
         self.root = posixpath.join(self.base, project) if base else project
-        self.objects_dir = posixpath.join(self.root, "objects")
-        self.snapshots_dir = posixpath.join(self.root, "snapshots")
-        self.locks_dir = posixpath.join(self.root, "locks")
+        self.objects_dir = posixpath.join(self.root, Layout.OBJECTS)
+        self.snapshots_dir = posixpath.join(self.root, Layout.SNAPSHOTS)
+        self.locks_dir = posixpath.join(self.root, Layout.LOCKS)
         self._swept = False
         if self.local and "://" in url and not url.split("://", 1)[1].startswith("/"):
             # fsspec reads `file://` and `file://x` relative to the current folder: never write there unasked
