@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Layout, Store, write_atomic
+from ..storage import Layout, Store
 
 log = logging.getLogger("spotwarp")
 
@@ -86,7 +86,7 @@ class Journal:
 
     def __init__(self, store: Store):
         self.store = store
-        self.dir = posixpath.join(store.root, Layout.EVENTS)
+        self.dir = store.record_path(Layout.EVENTS)
         self._read: dict[str, Event] = {}  # events are immutable: a long-lived reader fetches each once
         self._refused: set[str] = set()
 
@@ -101,11 +101,7 @@ class Journal:
         name = item.name  # a new random suffix at each call: the name signed is the name written
         doc = sign_record(item.as_dict(), signing_key(), self.store.project, f"{Layout.EVENTS}/{name}")
         data = json.dumps(doc, sort_keys=True).encode()
-        path = posixpath.join(self.dir, name)
-        if self.store.local:
-            write_atomic(path, data)
-        else:
-            self.store._call("recording an event", self.store.fs.pipe_file, path, data)
+        self.store.write_record(posixpath.join(self.dir, name), data, "recording an event")
         return item
 
     def record_soon(self, event: str, snapshot: str | None = None, notebook: str | None = None,
@@ -130,13 +126,8 @@ class Journal:
 
     def events(self, limit: int | None = None) -> list[Event]:
         """Recorded events, oldest first (the newest `limit` when given); damaged ones are skipped."""
-        self.store.fs.invalidate_cache(self.dir)
-        try:
-            listing = self.store._call("listing events", self.store.fs.ls, self.dir, detail=False)
-            names = sorted(posixpath.basename(p.rstrip("/")) for p in listing)
-        except FileNotFoundError:
-            return []
-        names = [n for n in names if n.endswith(".json") and ".tmp-" not in n]
+        names = sorted(n for n in self.store.record_names(self.dir, "listing events")
+                       if n.endswith(".json") and ".tmp-" not in n)
         key = signing_key()
         out: list[Event] = []
         for name in reversed(names):  # newest first, so `limit` counts readable events
