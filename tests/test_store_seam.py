@@ -9,7 +9,10 @@ the package's source (AST): an attribute `_call`, `fs` or `_fs` of anything name
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
+
+from spotwarp_jupyter.engine.storage import Layout
 
 PACKAGE = Path(__file__).resolve().parent.parent / "spotwarp_jupyter"
 OWNER = "engine/storage/"
@@ -47,3 +50,14 @@ def test_the_check_catches_each_way_in_and_nothing_else():
     )
     assert reaches_into_a_store(source) == ["1: store._call", "1: store.fs", "2: self.store.fs", "3: engine.store._fs"]
 
+
+def layout_rows(design: str) -> list[tuple[str, str]]:
+    """(area name, Layout attribute) of each row of the layout table in docs/design.md."""
+    section = design.split("\n## Layout\n", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"^\| `([^/`<]+)[^`]*` \(`([A-Z_]+)`\) \|", section, flags=re.MULTILINE)
+
+
+def test_the_design_layout_table_has_one_row_per_area_of_layout():
+    rows = layout_rows((PACKAGE.parent / "docs" / "design.md").read_text())
+    assert rows == [(getattr(Layout, attribute), attribute) for _, attribute in rows], rows
+    assert [name for name, _ in rows] == list(Layout.ALL)
