@@ -431,7 +431,7 @@ def _sampler(iterable: Any) -> Any:
 def _staging(eng: SnapshotEngine, snapshot_id: str) -> str:
     """Where DCP writes: beside the objects on a local store (its files are then moved in, not copied), else a temp folder."""
     if eng.store.local:
-        base = os.path.join(eng.store.root, Layout.STAGING)
+        base = eng.store.record_path(Layout.STAGING)
         _clear_stale(base)
     else:
         base = os.path.join(tempfile.gettempdir(), f"spotwarp-staging-{eng.settings.project}")
