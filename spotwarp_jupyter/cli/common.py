@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from ..engine import ConfigError, Settings, SnapshotEngine, SpotWarpError
 from ..engine.keys import use_key
+from ..engine.storage import Layout
 from ..engine.units import format_size
 
 EXIT_OK, EXIT_FAILURE, EXIT_USAGE = 0, 1, 2
@@ -38,7 +39,7 @@ def _engine(args: argparse.Namespace, create: bool = False, fence: Any = None) -
 
 # what a project's folder holds once anything of it is stored (snapshots, objects, a host's heartbeat, the
 # journal, the lease); a folder with only `locks` holds nothing of a project
-PROJECT_MARKS = frozenset({"snapshots", "objects", "hosts", "events", "lease", "lease.json"})
+PROJECT_MARKS = frozenset({Layout.SNAPSHOTS, Layout.OBJECTS, Layout.HOSTS, Layout.EVENTS, Layout.LEASE, Layout.LEGACY_LEASE})
 
 
 class UnknownProject(SpotWarpError):

@@ -169,11 +169,7 @@ def _delete_unnamed(store: Store, live: set[str], grace_s: float, lease: Lock, r
 def _clear_leftovers(store: Store, grace_s: float, lease: Lock) -> None:
     """Temporaries of killed writes, interrupted uploads and stale locks."""
     # a temporary is a write in progress for as long as a write can take, whatever the objects' grace
-    for path in store.stale_temporaries(max(grace_s, TEMPORARY_GRACE_S)):
-        try:
-            store.fs.rm(path)
-        except FileNotFoundError:
-            pass
+    store.delete_temporaries(max(grace_s, TEMPORARY_GRACE_S))
     store.clear_interrupted_uploads(max(grace_s, TEMPORARY_GRACE_S))  # an upload in progress, whatever `--grace`
     for name in stale_locks(store):
         if name != lease.name:

@@ -21,7 +21,7 @@ from ..engine.coordination import (
     read_lease,
     write_lease,
 )
-from ..engine.coordination.fence import free_generation, lease_path, parse_lease, read_small
+from ..engine.coordination.fence import free_generation, lease_path, parse_lease
 from ..engine.errors import SpotWarpError
 from ..engine.signing import RecordRefused, signing_key
 from ..engine.storage import Store
@@ -69,7 +69,7 @@ def taken_generation(store: Store) -> int:
 
 def _signed_entry(store: Store, generation: int) -> bool:
     try:
-        raw = read_small(store, lease_path(store, generation))
+        raw = store.read_record(lease_path(store, generation))
         return raw is not None and parse_lease(raw, generation, store, signing_key()) is not None
     except (RecordRefused, ValueError):
         return False

@@ -10,21 +10,18 @@ from __future__ import annotations
 
 import json
 import os
-import posixpath
 import re
 import socket
 import threading
 import time
 from typing import Any
 
-from ..engine.coordination.fence import read_small, write_small
 from ..engine.coordination.heartbeats import record_ids
 from ..engine.errors import SpotWarpError
 from ..engine.signing import check_record, sign_record, signing_key
-from ..engine.storage import Store
+from ..engine.storage import Layout, Store
 from .liveness import BeatClock
 
-WATCHERS_DIR = "watchers"
 WATCHER_BEAT_S = 2.0
 _ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,100}$")
 
@@ -39,17 +36,17 @@ def watcher_id() -> str:
 
 
 def _path(store: Store, ident: str) -> str:
-    return posixpath.join(store.root, WATCHERS_DIR, f"{ident}.json")
+    return store.record_path(Layout.WATCHERS, f"{ident}.json")
 
 
 def _name(ident: str) -> str:
-    return f"{WATCHERS_DIR}/{ident}.json"
+    return f"{Layout.WATCHERS}/{ident}.json"
 
 
 def _read(store: Store, ident: str) -> dict[str, Any] | None:
     """A watch's announcement; None when absent, damaged or (with SPOTWARP_KEY set) not signed with the key."""
     try:
-        raw = read_small(store, _path(store, ident), limit=4096)
+        raw = store.read_record(_path(store, ident), limit=4096)
         doc = check_record(json.loads(raw), signing_key(), store.project, _name(ident)) if raw is not None else None
     except (ValueError, UnicodeDecodeError, RecursionError, SpotWarpError):
         return None
@@ -59,7 +56,7 @@ def _read(store: Store, ident: str) -> dict[str, Any] | None:
 
 
 def watcher_ids(store: Store) -> list[str]:
-    return record_ids(store, WATCHERS_DIR, "listing watchers", lambda ident: bool(_ID.match(ident)))[:100]
+    return record_ids(store, Layout.WATCHERS, "listing watchers", lambda ident: bool(_ID.match(ident)))[:100]
 
 
 def live_watchers(store: Store, exclude: str | None = None, within: float = 2 * WATCHER_BEAT_S + 1.0,
@@ -105,7 +102,7 @@ class Announcement:
         self.doc["time"] = time.time()
         try:
             doc = sign_record(self.doc, signing_key(), self.store.project, _name(self.id))
-            write_small(self.store, _path(self.store, self.id), json.dumps(doc, sort_keys=True).encode())
+            self.store.write_record(_path(self.store, self.id), json.dumps(doc, sort_keys=True).encode())
         except Exception:  # noqa: BLE001 - an unreachable store: the watch says so itself
             pass
 
@@ -116,7 +113,7 @@ class Announcement:
     def end(self) -> None:
         self._stop.set()
         try:
-            self.store._call("removing the watcher", self.store.fs.rm, _path(self.store, self.id))
+            self.store.delete_record(_path(self.store, self.id), "removing the watcher")
         except Exception:  # noqa: BLE001 - gone already, or the store unreachable: it goes stale
             pass
 

@@ -36,6 +36,7 @@ import blake3
 from .. import safepoints
 from ..engine import DamagedObjectError, Manifest, Settings, SnapshotEngine, SpotWarpError
 from ..engine.manifests import new_snapshot_id, package_versions
+from ..engine.storage import Layout
 from . import loaders
 from .rng import capture_rng, restore_rng
 
@@ -430,7 +431,7 @@ def _sampler(iterable: Any) -> Any:
 def _staging(eng: SnapshotEngine, snapshot_id: str) -> str:
     """Where DCP writes: beside the objects on a local store (its files are then moved in, not copied), else a temp folder."""
     if eng.store.local:
-        base = os.path.join(eng.store.root, "staging")
+        base = eng.store.record_path(Layout.STAGING)
         _clear_stale(base)
     else:
         base = os.path.join(tempfile.gettempdir(), f"spotwarp-staging-{eng.settings.project}")

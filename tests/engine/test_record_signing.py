@@ -16,9 +16,7 @@ from spotwarp_jupyter.engine.coordination.fence import (
     Lease,
     lease_entry_times,
     read_lease,
-    read_small,
     write_lease,
-    write_small,
 )
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat, read_request, write_heartbeat, write_request
 from spotwarp_jupyter.engine.journal.events import NOTICE_SEEN, Event, Journal
@@ -41,7 +39,7 @@ def store(request, tmp_path, monkeypatch) -> Store:
 
 def put(store: Store, name: str, doc: object) -> None:
     """An unsigned record, as a store writer without the key writes it."""
-    write_small(store, f"{store.root}/{name}", json.dumps(doc).encode())
+    store.write_record(f"{store.root}/{name}", json.dumps(doc).encode())
 
 
 def test_a_forged_lease_entry_changes_nothing_and_moves_no_generation(store, monkeypatch):
@@ -77,10 +75,10 @@ def test_a_flood_of_unsigned_entries_above_the_holder_changes_nothing(store):
 
 def test_a_signed_entry_copied_to_another_generation_or_project_is_refused(store):
     assert write_lease(store, Lease(3, "real-3", time.time()))
-    raw = read_small(store, f"{store.root}/lease/000000000003.json")
-    write_small(store, f"{store.root}/lease/000000000009.json", raw.replace(b'"generation": 3', b'"generation": 9'))
+    raw = store.read_record(f"{store.root}/lease/000000000003.json")
+    store.write_record(f"{store.root}/lease/000000000009.json", raw.replace(b'"generation": 3', b'"generation": 9'))
     other = Store(store.url, "q", store._options)
-    write_small(other, f"{other.root}/lease/000000000003.json", raw)
+    other.write_record(f"{other.root}/lease/000000000003.json", raw)
     assert read_lease(store).holder == "real-3"
     assert read_lease(other) == Lease()  # a signature binds the project: nobody holds q
 
@@ -107,7 +105,7 @@ def test_unsigned_or_altered_heartbeats_and_requests_are_no_news(store):
     beat = {"id": "h-1", "generation": 1, "state": "holder", "time": time.time(), "beat": 5, "pid": 42}
     write_heartbeat(store, beat)
     assert read_heartbeat(store, "h-1")["beat"] == 5
-    raw = json.loads(read_small(store, f"{store.root}/hosts/h-1.json"))
+    raw = json.loads(store.read_record(f"{store.root}/hosts/h-1.json"))
     put(store, "hosts/h-1.json", {**raw, "beat": 6})  # altered
     assert read_heartbeat(store, "h-1") is None
     put(store, "hosts/h-2.json", {**beat, "id": "h-2"})  # unsigned

@@ -606,9 +606,7 @@ NO_PID = 999_999_999  # above any pid_max: a forged heartbeat's pid that a clean
 
 def forge(store: Any, name: str, doc: Any) -> None:
     """Write `doc` unsigned at `name` under the project, as a store writer without the key can."""
-    from spotwarp_jupyter.engine.coordination.fence import write_small
-
-    write_small(store, f"{store.root}/{name}", json.dumps(doc).encode())
+    store.write_record(f"{store.root}/{name}", json.dumps(doc).encode())
 
 
 def signed_project(tmp_path: Path, kind: str, request: Any) -> tuple[str, dict[str, str], SnapshotEngine]:
@@ -688,7 +686,6 @@ def test_forgeries_without_the_key_change_nothing(tmp_path, kind, request):
     fresh forged heartbeats (and replayed signed ones) of a dead holder do not hide its loss; forged ready
     heartbeats of the race's candidates promote nobody early and never put the attacker's URL on screen or in
     the journal."""
-    from spotwarp_jupyter.engine.coordination.fence import read_small
     from spotwarp_jupyter.engine.journal.events import Event
 
     url, env, engine = signed_project(tmp_path, kind, request)
@@ -720,10 +717,10 @@ def test_forgeries_without_the_key_change_nothing(tmp_path, kind, request):
         store.write_manifest(unsigned.name, unsigned.to_bytes(None))
 
         path = f"{store.root}/hosts/{holder}.json"
-        older = read_small(store, path)
+        older = store.read_record(path)
         wait_for(lambda: (read_heartbeat(store, holder, key=key) or {}).get("beat", 0) > json.loads(older)["beat"],
                  "a newer beat of the holder", timeout=30)
-        newer = read_small(store, path)
+        newer = store.read_record(path)
         os.killpg(beat["pid"], signal.SIGKILL)  # the holder dies; a forger keeps its heartbeat "fresh"
         killed = time.monotonic()
         forged = json.loads(newer)

@@ -16,7 +16,6 @@ from spotwarp_jupyter.engine.coordination.fence import (
     Fence,
     Fenced,
     Lease,
-    create_small,
     lease_path,
     read_lease,
     write_lease,
@@ -89,7 +88,7 @@ def test_gcsfs_sends_if_generation_match_0_for_the_lease(gcs_server, link_to):
     target = gcs_server.target(port=link.port)
     store = Store(target.url, "p", {**target.options, "skip_instance_cache": True})
     link.record = True
-    assert create_small(store, lease_path(store, 7), b'{"generation": 7, "holder": "x", "time": 1}')
+    assert store.create_record(lease_path(store, 7), b'{"generation": 7, "holder": "x", "time": 1}')
     sent = bytes(link.sent)
     assert b"ifGenerationMatch=0" in sent, sent[:2000]
 
@@ -99,9 +98,9 @@ def test_s3_create_only_sends_if_none_match(s3_server, link_to):
     target = s3_server.target(port=link.port)
     store = Store(target.url, "p", {**target.options, "skip_instance_cache": True})
     link.record = True
-    assert create_small(store, lease_path(store, 7), b"{}")
+    assert store.create_record(lease_path(store, 7), b"{}")
     assert b"if-none-match: *" in bytes(link.sent).lower()
-    assert not create_small(store, lease_path(store, 7), b"[]")  # moto honours it: the second create is refused
+    assert not store.create_record(lease_path(store, 7), b"[]")  # moto honours it: the second create is refused
 
 
 def engine_for(url: str, fence: Fence = Fence()) -> SnapshotEngine:
@@ -173,7 +172,7 @@ def test_a_lease_the_watch_cannot_read_is_no_loss_until_the_holder_says_it_stopp
     beat = {"id": "h1", "candidate": "h1", "generation": 1, "state": "holder", "time": time.time(), "beat": 1,
             "pid": 1, "interval": 1.0}
     write_heartbeat(store, beat)
-    assert create_small(store, lease_path(store, 2), b'{"generation": "soon"')
+    assert store.create_record(lease_path(store, 2), b'{"generation": "soon"')
     events: list[str] = []
     found: list = []
     stop = threading.Event()

@@ -264,7 +264,6 @@ async def test_a_stopping_server_answers_in_one_line_and_a_fenced_one_says_why(j
 def record_preemption(store_dir: Path, snapshot_id: str) -> None:
     """What a lost host and its successor write into the journal: a notice, a final snapshot, a restore."""
     from spotwarp_jupyter.engine.journal.events import (
-        EVENTS_DIR,
         FINAL_SNAPSHOT_COMMITTED,
         NOTICE_SEEN,
         RESTORE_FINISHED,
@@ -273,6 +272,7 @@ def record_preemption(store_dir: Path, snapshot_id: str) -> None:
         Journal,
     )
     from spotwarp_jupyter.engine.signing import sign_record, signing_key
+    from spotwarp_jupyter.engine.storage import Layout
 
     journal = Journal(SnapshotEngine(Settings(project="api", storage=str(store_dir))).store)
     base = 1_800_000_000.0
@@ -286,7 +286,7 @@ def record_preemption(store_dir: Path, snapshot_id: str) -> None:
         item = Event(event, when, host, snapshot_id, None, details)  # as each host's Journal.record writes it,
         # signed with the project's key (the server's, which it made for this new store)
         name = item.name  # a new random suffix at each call: the name signed is the name written
-        doc = sign_record(item.as_dict(), signing_key(), "api", f"{EVENTS_DIR}/{name}")
+        doc = sign_record(item.as_dict(), signing_key(), "api", f"{Layout.EVENTS}/{name}")
         journal.store.fs.pipe_file(f"{journal.dir}/{name}", json.dumps(doc).encode())
 
 

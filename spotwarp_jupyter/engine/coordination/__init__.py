@@ -9,7 +9,6 @@ May import: storage and the engine's base modules.
 from .fence import (
     FENCED,
     HOLDER,
-    LEASE_DIR,
     SERVING,
     STANDBY,
     WRITERS,
@@ -29,7 +28,7 @@ from .locks import GC, WRITE, Lock, WriteLock, live_locks, stale_locks
 
 __all__ = [
     "age", "DamagedLease", "Fence", "FENCED", "Fenced", "GC", "highest_lease_generation", "HOLDER", "host_id",
-    "Lease", "LEASE_DIR", "lease_generations", "live_locks", "Lock", "prune_leases", "read_heartbeat",
+    "Lease", "lease_generations", "live_locks", "Lock", "prune_leases", "read_heartbeat",
     "read_heartbeats", "read_lease", "SERVING", "stale_locks", "STANDBY", "validate_candidate_id", "WRITE",
     "write_heartbeat", "write_lease", "WriteLock", "WRITERS",
 ]

@@ -19,20 +19,16 @@ import json
 import logging
 import math
 import os
-import posixpath
 import re
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable, Mapping
 
 from ..errors import ConfigError, SpotWarpError
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Store, write_atomic
-from ..storage.local_files import fsync_folder, temporary_name, unlink_quietly
+from ..storage import Layout, Store
 
 log = logging.getLogger("spotwarp")
 
-LEGACY_LEASE_NAME = "lease.json"
-HOSTS_DIR = "hosts"
 SERVING = "serving"  # no failover in use: writes as always
 STANDBY = "standby"  # a candidate of a race, not promoted: serves, never writes
 HOLDER = "holder"  # holds the lease: writes
@@ -65,67 +61,6 @@ class Lease:
         return {"generation": self.generation, "holder": self.holder, "time": self.time}
 
 
-def read_small(store: Store, path: str, limit: int = 1 << 20) -> bytes | None:
-    """A small object's bytes, None when it is absent (listing caches are bypassed); ValueError when it is
-    bigger than `limit` (never read whole then)."""
-    try:
-        if store.local:
-            with open(path, "rb") as f:
-                data = f.read(limit + 1)
-        else:
-            store.fs.invalidate_cache(posixpath.dirname(path))
-            data = store._call("reading " + posixpath.basename(path), store.fs.cat_file, path, start=0,
-                               end=limit + 1)
-    except FileNotFoundError:
-        return None
-    if len(data) > limit:
-        raise ValueError(f"{posixpath.basename(path)} is over {limit} bytes")
-    return data
-
-
-def write_small(store: Store, path: str, data: bytes) -> None:
-    """Replace a small object in one atomic write (rename on disks, one PUT on object stores)."""
-    if store.local:
-        write_atomic(path, data)
-    else:
-        store._call("writing " + posixpath.basename(path), store.fs.pipe_file, path, data)
-
-
-def create_small(store: Store, path: str, data: bytes) -> bool:
-    """Create a small object only if nothing is at `path` yet, atomically: True when this call created it.
-
-    A local folder links a complete temporary to the name (the link fails when the name exists, like
-    O_EXCL, and nobody ever reads half a file); S3 sends `If-None-Match: *`, GCS `ifGenerationMatch=0`
-    (fsspec's `mode="create"`). A retried request whose first try succeeded finds its own bytes: True.
-    """
-    if store.local:
-        os.makedirs(posixpath.dirname(path), exist_ok=True)
-        tmp = temporary_name(path)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            try:
-                os.link(tmp, path)
-            except FileExistsError:
-                return False
-        finally:
-            unlink_quietly(tmp)
-        fsync_folder(posixpath.dirname(path))
-        return True
-    try:
-        store._call("creating " + posixpath.basename(path), store.fs.pipe_file, path, data, mode="create")
-        return True
-    except FileExistsError:
-        try:
-            return read_small(store, path, limit=len(data)) == data  # our own earlier try whose answer was lost
-        except ValueError:
-            return False
-
-
-LEASE_DIR = "lease"  # one create-only object per generation: lease/<generation, 12 digits>.json
 _LEASE_ENTRY = re.compile(r"^(\d{1,15})\.json$")
 MAX_LEASE_BYTES = 64 * 1024  # an entry is under 200 bytes: a bigger one is damaged, never read whole
 KEEP_LEASES = 16  # lease entries kept below the current one (older ones are pruned by the orchestrator)
@@ -133,29 +68,18 @@ KEEP_LEASES = 16  # lease entries kept below the current one (older ones are pru
 
 def lease_path(store: Store, generation: int | None = None) -> str:
     """The lease entry of `generation`; without one, the lease folder."""
-    folder = posixpath.join(store.root, LEASE_DIR)
-    return folder if generation is None else posixpath.join(folder, f"{generation:012d}.json")
+    return store.record_path(Layout.LEASE, None if generation is None else f"{generation:012d}.json")
 
 
 def legacy_lease_path(store: Store) -> str:
     """`lease.json`: where the lease was kept before it became one entry per generation (read, never written)."""
-    return posixpath.join(store.root, LEGACY_LEASE_NAME)
+    return store.record_path(Layout.LEGACY_LEASE)
 
 
 def lease_generations(store: Store) -> list[int]:
     """The generations that have a lease entry, lowest first (whatever their content)."""
-    folder = lease_path(store)
-    try:
-        if store.local:
-            names = os.listdir(folder)
-        else:
-            store.fs.invalidate_cache(folder)
-            names = [posixpath.basename(n.rstrip("/"))
-                     for n in store._call("listing the lease", store.fs.ls, folder, detail=False)]
-    except FileNotFoundError:
-        return []
     out = []
-    for name in names:
+    for name in store.record_names(lease_path(store), "listing the lease"):
         m = _LEASE_ENTRY.match(name)
         if m:
             out.append(int(m.group(1)))
@@ -183,7 +107,7 @@ def _signed_entry(store: Store, generation: int, tag: Any, key: bytes) -> Lease 
         return _VERDICTS[seen]
     lease: Lease | None = None
     try:
-        raw = read_small(store, path, limit=MAX_LEASE_BYTES)
+        raw = store.read_record(path, limit=MAX_LEASE_BYTES)
         lease = parse_lease(raw, generation, store, key) if raw is not None else None
     except (RecordRefused, ValueError):
         lease = None
@@ -198,32 +122,9 @@ _VERDICTS: dict[tuple[str, Any, bytes], Lease | None] = {}  # (entry, its object
 
 
 def _lease_entry_times(store: Store) -> dict[int, tuple[float | None, Any]]:
-    """generation -> (store time, what tells this object from one re-created under its name: inode and ns
-    mtime, or the store's ETag / generation / checksum)."""
-    folder = lease_path(store)
-    if store.local:
-        out: dict[int, tuple[float | None, Any]] = {}
-        for generation in lease_generations(store):
-            try:
-                st = os.stat(lease_path(store, generation))
-            except FileNotFoundError:
-                continue
-            out[generation] = (st.st_mtime, (st.st_ino, st.st_mtime_ns, st.st_size))
-        return out
-    from ..storage.store import modified
-
-    store.fs.invalidate_cache(folder)
-    try:
-        listing = store._call("listing the lease", store.fs.ls, folder, detail=True)
-    except FileNotFoundError:
-        return {}
-    out = {}
-    for info in listing:
-        m = _LEASE_ENTRY.match(posixpath.basename(info["name"].rstrip("/")))
-        if m:
-            tag = next((str(info[k]) for k in ("ETag", "etag", "generation", "md5Hash", "crc32c") if info.get(k)), None)
-            out[int(m.group(1))] = (modified(info), tag)
-    return out
+    """generation -> (store time, what tells this object from one re-created under its name)."""
+    stamps = store.record_stamps(lease_path(store), "listing the lease", lambda name: bool(_LEASE_ENTRY.match(name)))
+    return {int(name[:-len(".json")]): stamp for name, stamp in stamps.items()}
 
 
 class DamagedLease(Fenced):
@@ -246,7 +147,7 @@ def parse_lease(raw: bytes, generation: int | None = None, store: Store | None =
         raise ValueError(str(exc)) from None
     if key:
         assert store is not None
-        name = LEGACY_LEASE_NAME if generation is None else f"{LEASE_DIR}/{generation:012d}.json"
+        name = Layout.LEGACY_LEASE if generation is None else f"{Layout.LEASE}/{generation:012d}.json"
         doc = check_record(doc, key, store.project, name)
     try:
         if not isinstance(doc, dict):
@@ -322,7 +223,7 @@ def _newest_lease(store: Store, generations: list[int]) -> Lease:
     generation = generations[-1]
     path = lease_path(store, generation)
     try:
-        raw = read_small(store, path, limit=MAX_LEASE_BYTES)
+        raw = store.read_record(path, limit=MAX_LEASE_BYTES)
         if raw is None:
             raise FileNotFoundError(path)
         return parse_lease(raw, generation, store, None)
@@ -333,7 +234,7 @@ def _newest_lease(store: Store, generations: list[int]) -> Lease:
 
 def _read_legacy_lease(store: Store, key: bytes | None = None) -> Lease:
     try:
-        raw = read_small(store, legacy_lease_path(store), limit=MAX_LEASE_BYTES)
+        raw = store.read_record(legacy_lease_path(store), limit=MAX_LEASE_BYTES)
         if raw is None:
             return Lease()
         return parse_lease(raw, None, store, key)
@@ -358,7 +259,7 @@ def highest_lease_generation(store: Store, key: bytes | None = None) -> int:
     generations = lease_generations(store)
     legacy = 0
     try:
-        raw = read_small(store, legacy_lease_path(store), limit=MAX_LEASE_BYTES)
+        raw = store.read_record(legacy_lease_path(store), limit=MAX_LEASE_BYTES)
         legacy = parse_lease(raw).generation if raw is not None else 0
     except ValueError:
         pass
@@ -378,14 +279,14 @@ def free_generation(store: Store, generation: int) -> int:
 def lease_bytes(lease: Lease, store: Store, key: bytes | None = None) -> bytes:
     """A lease entry's bytes, signed with `key` (SPOTWARP_KEY from the environment when not given) if there is one."""
     key = key if key is not None else signing_key()
-    doc = sign_record(lease.as_dict(), key, store.project, f"{LEASE_DIR}/{lease.generation:012d}.json")
+    doc = sign_record(lease.as_dict(), key, store.project, f"{Layout.LEASE}/{lease.generation:012d}.json")
     return json.dumps(doc, sort_keys=True).encode()
 
 
 def write_lease(store: Store, lease: Lease, key: bytes | None = None) -> bool:
     """Create the lease entry of `lease.generation` (the orchestrator alone does this), signed with the key:
     True when this call created it, False when that generation was taken already (never replaced)."""
-    return create_small(store, lease_path(store, lease.generation), lease_bytes(lease, store, key))
+    return store.create_record(lease_path(store, lease.generation), lease_bytes(lease, store, key))
 
 
 def prune_leases(store: Store, below: int) -> None:
@@ -402,7 +303,8 @@ def prune_numbered(store: Store, what: str, numbers: Iterable[int], keep_from: i
         if number >= keep_from:
             return
         try:
-            store._call(what, store.fs.rm, path_of(number))
+            if not store.delete_record(path_of(number), what):
+                return
         except Exception:  # noqa: BLE001 - stop at the first that fails; it is tried again next time
             return
 

@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
-import posixpath
 import re
 import secrets
 import time
@@ -27,12 +25,11 @@ from typing import Any
 
 from ..errors import SpotWarpError
 from ..signing import RecordRefused, check_record, sign_record
-from ..storage import Store
-from .fence import create_small, prune_numbered, read_small
+from ..storage import Layout, Store
+from .fence import prune_numbered
 
 log = logging.getLogger("spotwarp")
 
-HEAD_DIR = "head"
 KEEP_HEADS = 16  # entries kept below the newest (older ones are pruned by the next commit)
 MAX_HEAD_BYTES = 64 * 1024
 _ENTRY = re.compile(r"^(\d{12})\.json$")
@@ -64,35 +61,13 @@ class Head:
 
 def head_path(store: Store, counter: int | None = None) -> str:
     """The head entry of `counter`; without one, the head folder."""
-    folder = posixpath.join(store.root, HEAD_DIR)
-    return folder if counter is None else posixpath.join(folder, f"{counter:012d}.json")
+    return store.record_path(Layout.HEAD, None if counter is None else f"{counter:012d}.json")
 
 
 def _entries(store: Store) -> dict[int, Any]:
     """counter -> what tells this object from one re-created under its name (None when unknown)."""
-    folder = head_path(store)
-    out: dict[int, Any] = {}
-    try:
-        if store.local:
-            for name in os.listdir(folder):
-                m = _ENTRY.match(name)
-                if m:
-                    try:
-                        st = os.stat(posixpath.join(folder, name))
-                    except FileNotFoundError:
-                        continue
-                    out[int(m.group(1))] = (st.st_ino, st.st_mtime_ns, st.st_size)
-            return out
-        store.fs.invalidate_cache(folder)
-        listing = store._call("listing the head", store.fs.ls, folder, detail=True)
-    except FileNotFoundError:
-        return {}
-    for info in listing:
-        m = _ENTRY.match(posixpath.basename(info["name"].rstrip("/")))
-        if m:
-            out[int(m.group(1))] = next((str(info[k]) for k in ("ETag", "etag", "generation", "md5Hash", "crc32c")
-                                         if info.get(k)), None)
-    return out
+    stamps = store.record_stamps(head_path(store), "listing the head", lambda name: bool(_ENTRY.match(name)))
+    return {int(name[:-len(".json")]): tag for name, (_, tag) in stamps.items()}
 
 
 _VERDICTS: dict[tuple[str, Any, bytes], Head | None] = {}  # (entry, its tag, key) -> the signed head
@@ -105,9 +80,9 @@ def _signed(store: Store, counter: int, tag: Any, key: bytes) -> Head | None:
         return _VERDICTS[seen]
     head = None
     try:
-        raw = read_small(store, path, limit=MAX_HEAD_BYTES)
+        raw = store.read_record(path, limit=MAX_HEAD_BYTES)
         if raw is not None:
-            doc = check_record(json.loads(raw), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
+            doc = check_record(json.loads(raw), key, store.project, f"{Layout.HEAD}/{counter:012d}.json")
             head = Head(int(doc["counter"]), str(doc["snapshot"]), str(doc["name"]), float(doc["created"]))
             if head.counter != counter or "/" in head.name:
                 head = None
@@ -161,8 +136,8 @@ def advance_head(store: Store, key: bytes, snapshot: str, name: str, created: fl
         if counter > _LAST:
             break
         head = Head(counter, snapshot, name, created)
-        doc = sign_record(head.as_dict(), key, store.project, f"{HEAD_DIR}/{counter:012d}.json")
-        if create_small(store, head_path(store, counter), json.dumps(doc, sort_keys=True).encode()):
+        doc = sign_record(head.as_dict(), key, store.project, f"{Layout.HEAD}/{counter:012d}.json")
+        if store.create_record(head_path(store, counter), json.dumps(doc, sort_keys=True).encode()):
             _WRITTEN[(head_path(store), key)] = counter
             prune_numbered(store, "pruning the head", entries, counter - KEEP_HEADS,
                            lambda old: head_path(store, old))

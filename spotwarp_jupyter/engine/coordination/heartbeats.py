@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
-import posixpath
 import re
 import socket
 import time
@@ -18,8 +16,8 @@ from typing import Any, Callable
 
 from ..errors import ConfigError
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Store
-from .fence import HOSTS_DIR, ROLES, read_small, validate_candidate_id, write_small
+from ..storage import Layout, Store
+from .fence import ROLES, validate_candidate_id
 
 _NONCE = re.compile(r"^[0-9a-f]{8,32}$")
 MAX_HOSTS = 1000  # heartbeats read by one listing at most
@@ -37,13 +35,13 @@ def host_id(candidate: str | None, port: int | None) -> str:
 
 
 def heartbeat_path(store: Store, ident: str) -> str:
-    return posixpath.join(store.root, HOSTS_DIR, f"{validate_candidate_id(ident)}.json")
+    return store.record_path(Layout.HOSTS, f"{validate_candidate_id(ident)}.json")
 
 
 def write_heartbeat(store: Store, doc: dict[str, Any], key: bytes | None = None) -> None:
     """Write one heartbeat, signed with the key (SPOTWARP_KEY when not given) if there is one (blocking I/O: call
     it from a thread)."""
-    write_small(store, heartbeat_path(store, doc["id"]), _signed(store, doc, f"{HOSTS_DIR}/{doc['id']}.json", key))
+    store.write_record(heartbeat_path(store, doc["id"]), _signed(store, doc, f"{Layout.HOSTS}/{doc['id']}.json", key))
 
 
 def _signed(store: Store, doc: dict[str, Any], name: str, key: bytes | None) -> bytes:
@@ -98,10 +96,10 @@ def read_heartbeat(store: Store, ident: str, key: bytes | None = None) -> dict[s
     """The newest heartbeat of host `ident`, None when it never wrote one, or it is damaged, torn or too big, or
     (with a key: SPOTWARP_KEY when not given) not signed with it: someone else's is no news."""
     try:
-        raw = read_small(store, heartbeat_path(store, ident), limit=MAX_HEARTBEAT_BYTES)
+        raw = store.read_record(heartbeat_path(store, ident), limit=MAX_HEARTBEAT_BYTES)
         if raw is None:
             return None
-        doc = valid_heartbeat(_trusted(store, raw, f"{HOSTS_DIR}/{ident}.json", key), ident)
+        doc = valid_heartbeat(_trusted(store, raw, f"{Layout.HOSTS}/{ident}.json", key), ident)
     except RecordRefused as exc:
         _skipped(f"heartbeat of {ident}", str(exc))
         return None
@@ -114,19 +112,14 @@ def read_heartbeat(store: Store, ident: str, key: bytes | None = None) -> dict[s
 
 def heartbeat_ids(store: Store) -> list[str]:
     """The ids of every heartbeat file in `hosts/` (stray files, bad names and temporaries left out)."""
-    return record_ids(store, HOSTS_DIR, "listing hosts", _is_candidate_id)
+    return record_ids(store, Layout.HOSTS, "listing hosts", _is_candidate_id)
 
 
-def record_ids(store: Store, folder_name: str, what: str, accept: Callable[[str], bool]) -> list[str]:
-    """The sorted ids of the `<id>.json` records in a folder of the project that `accept` takes; temporaries
-    and stray files are left out (never a reason to refuse the list), a missing folder holds none."""
-    folder = posixpath.join(store.root, folder_name)
-    store.fs.invalidate_cache(folder)
-    try:
-        names = store._call(what, store.fs.ls, folder, detail=False)
-    except FileNotFoundError:
-        return []
-    ids = (posixpath.basename(path.rstrip("/"))[:-5] for path in names if path.endswith(".json"))
+def record_ids(store: Store, area: str, what: str, accept: Callable[[str], bool]) -> list[str]:
+    """The sorted ids of the `<id>.json` records in an area of the project (a `Layout` name) that `accept`
+    takes; temporaries and stray files are left out (never a reason to refuse the list), a missing area holds none."""
+    names = store.record_names(store.record_path(area), what)
+    ids = (name[:-5] for name in names if name.endswith(".json"))
     return sorted(ident for ident in ids if ".tmp-" not in ident and accept(ident))
 
 
@@ -138,23 +131,20 @@ def _is_candidate_id(ident: str) -> bool:
     return True
 
 
-REQUESTS_DIR = "requests"
-
-
 def request_path(store: Store, ident: str) -> str:
-    return posixpath.join(store.root, REQUESTS_DIR, f"{validate_candidate_id(ident)}.json")
+    return store.record_path(Layout.REQUESTS, f"{validate_candidate_id(ident)}.json")
 
 
 def write_request(store: Store, ident: str, doc: dict[str, Any]) -> None:
     """Ask host `ident` for something on its next beat (`spotwarp launch --replace`: a final snapshot); signed."""
-    write_small(store, request_path(store, ident), _signed(store, doc, f"{REQUESTS_DIR}/{ident}.json", None))
+    store.write_record(request_path(store, ident), _signed(store, doc, f"{Layout.REQUESTS}/{ident}.json", None))
 
 
 def read_request(store: Store, ident: str) -> dict[str, Any] | None:
     """The request waiting for host `ident`, None when there is none, it is unreadable or (with a key) unsigned."""
     try:
-        raw = read_small(store, request_path(store, ident), limit=4096)
-        doc = _trusted(store, raw, f"{REQUESTS_DIR}/{ident}.json", None) if raw is not None else None
+        raw = store.read_record(request_path(store, ident), limit=4096)
+        doc = _trusted(store, raw, f"{Layout.REQUESTS}/{ident}.json", None) if raw is not None else None
     except RecordRefused as exc:
         _skipped(f"request for {ident}", str(exc))
         return None
@@ -166,10 +156,7 @@ def read_request(store: Store, ident: str) -> dict[str, Any] | None:
 
 
 def delete_request(store: Store, ident: str) -> None:
-    try:
-        store._call("removing a request", store.fs.rm, request_path(store, ident))
-    except FileNotFoundError:
-        pass
+    store.delete_record(request_path(store, ident), "removing a request")
 
 
 def stale_after(doc: dict[str, Any]) -> float:
@@ -179,22 +166,12 @@ def stale_after(doc: dict[str, Any]) -> float:
 
 def delete_heartbeat(store: Store, ident: str) -> None:
     """Remove one host's heartbeat file (gone already is fine)."""
-    try:
-        store._call("removing a heartbeat", store.fs.rm, heartbeat_path(store, ident))
-    except FileNotFoundError:
-        pass
+    store.delete_record(heartbeat_path(store, ident), "removing a heartbeat")
 
 
 def heartbeat_modified(store: Store, ident: str) -> float | None:
     """When the store says the heartbeat file was last written (epoch seconds), None if unknown."""
-    from ..storage.store import modified
-
-    try:
-        if store.local:
-            return os.stat(heartbeat_path(store, ident)).st_mtime
-        return modified(store._call("checking a heartbeat", store.fs.info, heartbeat_path(store, ident)))
-    except FileNotFoundError:
-        return None
+    return store.record_modified(heartbeat_path(store, ident), "checking a heartbeat")
 
 
 def read_heartbeats(store: Store, limit: int = MAX_HOSTS) -> list[dict[str, Any]]:

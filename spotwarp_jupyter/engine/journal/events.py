@@ -22,7 +22,7 @@ from datetime import datetime, timezone
 from typing import Any, Iterator
 
 from ..signing import RecordRefused, check_record, sign_record, signing_key
-from ..storage import Store, write_atomic
+from ..storage import Layout, Store
 
 log = logging.getLogger("spotwarp")
 
@@ -42,7 +42,6 @@ PROMOTED = "promoted"
 FAILOVER_FINISHED = "failover_finished"
 EVENTS = (NOTICE_SEEN, FINAL_SNAPSHOT_COMMITTED, RESTORE_STARTED, RESTORE_FINISHED, TRAINING_RESUMED, KERNEL_RESUMED,
           PREEMPTION_DETECTED, HOST_LOST, RACE_STARTED, CANDIDATE_READY, PROMOTED, FAILOVER_FINISHED)
-EVENTS_DIR = "events"
 _REFUSED: set[tuple[str, str]] = set()  # (events folder, name) of events refused in this process: read and said once
 
 
@@ -87,7 +86,7 @@ class Journal:
 
     def __init__(self, store: Store):
         self.store = store
-        self.dir = posixpath.join(store.root, EVENTS_DIR)
+        self.dir = store.record_path(Layout.EVENTS)
         self._read: dict[str, Event] = {}  # events are immutable: a long-lived reader fetches each once
         self._refused: set[str] = set()
 
@@ -100,13 +99,9 @@ class Journal:
                      {k: v for k, v in details.items() if v is not None})
         # signed with SPOTWARP_KEY when set: notices and final snapshots drive failover (docs/failover.md)
         name = item.name  # a new random suffix at each call: the name signed is the name written
-        doc = sign_record(item.as_dict(), signing_key(), self.store.project, f"{EVENTS_DIR}/{name}")
+        doc = sign_record(item.as_dict(), signing_key(), self.store.project, f"{Layout.EVENTS}/{name}")
         data = json.dumps(doc, sort_keys=True).encode()
-        path = posixpath.join(self.dir, name)
-        if self.store.local:
-            write_atomic(path, data)
-        else:
-            self.store._call("recording an event", self.store.fs.pipe_file, path, data)
+        self.store.write_record(posixpath.join(self.dir, name), data, "recording an event")
         return item
 
     def record_soon(self, event: str, snapshot: str | None = None, notebook: str | None = None,
@@ -131,13 +126,8 @@ class Journal:
 
     def events(self, limit: int | None = None) -> list[Event]:
         """Recorded events, oldest first (the newest `limit` when given); damaged ones are skipped."""
-        self.store.fs.invalidate_cache(self.dir)
-        try:
-            listing = self.store._call("listing events", self.store.fs.ls, self.dir, detail=False)
-            names = sorted(posixpath.basename(p.rstrip("/")) for p in listing)
-        except FileNotFoundError:
-            return []
-        names = [n for n in names if n.endswith(".json") and ".tmp-" not in n]
+        names = sorted(n for n in self.store.record_names(self.dir, "listing events")
+                       if n.endswith(".json") and ".tmp-" not in n)
         key = signing_key()
         out: list[Event] = []
         for name in reversed(names):  # newest first, so `limit` counts readable events
@@ -150,7 +140,7 @@ class Journal:
                 continue
             try:
                 raw = self.store.read_whole("reading an event", posixpath.join(self.dir, name))
-                doc = check_record(json.loads(raw), key, self.store.project, f"{EVENTS_DIR}/{name}")
+                doc = check_record(json.loads(raw), key, self.store.project, f"{Layout.EVENTS}/{name}")
                 self._read[name] = Event.from_dict(doc)
                 out.append(self._read[name])
             except FileNotFoundError:

@@ -69,6 +69,30 @@ def temporary_name(path: str) -> str:
     return f"{path}{TMP_MARK}{HOST_TAG}-{os.getpid()}-{secrets.token_hex(4)}"
 
 
+def create_exclusive(path: str, data: bytes) -> bool:
+    """Create `path` holding `data` only if nothing is there yet: True when this call created it.
+
+    A complete temporary is linked to the name: the link fails when the name exists (like O_EXCL), and
+    nobody ever reads half a file."""
+    folder = os.path.dirname(path)
+    os.makedirs(folder, exist_ok=True)
+    tmp = temporary_name(path)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+    finally:
+        unlink_quietly(tmp)
+    fsync_folder(folder)
+    return True
+
+
 def unlink_quietly(path: str) -> None:
     try:
         os.unlink(path)

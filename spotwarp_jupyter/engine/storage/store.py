@@ -1,10 +1,10 @@
 """Immutable, content-addressed objects and snapshot manifests on any fsspec filesystem.
 
-Layout under `{storage}/{project}/`:
-  objects/ab/<blake3>          one immutable blob each, named by its content hash
-  snapshots/<time>-<id>.json   one manifest per committed snapshot, written last
-  locks/<kind>-<host>-...json  leases of writers and gc in progress (coordination/locks.py)
-A snapshot exists only once its manifest exists; a manifest names only objects already durable.
+Under `{storage}/{project}/` (the areas: layout.py), `objects/ab/<blake3>` holds one immutable blob each, named
+by its content hash, and `snapshots/<time>-<id>.json` one manifest per committed snapshot, written last.
+A snapshot exists only once its manifest exists; a manifest names only objects already durable. The small
+records of coordination and the journal (leases, heads, heartbeats, requests, watchers, events) are read,
+written, listed and deleted here too (`read_record` and its siblings), with the same retries and one-line errors.
 
 On object stores (gcsfs, s3fs) there is no atomic rename, and none is needed: every object is one
 PUT (or one multipart upload), visible only when complete, and the commit is a single PUT of the
@@ -39,7 +39,15 @@ from ..hashing import Buffer, is_object_id, object_hasher, object_id  # noqa: E4
 from ..settings import env_float, env_int  # noqa: E402
 from ..timings import phase  # noqa: E402
 from .backends import check_backend  # noqa: E402
-from .local_files import HOST_TAG, TEMPORARY_GRACE_S, TMP_MARK, stale_temporaries, write_atomic  # noqa: E402
+from .layout import Layout  # noqa: E402
+from .local_files import (  # noqa: E402
+    HOST_TAG,
+    TEMPORARY_GRACE_S,
+    TMP_MARK,
+    create_exclusive,
+    stale_temporaries,
+    write_atomic,
+)
 from .local_reads import populate_for_copy, read_local_checked  # noqa: E402
 from .pending_writes import PendingWrites  # noqa: E402
 from .ranged_reads import range_reader, read_ranges_into  # noqa: E402
@@ -136,9 +144,9 @@ class Store:
         self.workers = env_int("SPOTWARP_STORAGE_WORKERS", 4 if self.local else 8, 1)
         self.base = base.rstrip("/")
         self.root = posixpath.join(self.base, project) if base else project
-        self.objects_dir = posixpath.join(self.root, "objects")
-        self.snapshots_dir = posixpath.join(self.root, "snapshots")
-        self.locks_dir = posixpath.join(self.root, "locks")
+        self.objects_dir = posixpath.join(self.root, Layout.OBJECTS)
+        self.snapshots_dir = posixpath.join(self.root, Layout.SNAPSHOTS)
+        self.locks_dir = posixpath.join(self.root, Layout.LOCKS)
         self._swept = False
         if self.local and "://" in url and not url.split("://", 1)[1].startswith("/"):
             # fsspec reads `file://` and `file://x` relative to the current folder: never write there unasked
@@ -610,6 +618,110 @@ class Store:
         except FileNotFoundError:
             pass
 
+    # -- small records: leases, heads, heartbeats, requests, watchers, events ------------------------------
+    def record_path(self, area: str, name: str | None = None) -> str:
+        """The path of `area` (a `Layout` name) of this project, or of the record `name` in it."""
+        folder = posixpath.join(self.root, area)
+        return folder if name is None else posixpath.join(folder, name)
+
+    def read_record(self, path: str, limit: int = 1 << 20) -> bytes | None:
+        """A small record's bytes, None when it is absent (listing caches are bypassed); ValueError when it is
+        bigger than `limit` (never read whole then)."""
+        try:
+            if self.local:
+                with open(path, "rb") as f:
+                    data = f.read(limit + 1)
+            else:
+                self.fs.invalidate_cache(posixpath.dirname(path))
+                data = self._call("reading " + posixpath.basename(path), self.fs.cat_file, path, start=0,
+                                  end=limit + 1)
+        except FileNotFoundError:
+            return None
+        if len(data) > limit:
+            raise ValueError(f"{posixpath.basename(path)} is over {limit} bytes")
+        return data
+
+    def write_record(self, path: str, data: bytes, what: str | None = None) -> None:
+        """Replace a small record in one atomic write (rename on disks, one PUT on object stores); `what` names
+        the write in a failure's one line (default: `writing <name>`)."""
+        if self.local:
+            write_atomic(path, data)
+        else:
+            self._call(what or "writing " + posixpath.basename(path), self.fs.pipe_file, path, data)
+
+    def create_record(self, path: str, data: bytes) -> bool:
+        """Create a small record only if nothing is at `path` yet, atomically: True when this call created it.
+
+        A local folder links a complete temporary to the name (`create_exclusive`); S3 sends `If-None-Match: *`,
+        GCS `ifGenerationMatch=0` (fsspec's `mode="create"`). A retried request whose first try succeeded finds
+        its own bytes: True.
+        """
+        if self.local:
+            return create_exclusive(path, data)
+        try:
+            self._call("creating " + posixpath.basename(path), self.fs.pipe_file, path, data, mode="create")
+            return True
+        except FileExistsError:
+            try:
+                return self.read_record(path, limit=len(data)) == data  # our own earlier try whose answer was lost
+            except ValueError:
+                return False
+
+    def delete_record(self, path: str, what: str) -> bool:
+        """Remove one small record: True when it was there, False when it was gone already."""
+        try:
+            self._call(what, self.fs.rm, path)
+            return True
+        except FileNotFoundError:
+            return False
+
+    def record_names(self, folder: str, what: str) -> list[str]:
+        """The names directly in `folder`, read fresh (temporaries included: callers pick by name); [] when the
+        folder is absent."""
+        try:
+            if self.local:
+                return os.listdir(folder)
+            self.fs.invalidate_cache(folder)
+            listing = self._call(what, self.fs.ls, folder, detail=False)
+        except FileNotFoundError:
+            return []
+        return [posixpath.basename(str(n).rstrip("/")) for n in listing]
+
+    def record_stamps(self, folder: str, what: str, accept: Callable[[str], bool]) -> dict[str, tuple[float | None, Any]]:
+        """name -> (when the store says it was written, what tells this object from one re-created under its
+        name: inode, ns mtime and size on a disk, the store's ETag / generation / checksum elsewhere) for the
+        names in `folder` that `accept` takes, read fresh; {} when the folder is absent."""
+        out: dict[str, tuple[float | None, Any]] = {}
+        if self.local:
+            for name in filter(accept, self.record_names(folder, what)):
+                try:
+                    st = os.stat(posixpath.join(folder, name))
+                except FileNotFoundError:
+                    continue
+                out[name] = (st.st_mtime, (st.st_ino, st.st_mtime_ns, st.st_size))
+            return out
+        self.fs.invalidate_cache(folder)
+        try:
+            listing = self._call(what, self.fs.ls, folder, detail=True)
+        except FileNotFoundError:
+            return {}
+        for info in listing:
+            name = posixpath.basename(info["name"].rstrip("/"))
+            if accept(name):
+                tag = next((str(info[k]) for k in ("ETag", "etag", "generation", "md5Hash", "crc32c") if info.get(k)),
+                           None)
+                out[name] = (modified(info), tag)
+        return out
+
+    def record_modified(self, path: str, what: str) -> float | None:
+        """When the store says the record at `path` was last written (epoch seconds); None if absent or unknown."""
+        try:
+            if self.local:
+                return os.stat(path).st_mtime
+            return modified(self._call(what, self.fs.info, path))
+        except FileNotFoundError:
+            return None
+
     # -- housekeeping ---------------------------------------------------------------------
     def stale_temporaries(self, older_than_s: float = TEMPORARY_GRACE_S) -> Iterator[str]:
         """Leftovers of interrupted local writes: old enough, or left by a process of this host that is gone.
@@ -620,6 +732,17 @@ class Store:
         if not self.local:
             return iter(())
         return stale_temporaries((self.objects_dir, self.snapshots_dir, self.locks_dir), older_than_s)
+
+    def delete_temporaries(self, older_than_s: float = TEMPORARY_GRACE_S) -> int:
+        """Remove the `stale_temporaries` (gc); how many. One gone meanwhile is fine; any other failure is raised."""
+        removed = 0
+        for path in list(self.stale_temporaries(older_than_s)):
+            try:
+                os.remove(path)
+                removed += 1
+            except FileNotFoundError:
+                pass
+        return removed
 
     def sweep_temporaries(self) -> int:
         """Remove stale temporaries of interrupted local writes, once per Store (the first write); how many."""
