@@ -206,3 +206,19 @@ def test_temporaries_of_dead_writers_are_removed_on_the_next_snapshot(tmp_path):
     assert spotwarp("restore", "--project-id", "proj", "--storage", str(store),
                     "--workspace-path", str(restored)).returncode == 0
     assert tree(restored) == tree(ws)
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("area", ["hosts", "events"])
+def test_a_record_area_that_is_not_a_folder_is_one_line(tmp_path, area):
+    """A store whose hosts/ or events/ is a file (a stray copy, a writer's mistake): `spotwarp hosts`
+    and `report` say so in one line; nothing in the store changes."""
+    store = tmp_path / "store"
+    SnapshotEngine(Settings.resolve(project="proj", storage=str(store), env={}), key=b"").snapshot_kernel(
+        {"x": 1}, "train.ipynb")
+    (store / "proj" / area).write_text("not a folder")
+    before = tree(store)
+    command = "report" if area == "events" else "hosts"
+    result = spotwarp(command, "--project-id", "proj", "--storage", str(store))
+    one_line_failure(result, "storage", "Not a directory")
+    assert tree(store) == before

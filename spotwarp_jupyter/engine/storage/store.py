@@ -680,7 +680,7 @@ class Store:
         folder is absent."""
         try:
             if self.local:
-                return os.listdir(folder)
+                return self._call(what, os.listdir, folder)  # a file or a refused folder: one line, as elsewhere
             self.fs.invalidate_cache(folder)
             listing = self._call(what, self.fs.ls, folder, detail=False)
         except FileNotFoundError:
