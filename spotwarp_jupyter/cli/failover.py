@@ -26,8 +26,8 @@ def cmd_launch(args: argparse.Namespace) -> int:
     import signal
     import threading
 
+    from ..failover.announcements import Announcement, refuse_second_watch
     from ..failover.providers import make_provider
-    from ..failover.watchers import Announcement, refuse_second_watch
 
     provider = make_provider(args.provider, dict(args.provider_options))
     _refuse_host_local_storage(args, provider)

@@ -40,7 +40,7 @@ class Layout:
     """`hosts/<host id>.json`: each server's latest heartbeat (coordination/heartbeats.py)."""
 
     WATCHERS = "watchers"
-    """`watchers/<host>-<pid>.json`: each running watch's announcement (failover/watchers.py)."""
+    """`watchers/<host>-<pid>.json`: each running watch's announcement (failover/announcements.py)."""
 
     REQUESTS = "requests"
     """`requests/<host id>.json`: a request to one host, a final snapshot before `launch --replace`

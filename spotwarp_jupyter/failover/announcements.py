@@ -1,4 +1,5 @@
-"""Watchers announce themselves: one `spotwarp launch --watch` / `spotwarp watch` per project.
+"""Watches announce themselves: one `spotwarp launch --watch` / `spotwarp watch` per project (the preemption
+watchers of a server are server/watchers/, another thing).
 
 Each watch writes `{storage}/{project}/watchers/<id>.json` (`{id, host, pid, started, beat, time}`) every
 `WATCHER_BEAT_S` seconds from a thread and deletes it when it ends. A new watch first looks for a live
