@@ -36,7 +36,6 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent / "tests" / "support"))
-sys.path.insert(0, str(HERE.parent / "tests" / "failover"))
 
 from new_hosts import (  # noqa: E402
     LOOP,
@@ -142,7 +141,7 @@ def _pythonpath() -> str:
 
 def failover(base: Path, scale: float, standby: int = 1) -> dict[str, float]:
     """Kill the holder of a `launch --watch`; seconds from the kill to each phase, and a plain start's."""
-    from test_failover import Launch, attach, cleanup, engine_for, env_for
+    from failover_hosts import Launch, attach, cleanup, engine_for, env_for
 
     from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 
@@ -207,7 +206,7 @@ def failover(base: Path, scale: float, standby: int = 1) -> dict[str, float]:
 def _split(store: str, promoted: dict, folder: Path, killed_at: float) -> dict[str, float]:
     """The promoted candidate's phases, seconds from the kill (one machine, one clock): its `spotwarp start` and
     serving (its heartbeat), its promotion seen and snapshot committed (its log), its resume (its status)."""
-    from test_failover import attach, engine_for
+    from failover_hosts import attach, engine_for
 
     from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat
 
