@@ -92,15 +92,13 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
                     sts = None  # one vanished since the listing: the folder is seen name by name
                 if sts is not None:
                     stats = list(map(_STAT_KEY, sts))
-                    kept = folders.get(reldir)
-                    if kept is not None and kept.stats == stats and kept.names == names and kept.newest < before:
-                        recorded = list(map(keys.get, kept.regular))
-                        if [r if r is None else r[0] for r in recorded] == kept.expected:
-                            found.extend(kept.seen)
-                            clean.update(zip(kept.regular, [r[1] for r in recorded]))  # type: ignore[union-attr]
-                            skipped.update(kept.skipped)
-                            stack.extend(reversed(kept.subdirs))
-                            continue
+                    kept = _unchanged(folders, reldir, names, stats, keys, before)
+                    if kept is not None:
+                        found.extend(kept.seen)
+                        clean.update(kept.clean)  # type: ignore[union-attr]
+                        skipped.update(kept.skipped)
+                        stack.extend(reversed(kept.subdirs))
+                        continue
             else:
                 sts = None
             folder = _scan_folder(fd, reldir, absdir, names, sts, rules, answers, excluded, keys, before)
@@ -111,7 +109,9 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
             stack.extend(reversed(folder.subdirs))
             if folders is not None:
                 if stats is not None:
-                    folders[reldir] = folder._replace(names=names, stats=stats, clean=[])
+                    whole = len(folder.clean) == len(folder.regular)  # every file clean against `keys`
+                    folders[reldir] = folder._replace(names=names, stats=stats, clean=folder.clean if whole else [],
+                                                      against=keys if whole else None)
                 else:
                     folders.pop(reldir, None)
         finally:
@@ -142,10 +142,29 @@ class _Folder(NamedTuple):
     seen: list[Seen]
     subdirs: list[str]
     skipped: list[tuple[str, str]]
-    clean: list[tuple[str, dict[str, Any]]]  # against the record of the scan that found it (not kept)
+    clean: list[tuple[str, dict[str, Any]]]  # each regular file's entry in `against`
     regular: list[str]
     expected: list[tuple[int, int, int]]
     newest: int
+    against: Any = None  # the record's stat keys (`_stat_keys`) every regular file was found clean against
+
+
+def _unchanged(folders: dict[str, _Folder], reldir: str, names: list[str], stats: list[tuple[int, ...]],
+               keys: dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]], before: int) -> _Folder | None:
+    """The folder as the last cut found it when it is unchanged since and every regular file in it stat-clean
+    against `keys` (older than `before`), its `clean` those files' entries; else None. Against the very keys the
+    last cut found them all clean against (a record's keys are never changed), the files' entries are those."""
+    kept = folders.get(reldir)
+    if kept is None or kept.stats != stats or kept.names != names or not kept.newest < before:
+        return None
+    if kept.against is keys:
+        return kept
+    recorded = list(map(keys.get, kept.regular))
+    if [r if r is None else r[0] for r in recorded] != kept.expected:
+        return None
+    kept = kept._replace(clean=list(zip(kept.regular, [r[1] for r in recorded])), against=keys)  # type: ignore[index]
+    folders[reldir] = kept
+    return kept
 
 
 _folders: list[tuple[str, IgnoreRules, dict[str, _Folder]]] = []  # the last cut's folders, for its root and rules
@@ -494,6 +513,32 @@ def _stat_keys(entries: dict[str, Any]) -> dict[str, tuple[tuple[Any, Any, Any],
 _REUSED_KEYS = ("size", "mode", "mtime_ns", "ino", "chunks")
 
 
+class _Sums(NamedTuple):
+    """What an unchanged cut reports of the entries it names again: their bytes, their chunks, and whether each is
+    exactly a reused entry (`_REUSED_KEYS`, nothing more)."""
+
+    size: int
+    chunks: int
+    plain: bool
+
+
+_summed: list[tuple[Any, _Sums]] = []
+
+
+def _sums(entries: dict[str, dict[str, Any]], keep: bool) -> _Sums:
+    """The entries' `_Sums`; with `keep`, kept for the last few records' entries (never changed once committed),
+    so a cut of an unchanged workspace costs no pass over its 10,000 entries here."""
+    for known, sums in _summed:
+        if known is entries:
+            return sums
+    values = entries.values()
+    sums = _Sums(sum(e["size"] for e in values), sum(len(e["chunks"]) for e in values),
+                 all(len(e) == 5 for e in values))
+    if keep:
+        _summed[:] = [(entries, sums), *_summed[:2]]
+    return sums
+
+
 class _Backup:
     """One backup in progress: the entry of each file seen, reused, read or skipped, and how far it has got."""
 
@@ -627,12 +672,14 @@ def backup_workspace(
     whole = previous is not None and len(reuse) == len(seen_all) == len(previous["entries"])
     reused = set(chunk_ids(previous["entries"])) if whole else {c["id"] for e in reuse.values() for c in e["chunks"]}
     present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
-    total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    if len(reuse) == len(seen_all) and len(present) == len(reused) and all(len(e) == 5 for e in reuse.values()):
+    # every file stat-clean: each entry's size is its file's at the cut
+    sums = _sums(previous["entries"] if whole else reuse, whole) if len(reuse) == len(seen_all) else None
+    total = sums.size if sums is not None else sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
+    if sums is not None and sums.plain and len(present) == len(reused):
         # nothing changed: the previous entries themselves, each file having cost its stat
         entries = previous["entries"] if whole else reuse
         stats.files = stats.files_reused = len(entries)
-        stats.objects_reused = sum(len(e["chunks"]) for e in entries.values())
+        stats.objects_reused = sums.chunks
         stats.bytes_total = total
         if progress is not None and seen_all:
             progress(total, total, seen_all[-1].relpath)
