@@ -152,6 +152,35 @@ def test_a_file_written_just_before_its_record_was_scanned_is_read_again_at_ever
         assert set(cut.clean) == {"train.log", "metrics.json", "run.bin", "data.csv"}
 
 
+def test_a_cut_with_nothing_to_read_counts_the_files_bytes_and_chunks_it_names(engine, ws):
+    age(ws)
+    first = engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
+    (ws / "data.csv").unlink()
+    for step in (2, 3):  # a file deleted, then nothing changed
+        manifest = engine.snapshot_kernel({"step": step}, notebook="train.ipynb",
+                                          cut=engine.cut_workspace(engine.with_files()))
+        kept = {p: e for p, e in first.files["entries"].items() if p != "data.csv"}
+        assert manifest.stats["files_read"] == 0 and manifest.stats["files"] == manifest.stats["files_reused"] == 3
+        assert manifest.stats["file_bytes_total"] == sum(e["size"] for e in kept.values()) == manifest.files["bytes"]
+        assert manifest.stats["file_objects_reused"] == sum(len(e["chunks"]) for e in kept.values())
+
+
+def test_a_cut_against_the_same_entries_scanned_earlier_reads_again_what_was_written_within_their_window(engine,
+                                                                                                         ws):
+    age(ws)
+    first = engine.snapshot_kernel({"step": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
+    rules = engine.ignore_rules(str(ws))
+    newest = max(e["mtime_ns"] for e in first.files["entries"].values())
+    later = {**first.files, "scanned_at_ns": newest + 10**10}
+    assert set(take_cut(str(ws), rules, later).clean) == set(first.files["entries"])
+    # the very entries, in a record scanned just after the files were written: none of them is clean against it
+    earlier = {**first.files, "scanned_at_ns": newest + 10**9}
+    for _ in range(2):
+        cut = take_cut(str(ws), rules, earlier)
+        assert cut.clean == {} and set(cut.held) == {"train.log", "metrics.json", "data.csv"}
+    assert set(take_cut(str(ws), rules, later).clean) == set(first.files["entries"])
+
+
 @pytest.mark.process
 def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWARP_KEY", "the project's key")  # recorded cells go into notebooks only when it vouches

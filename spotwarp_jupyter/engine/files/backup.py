@@ -17,7 +17,7 @@ import os
 import stat
 import time
 from dataclasses import dataclass, field
-from operator import attrgetter
+from operator import attrgetter, itemgetter
 from typing import TYPE_CHECKING, Any, Callable, NamedTuple
 
 from ..errors import SpotWarpError
@@ -72,7 +72,7 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
     found: list[Seen] = []
     stack = [""]
     answers, excluded = rules.file_answers() or ({}, None)
-    keys, before = ({}, 0) if clean is None else _clean_against(previous)
+    keys, before = (_Keys({}, {}), 0) if clean is None else _clean_against(previous)
     folders = None if clean is None else _folders_of(root, rules)
     visited: set[str] = set()
     while stack:
@@ -92,15 +92,13 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
                     sts = None  # one vanished since the listing: the folder is seen name by name
                 if sts is not None:
                     stats = list(map(_STAT_KEY, sts))
-                    kept = folders.get(reldir)
-                    if kept is not None and kept.stats == stats and kept.names == names and kept.newest < before:
-                        recorded = list(map(keys.get, kept.regular))
-                        if [r if r is None else r[0] for r in recorded] == kept.expected:
-                            found.extend(kept.seen)
-                            clean.update(zip(kept.regular, [r[1] for r in recorded]))  # type: ignore[union-attr]
-                            skipped.update(kept.skipped)
-                            stack.extend(reversed(kept.subdirs))
-                            continue
+                    kept = _unchanged(folders, reldir, names, stats, keys, before)
+                    if kept is not None:
+                        found.extend(kept.seen)
+                        clean.update(zip(kept.regular, kept.entries))  # type: ignore[union-attr, arg-type]
+                        skipped.update(kept.skipped)
+                        stack.extend(reversed(kept.subdirs))
+                        continue
             else:
                 sts = None
             folder = _scan_folder(fd, reldir, absdir, names, sts, rules, answers, excluded, keys, before)
@@ -111,7 +109,9 @@ def scan(root: str, rules: IgnoreRules, skipped: dict[str, str], previous: dict[
             stack.extend(reversed(folder.subdirs))
             if folders is not None:
                 if stats is not None:
-                    folders[reldir] = folder._replace(names=names, stats=stats, clean=[])
+                    whole = len(folder.clean) == len(folder.regular)  # every file clean against `keys`
+                    folders[reldir] = folder._replace(names=names, stats=stats, clean=[], against=keys if whole else None,
+                                                      entries=list(map(_SECOND, folder.clean)) if whole else None)
                 else:
                     folders.pop(reldir, None)
         finally:
@@ -146,6 +146,29 @@ class _Folder(NamedTuple):
     regular: list[str]
     expected: list[tuple[int, int, int]]
     newest: int
+    against: Any = None  # the record's stat keys (`_stat_keys`) every regular file was found clean against
+    entries: list[dict[str, Any]] | None = None  # each regular file's entry in `against` (one list: no object per
+    # file that outlives a cut and that the collection after its pause would visit)
+
+
+_SECOND = itemgetter(1)
+
+
+def _unchanged(folders: dict[str, _Folder], reldir: str, names: list[str], stats: list[tuple[int, ...]],
+               keys: _Keys, before: int) -> _Folder | None:
+    """The folder as the last cut found it when it is unchanged since and every regular file in it stat-clean
+    against `keys` (older than `before`), its `entries` those files' entries; else None. Against the very keys the
+    last cut found them all clean against (a record's keys are never changed), the files' entries are those."""
+    kept = folders.get(reldir)
+    if kept is None or kept.stats != stats or kept.names != names or not kept.newest < before:
+        return None
+    if kept.against is keys:
+        return kept
+    if list(map(keys.stat.get, kept.regular)) != kept.expected:
+        return None
+    kept = kept._replace(entries=list(map(keys.entry.__getitem__, kept.regular)), against=keys)
+    folders[reldir] = kept
+    return kept
 
 
 _folders: list[tuple[str, IgnoreRules, dict[str, _Folder]]] = []  # the last cut's folders, for its root and rules
@@ -162,7 +185,7 @@ def _folders_of(root: str, rules: IgnoreRules) -> dict[str, _Folder]:
 
 def _scan_folder(fd: int, reldir: str, absdir: str, names: list[str], sts: list[os.stat_result] | None,
                  rules: IgnoreRules, answers: dict[str, bool], excluded: frozenset[int] | None,
-                 keys: dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]], before: int) -> _Folder:
+                 keys: _Keys, before: int) -> _Folder:
     """One folder's files (`sts`: their stats when taken already), name by name."""
     seen: list[Seen] = []
     keep = seen.append
@@ -173,6 +196,7 @@ def _scan_folder(fd: int, reldir: str, absdir: str, names: list[str], sts: list[
     expected: list[tuple[int, int, int]] = []
     newest = -(1 << 63)
     ignored = rules.ignored
+    stat_of, entry_of = keys
     prefix = f"{reldir}/" if reldir else ""
     absprefix = os.path.join(absdir, "")
     for i, name in enumerate(names):
@@ -197,9 +221,8 @@ def _scan_folder(fd: int, reldir: str, absdir: str, names: list[str], sts: list[
                 expected.append((st.st_size, st.st_mtime_ns, st.st_ino))
                 if st.st_mtime_ns > newest:
                     newest = st.st_mtime_ns
-                key = keys.get(rel)
-                if key is not None and key[0] == expected[-1] and st.st_mtime_ns < before:
-                    clean.append((rel, key[1]))
+                if stat_of.get(rel) == expected[-1] and st.st_mtime_ns < before:
+                    clean.append((rel, entry_of[rel]))
         elif kind == _IFDIR:
             if not ignored(rel, True, absprefix + name, st):
                 subdirs.append(rel)
@@ -451,47 +474,81 @@ def _keep_checked(entries: Any, checked: dict[str, Any]) -> None:
     _checked[:] = [(entries, checked), *_checked[:3]]
 
 
-def _clean_against(previous: dict[str, Any] | None) -> tuple[dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]], int]:
+def _clean_against(previous: dict[str, Any] | None) -> tuple[_Keys, int]:
     """The previous record's entries by path with their (size, mtime, inode), and the mtime a clean file is older
     than (not written just before that record's scan, when a later write could keep the same mtime)."""
     prev_entries = (previous or {}).get("entries") or {}
     prev_scanned = (previous or {}).get("scanned_at_ns") or 0
     if not isinstance(prev_entries, dict) or not isinstance(prev_scanned, int):
-        return {}, 0
+        return _Keys({}, {}), 0
     return _stat_keys(prev_entries), prev_scanned - RACY_WINDOW_NS
 
 
 def _reusable(seen_all: list[Seen], previous: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """Previous entries of stat-clean files: same size, mtime and inode, and not written just before that scan."""
-    stats, before = _clean_against(previous)
+    (stat_of, entry_of), before = _clean_against(previous)
     reuse: dict[str, dict[str, Any]] = {}
-    if not stats:
+    if not stat_of:
         return reuse
     for seen in seen_all:
         st = seen.st
-        key = stats.get(seen.relpath)
-        if (key is not None and key[0] == (st.st_size, st.st_mtime_ns, st.st_ino) and st.st_mtime_ns < before
+        if (stat_of.get(seen.relpath) == (st.st_size, st.st_mtime_ns, st.st_ino) and st.st_mtime_ns < before
                 and stat.S_ISREG(st.st_mode)):
-            reuse[seen.relpath] = key[1]
+            reuse[seen.relpath] = entry_of[seen.relpath]
     return reuse
 
 
-_stat_keyed: list[tuple[Any, dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]]]] = []
+class _Keys(NamedTuple):
+    """A record's entries that name chunks, by path: their (size, mtime, inode) and the entries themselves (two
+    dicts, so a folder's files are looked up and compared in C)."""
+
+    stat: dict[str, tuple[Any, Any, Any]]
+    entry: dict[str, dict[str, Any]]
 
 
-def _stat_keys(entries: dict[str, Any]) -> dict[str, tuple[tuple[Any, Any, Any], dict[str, Any]]]:
-    """relpath -> ((size, mtime, inode), entry) of the entries naming chunks; kept for the last few entries (never
-    changed once committed), so each cut compares tuples."""
+_stat_keyed: list[tuple[Any, _Keys]] = []
+
+
+def _stat_keys(entries: dict[str, Any]) -> _Keys:
+    """The `_Keys` of `entries`; kept for the last few entries (never changed once committed, and built by the
+    backup that writes them), so a cut at the kernel's instant compares tuples."""
     for known, keyed in _stat_keyed:
         if known is entries:
             return keyed
-    keyed = {p: ((e.get("size"), e.get("mtime_ns"), e.get("ino")), e) for p, e in entries.items()
-             if isinstance(e, dict) and "chunks" in e}
+    stat_of = {p: (e.get("size"), e.get("mtime_ns"), e.get("ino")) for p, e in entries.items()
+               if isinstance(e, dict) and "chunks" in e}
+    keyed = _Keys(stat_of, entries if len(stat_of) == len(entries) else {p: entries[p] for p in stat_of})
     _stat_keyed[:] = [(entries, keyed), *_stat_keyed[:2]]
     return keyed
 
 
 _REUSED_KEYS = ("size", "mode", "mtime_ns", "ino", "chunks")
+
+
+class _Sums(NamedTuple):
+    """What an unchanged cut reports of the entries it names again: their bytes, their chunks, and whether each is
+    exactly a reused entry (`_REUSED_KEYS`, nothing more)."""
+
+    size: int
+    chunks: int
+    plain: bool
+
+
+_summed: list[tuple[Any, _Sums]] = []
+
+
+def _sums(entries: dict[str, dict[str, Any]], keep: bool) -> _Sums:
+    """The entries' `_Sums`; with `keep`, kept for the last few records' entries (never changed once committed),
+    so a cut of an unchanged workspace costs no pass over its 10,000 entries here."""
+    for known, sums in _summed:
+        if known is entries:
+            return sums
+    values = entries.values()
+    sums = _Sums(sum(e["size"] for e in values), sum(len(e["chunks"]) for e in values),
+                 all(len(e) == 5 for e in values))
+    if keep:
+        _summed[:] = [(entries, sums), *_summed[:2]]
+    return sums
 
 
 class _Backup:
@@ -627,13 +684,14 @@ def backup_workspace(
     whole = previous is not None and len(reuse) == len(seen_all) == len(previous["entries"])
     reused = set(chunk_ids(previous["entries"])) if whole else {c["id"] for e in reuse.values() for c in e["chunks"]}
     present = reused if previous_listed else store.present(reused)  # an older listing's: a gc may have dropped some
-    total = sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
-    if len(reuse) == len(seen_all) and len(present) == len(reused) and all(len(e) == 5 for e in reuse.values()):
+    # every file stat-clean: each entry's size is its file's at the cut
+    sums = _sums(previous["entries"] if whole else reuse, whole) if len(reuse) == len(seen_all) else None
+    total = sums.size if sums is not None else sum(s.st.st_size for s in seen_all if stat.S_ISREG(s.st.st_mode))
+    if sums is not None and sums.plain and len(present) == len(reused):
         # nothing changed: the previous entries themselves, each file having cost its stat
         entries = previous["entries"] if whole else reuse
         stats.files = stats.files_reused = len(entries)
-        stats.objects_reused = sum(len(e["chunks"]) for e in entries.values())
-        stats.bytes_total = total
+        stats.objects_reused, stats.bytes_total = sums.chunks, total
         if progress is not None and seen_all:
             progress(total, total, seen_all[-1].relpath)
     else:
@@ -645,8 +703,9 @@ def backup_workspace(
     files = {"scanned_at_ns": scanned_at, "chunk_size": chunk_size, "entries": entries,
              "skipped": stats.skipped, "unstable": stats.unstable}
     # well formed as built (from checked entries and files read here): the next backup in this process need not
-    # check it again
+    # check it again, and the next cut finds its stat keys built here rather than at the kernel's instant
     _keep_checked(entries, entries)
+    _stat_keys(entries)
     return files, objects, stats
 
 

@@ -85,7 +85,7 @@ def take_cut(root: str, rules: IgnoreRules, previous: dict[str, Any] | None = No
             gc.enable()
     held: dict[str, bytes] = {}
     budget, unread = hold_bytes, 0
-    for seen in seen_all:
+    for seen in seen_all if len(clean) < len(seen_all) else ():  # every file stat-clean: nothing to read
         if seen.relpath in clean or not stat.S_ISREG(seen.st.st_mode):
             continue
         size = seen.st.st_size
