@@ -34,8 +34,6 @@ from pathlib import Path
 from typing import Any
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[0] / "tests" / "support"))
-sys.path.insert(0, str(HERE))
 
 from common import table  # noqa: E402
 

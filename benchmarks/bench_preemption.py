@@ -36,8 +36,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parents[0] / "tests" / "support"))
-sys.path.insert(0, str(HERE))
 
 from common import raw_write, table  # noqa: E402
 

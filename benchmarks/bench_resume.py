@@ -29,13 +29,12 @@ import os
 import shutil
 import signal
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent / "tests" / "support"))
+import common  # noqa: E402, F401  (puts tests/support and the checkout on the import path)
 
 from new_hosts import (  # noqa: E402
     LOOP,

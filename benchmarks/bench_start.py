@@ -18,12 +18,11 @@ import argparse
 import os
 import shutil
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "support"))
+import common  # noqa: E402, F401  (puts tests/support and the checkout on the import path)
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine  # noqa: E402
 

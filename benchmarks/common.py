@@ -5,6 +5,7 @@ from __future__ import annotations
 import mmap
 import os
 import statistics
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -13,6 +14,12 @@ from pathlib import Path
 from typing import Callable
 
 import psutil
+
+ROOT = Path(__file__).resolve().parent.parent
+# The benchmarks share the tests' helpers (a real `spotwarp start`, the storage emulators, fake cloud metadata)
+# and measure the checkout they sit in: both go on the import path here, once, for every benchmark (each imports
+# this module before those helpers; its own folder is on the path as the script's).
+sys.path[:0] = [path for path in (str(ROOT / "tests" / "support"), str(ROOT)) if path not in sys.path]
 
 
 def median(values: list[float]) -> float:

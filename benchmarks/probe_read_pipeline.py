@@ -15,15 +15,12 @@ from __future__ import annotations
 import argparse
 import mmap
 import os
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 from common import PIECE, drop_cache, median, stream_read  # noqa: E402
 
