@@ -88,6 +88,39 @@ def test_the_meter_counts_the_steps_a_snapshot_overlaps_beyond_the_pace_of_the_o
     assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * meter.first_cost / c.interval_s)
 
 
+def _flight(meter: LoopMeter, t: float, pace: float, overlapped: tuple[float, ...]) -> float:
+    """Steps at `pace`, then a snapshot whose writer overlaps steps taking `overlapped`; returns the clock."""
+    for _ in range(12):
+        meter.step(t, writing=False)
+        t += pace
+    meter.step(t, writing=False)
+    meter.started(t, pause_s=0.05)
+    for dt in overlapped:
+        t += dt
+        meter.step(t, writing=True)
+    meter.written(t)
+    t += pace
+    meter.step(t, writing=False)  # the first step after the writer is done
+    return t
+
+
+def test_steps_slowed_after_the_writer_is_done_are_charged_to_the_snapshot_and_the_log_says_so():
+    """What a snapshot leaves behind (memory handed back, caches refilled) slows the steps right after its writer
+    is done: that time is lost to the snapshot too, measured against the pace the loop returns to."""
+    meter, t = LoopMeter(), 0.0
+    for _ in range(2):  # the first snapshot's cost is kept apart: the second one sets the cadence
+        t = _flight(meter, t, 0.1, (0.15, 0.12, 0.12))
+        for dt in [0.3] * 4 + [0.1] * (LoopMeter.AFTER - 4):
+            t += dt
+            meter.step(t, writing=False)
+    # 4 steps of the flight took 0.49 s against 0.4 s; the 4 steps after it 0.8 s beyond the pace it returned to
+    assert meter.costs[-1] == pytest.approx(0.09 + 0.8)
+    assert meter.log[-1]["cost"] == pytest.approx(0.89) and meter.log[-1]["aftermath"] == pytest.approx(0.8)
+    c = meter.cadence(60.0)
+    assert c.bounded_by == "overhead" and c.interval_s == pytest.approx(0.89 / MAX_OVERHEAD)
+    assert c.overhead_pct == pytest.approx(100 * MAX_OVERHEAD)
+
+
 def test_a_recorded_policy_keeps_its_cadence_and_a_record_without_max_redo_gets_the_adaptive_one():
     kept = Policy.from_dict(Policy(max_redo_s=90.0).as_dict(), Policy())
     assert (kept.every_s, kept.max_redo_s) == (None, 90.0)
