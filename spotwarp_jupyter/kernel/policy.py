@@ -177,9 +177,9 @@ class LoopMeter:
     A snapshot's cost is the time the steps it overlaps took (from the one it started at to the first after its
     writer is done, its pause included) beyond the same number of steps at the pace of the steps just before it
     and of those the loop returns to after it (a machine whose load drifts moves both), plus what the steps
-    right after it took beyond that later pace: what a snapshot leaves behind (memory handed back, caches to
-    refill) slows them too, and a pace taken from them would hide it. Fed at each step with one clock read:
-    cheap enough for every step.
+    right after it took beyond the slower of those paces: what a snapshot leaves behind (memory handed back,
+    caches to refill) slows them too, and a pace taken from them would hide it. Fed at each step with one clock
+    read: cheap enough for every step.
     """
 
     KEEP = 3  # snapshots whose costs set the cadence
@@ -241,7 +241,8 @@ class LoopMeter:
         settling, later = after[:len(after) // 2], after[len(after) // 2:]
         pace_after = statistics.median(later) if later else None
         pace = flight[1] if pace_after is None else (flight[1] + pace_after) / 2
-        aftermath = 0.0 if pace_after is None else sum(settling) - len(settling) * pace_after
+        # steps slower than both paces: a load moving between them leaves the steps between them too
+        aftermath = 0.0 if pace_after is None else max(0.0, sum(settling) - len(settling) * max(flight[1], pace_after))
         cost = max(flight[4], flight[2] - flight[3] * pace + aftermath)
         self.log.append({"started": flight[0], "seconds": flight[2], "steps": flight[3], "pause": flight[4],
                          "pace_before": flight[1], "pace_after": pace_after, "aftermath": aftermath, "cost": cost})

@@ -121,6 +121,23 @@ def test_steps_slowed_after_the_writer_is_done_are_charged_to_the_snapshot_and_t
     assert c.overhead_pct == pytest.approx(100 * MAX_OVERHEAD)
 
 
+def test_a_load_that_falls_while_the_steps_after_a_snapshot_are_measured_is_not_charged_to_it():
+    """Steps between the pace before a snapshot and the one the loop returns to are the load moving, not the
+    snapshot: only steps slower than both are charged to it."""
+    meter, t = LoopMeter(), 0.0
+    for _ in range(2):
+        t = _flight(meter, t, 0.2, (0.25, 0.22, 0.22))
+        half = LoopMeter.AFTER // 2
+        for dt in [0.2 - 0.1 * (i + 1) / (half + 1) for i in range(half)] + [0.1] * half:
+            t += dt
+            meter.step(t, writing=False)
+        for _ in range(12):  # back to the pace before it, as the next flight's pace
+            t += 0.2
+            meter.step(t, writing=False)
+    pace = (0.2 + 0.1) / 2  # 4 steps took 0.89 s against the pace before it and the pace after it
+    assert meter.log[-1]["aftermath"] == 0.0 and meter.costs[-1] == pytest.approx(0.89 - 4 * pace)
+
+
 def test_a_recorded_policy_keeps_its_cadence_and_a_record_without_max_redo_gets_the_adaptive_one():
     kept = Policy.from_dict(Policy(max_redo_s=90.0).as_dict(), Policy())
     assert (kept.every_s, kept.max_redo_s) == (None, 90.0)
