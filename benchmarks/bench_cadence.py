@@ -46,15 +46,18 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def window_log(on: list[tuple], off: list[tuple], spans: list[tuple[float, float]], log: list[dict]) -> list[dict]:
+def window_log(on: list[tuple], off: list[tuple], spans: list[tuple[float, float]], near: list[tuple[int, float]],
+               log: list[dict]) -> list[dict]:
     """Per on window: the training time it lost (its steps' wall time beyond the same steps at the pace of the off
-    windows either side of it) against what the session charged the snapshots that started in it (their flights
-    as the meter measured them, `LoopMeter.log`)."""
+    windows either side of it), split into the steps a snapshot's flight or its after-steps held (`near`) and the
+    others, against what the session charged the snapshots that started in it (`LoopMeter.log`)."""
     rows = []
-    for k, ((_, _, steps, seconds), (lo, hi)) in enumerate(zip(on, spans)):
+    for k, ((_, _, steps, seconds), (lo, hi), (near_steps, near_s)) in enumerate(zip(on, spans, near)):
         pace = (off[k][3] / off[k][2] + off[k + 1][3] / off[k + 1][2]) / 2
         flights = [f for f in log if lo <= f["started"] < hi]
         rows.append({"seconds": seconds, "steps": steps, "off_pace_s": pace, "lost_s": seconds - steps * pace,
+                     "lost_near_s": near_s - near_steps * pace,
+                     "lost_elsewhere_s": (seconds - near_s) - (steps - near_steps) * pace,
                      "charged_s": sum(f["cost"] for f in flights), "flights": flights})
     return rows
 
@@ -62,16 +65,19 @@ def window_log(on: list[tuple], off: list[tuple], spans: list[tuple[float, float
 def print_window_log(rows: list[dict]) -> None:
     """The window log as a table, each flight's measurement under its window."""
     print("\nper on window: the training time lost against the off windows either side, and what the session charged")
-    print("  window   steps  off pace   lost  charged | per flight: seconds/steps, pace before/after, pause, aftermath")
+    print("  window   steps  off pace   lost (near a snapshot, elsewhere)  charged | per flight: seconds/steps, "
+          "pace before/after, pause, aftermath -> cost")
     for k, row in enumerate(rows, 1):
         print(f"  {k:2d} {row['seconds']:6.1f}s {row['steps']:5d} {row['off_pace_s']:8.3f}s {row['lost_s']:6.2f}s "
-              f"{row['charged_s']:6.2f}s | " + "; ".join(
+              f"({row['lost_near_s']:6.2f}s, {row['lost_elsewhere_s']:6.2f}s) {row['charged_s']:6.2f}s | " + "; ".join(
                   f"{f['seconds']:.2f}s/{f['steps']}, {f['pace_before']:.3f}/"
                   + ("-" if f["pace_after"] is None else f"{f['pace_after']:.3f}")
                   + f", {f['pause']:.2f}s, {f['aftermath']:+.2f}s -> {f['cost']:.2f}s" for f in row["flights"]))
     steady = rows[1:]
     if steady:
-        print(f"  after the first window: lost {sum(r['lost_s'] for r in steady):.2f} s, "
+        print(f"  after the first window: lost {sum(r['lost_s'] for r in steady):.2f} s "
+              f"({sum(r['lost_near_s'] for r in steady):.2f} s near a snapshot, "
+              f"{sum(r['lost_elsewhere_s'] for r in steady):.2f} s elsewhere), "
               f"charged {sum(r['charged_s'] for r in steady):.2f} s")
 
 
@@ -111,6 +117,7 @@ def main() -> None:
     commits: list[float] = []  # on-clock seconds of the first step that saw it committed
     writers: list[str] = []  # which writer each snapshot at a step used (staged, fork, thread)
     on_spans: list[tuple[float, float]] = []  # perf_counter span of each on window
+    near: list[tuple[int, float]] = []  # per on window: steps (and their seconds) a snapshot's flight or its after-steps held
     on_clock = 0.0
 
     def window(seconds: float, on: bool) -> tuple[float, float]:
@@ -120,6 +127,7 @@ def main() -> None:
         if on:
             session.meter.new_cell()  # the off window's time is no step
         steps, started, cpu = 0, time.perf_counter(), cpu_seconds()
+        last, near_steps, near_s = started, 0, 0.0
         seen_start, seen_last = session.last_started_at, session.last
         # an on window goes on stepping while a writer runs and over the steps after it that the session charges
         # it: the steps it slows are the ones it costs
@@ -132,6 +140,9 @@ def main() -> None:
             steps += 1
             safepoints.reached("step")
             if on:
+                dt, last = time.perf_counter() - last, time.perf_counter()
+                if session.meter.measuring:
+                    near_steps, near_s = near_steps + 1, near_s + dt
                 now = on_clock + time.perf_counter() - started
                 if session.last_started_at != seen_start:
                     seen_start = session.last_started_at
@@ -148,6 +159,7 @@ def main() -> None:
         elapsed = time.perf_counter() - started
         if on:
             on_spans.append((started, started + elapsed))
+            near.append((near_steps, near_s))
         safepoints.set_handler(None)
         if on:
             on_clock += elapsed
@@ -175,7 +187,7 @@ def main() -> None:
     spans = [c - s for s, c in zip(starts, commits[1:])]  # a loss just before commit k+1 redoes from start k
     redo = max([commits[0] if commits else float("inf"), *spans])
     cadence = session.cadence().as_dict()
-    windows = window_log(on, off, on_spans, list(session.meter.log))
+    windows = window_log(on, off, on_spans, near, list(session.meter.log))
     figures = {"state_bytes": state, "slowdown": median(slowdowns), "slowdowns": slowdowns, "slowdown_pooled": pooled,
                "slowdown_steady": steady,
                "cpu_per_step_added": median(cpu_added), "first_commit_s": commits[0] if commits else None,
