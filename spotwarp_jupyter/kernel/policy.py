@@ -151,8 +151,8 @@ def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: flo
     its commit (a loss meanwhile redoes from the one before); `step_s`: one step. The interval aims at half the
     redo bound, so that a write slower than the last ones still keeps it; never shorter than the overhead
     bound allows, which wins when the two cannot both hold. `first_only`: the cost is the session's first
-    snapshot at a step, which carries one-time costs (a full write, the staging memory's first touch) and says
-    little about the next: the interval aims at half the redo bound until a later one is measured.
+    snapshot at a step, a full write, which carries one-time costs (the full write, the staging memory's first
+    touch) and says little about the next: the interval aims at half the redo bound until a later one is measured.
     """
     lag = max(0.0, write_s) + max(0.0, step_s)
     if every_s is not None:
@@ -189,9 +189,10 @@ class LoopMeter:
         self.last_step: float | None = None
         self.paces: deque[float] = deque(maxlen=32)  # seconds per step with no snapshot in flight
         self.costs: deque[float] = deque(maxlen=self.KEEP)
-        self.first_cost: float | None = None  # the session's first snapshot at a step: one-time costs included
+        self.first_cost: float | None = None  # the session's first snapshot at a step, a full write: one-time costs
         self.writes: deque[float] = deque(maxlen=self.KEEP)
-        self._flight: list[float] | None = None  # [started, pace before, seconds of the steps it overlaps, steps, pause]
+        # [started, pace before, seconds of the steps it overlaps, steps, pause, 1 if a full write]
+        self._flight: list[float] | None = None
         self._written: float | None = None
         self._measured: list[float] | None = None  # a flight over, waiting for the pace after it
         self._after: list[float] = []
@@ -246,7 +247,7 @@ class LoopMeter:
         cost = max(flight[4], flight[2] - flight[3] * pace + aftermath)
         self.log.append({"started": flight[0], "seconds": flight[2], "steps": flight[3], "pause": flight[4],
                          "pace_before": flight[1], "pace_after": pace_after, "aftermath": aftermath, "cost": cost})
-        if self.first_cost is None:
+        if flight[5] and self.first_cost is None and not self.costs:
             self.first_cost = cost
         else:
             self.costs.append(cost)
@@ -257,10 +258,11 @@ class LoopMeter:
         """Whether a snapshot at a step is in flight or waits for the steps after it that measure its cost."""
         return self._flight is not None or self._measured is not None
 
-    def started(self, now: float, pause_s: float) -> None:
-        """A snapshot started at the step whose safe point was the last one."""
+    def started(self, now: float, pause_s: float, full: bool = True) -> None:
+        """A snapshot started at the step whose safe point was the last one; `full`: it writes every variable (no
+        earlier snapshot of this kernel to reuse), whose one-time costs keep the session's first one apart."""
         self._settle()
-        self._flight = [now, self.pace(), 0.0, 0, max(0.0, pause_s)]
+        self._flight = [now, self.pace(), 0.0, 0, max(0.0, pause_s), float(full)]
         self._written = None
 
     def written(self, now: float) -> None:

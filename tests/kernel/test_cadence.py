@@ -188,6 +188,23 @@ def test_a_loop_started_while_the_previous_cells_snapshot_is_written_is_protecte
     assert first and first[0].created - loop_start <= 10, [(m.created - loop_start, m.stats) for m in first]
 
 
+def test_a_first_step_snapshot_that_reuses_the_cells_snapshot_sets_the_cadence_by_its_cost(start_kernel, store_url):
+    """Only a full write carries one-time costs: a loop's first snapshot at a step that reuses what the cell's
+    snapshot wrote costs what the next ones will, and the overhead bound holds from the first interval on."""
+    k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
+    # pickling `slow` takes 0.8 s, in the pause of each snapshot at a step that writes it: more than 2% of 30 s
+    k.run("%load_ext spotwarp\nimport spotwarp, time\n" + SESSION + "weights = [0.0]\n"
+          "class Slow:\n    def __getstate__(self):\n        time.sleep(0.8)\n        return {'n': self.n}\n"
+          "slow = Slow()\nslow.n = 0")
+    k.run(WAIT)
+    k.run(LOOP.format(seconds=6).replace("    acc +=", "    slow.n = step\n    acc +="))
+    k.run(WAIT)
+    assert len(_step_snapshots(store_url, k.value("loop_start"))) == 1
+    cadence = k.value("s.status()['cadence']")
+    assert cadence["bounded_by"] == "overhead", cadence
+    assert cadence["interval_s"] >= 0.8 / MAX_OVERHEAD and cadence["overhead_pct"] <= 100 * MAX_OVERHEAD
+
+
 def test_a_fixed_every_is_not_adapted_and_every_auto_adapts_again(start_kernel, store_url):
     k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
     k.run("%load_ext spotwarp\nimport spotwarp\n" + SESSION + "%spotwarp policy --every 1h\nweights = [0.0]")
