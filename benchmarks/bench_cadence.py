@@ -3,13 +3,14 @@
     python benchmarks/bench_cadence.py --scale 0.25 --pairs 12 --window 10     # ~500 MB, about 5 minutes
 
 One training loop over the workload's model, in windows of --window seconds that alternate SpotWarp off and on
-(off, on, off, ..., off): a machine whose load changes over minutes slows both arms alike, and many short
-windows pooled average the swings out. An on window goes on until its writer is done. In the on
-windows the kernel session's default policy snapshots at the loop's steps, as in a notebook with nothing
-configured; the on windows form one continuous loop (the session's clocks skip the off windows), so the cadence
-is the one a loop of that length gets. Figures: the throughput and CPU per step the snapshots take, when the
-first step snapshot was committed after the loop's start, the intervals the cadence chose, the largest span of
-training a loss could have redone (a snapshot's step to the commit of the next one), and the status's cadence.
+(off, on, off, ..., off): a machine whose load changes over minutes slows both arms alike, and many short windows
+pooled average the swings out. An on window goes on until its writer is done and the steps after it that measure
+its cost are taken. In the on windows the kernel session's default policy snapshots at the loop's steps, as in a
+notebook with nothing configured; the on windows form one continuous loop (the session's clocks skip the off
+windows), so the cadence is the one a loop of that length gets. Figures: the throughput and CPU per step the
+snapshots take, when the first step snapshot was committed after the loop's start, the intervals the cadence chose,
+the largest span of training a loss could have redone (a snapshot's step to the commit of the next one), and the
+status's cadence.
 """
 
 from __future__ import annotations
@@ -43,6 +44,41 @@ def cpu_seconds() -> float:
     """CPU time of this process and its reaped children (forked snapshot writers), user and system."""
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def window_log(on: list[tuple], off: list[tuple], spans: list[tuple[float, float]], near: list[tuple[int, float]],
+               log: list[dict]) -> list[dict]:
+    """Per on window: the training time it lost (its steps' wall time beyond the same steps at the pace of the off
+    windows either side of it), split into the steps a snapshot's flight or its after-steps held (`near`) and the
+    others, against what the session charged the snapshots that started in it (`LoopMeter.log`)."""
+    rows = []
+    for k, ((_, _, steps, seconds), (lo, hi), (near_steps, near_s)) in enumerate(zip(on, spans, near)):
+        pace = (off[k][3] / off[k][2] + off[k + 1][3] / off[k + 1][2]) / 2
+        flights = [f for f in log if lo <= f["started"] < hi]
+        rows.append({"seconds": seconds, "steps": steps, "off_pace_s": pace, "lost_s": seconds - steps * pace,
+                     "lost_near_s": near_s - near_steps * pace,
+                     "lost_elsewhere_s": (seconds - near_s) - (steps - near_steps) * pace,
+                     "charged_s": sum(f["cost"] for f in flights), "flights": flights})
+    return rows
+
+
+def print_window_log(rows: list[dict]) -> None:
+    """The window log as a table, each flight's measurement under its window."""
+    print("\nper on window: the training time lost against the off windows either side, and what the session charged")
+    print("  window   steps  off pace   lost (near a snapshot, elsewhere)  charged | per flight: seconds/steps, "
+          "pace before/after, pause, aftermath -> cost")
+    for k, row in enumerate(rows, 1):
+        print(f"  {k:2d} {row['seconds']:6.1f}s {row['steps']:5d} {row['off_pace_s']:8.3f}s {row['lost_s']:6.2f}s "
+              f"({row['lost_near_s']:6.2f}s, {row['lost_elsewhere_s']:6.2f}s) {row['charged_s']:6.2f}s | " + "; ".join(
+                  f"{f['seconds']:.2f}s/{f['steps']}, {f['pace_before']:.3f}/"
+                  + ("-" if f["pace_after"] is None else f"{f['pace_after']:.3f}")
+                  + f", {f['pause']:.2f}s, {f['aftermath']:+.2f}s -> {f['cost']:.2f}s" for f in row["flights"]))
+    steady = rows[1:]
+    if steady:
+        print(f"  after the first window: lost {sum(r['lost_s'] for r in steady):.2f} s "
+              f"({sum(r['lost_near_s'] for r in steady):.2f} s near a snapshot, "
+              f"{sum(r['lost_elsewhere_s'] for r in steady):.2f} s elsewhere), "
+              f"charged {sum(r['charged_s'] for r in steady):.2f} s")
 
 
 def main() -> None:
@@ -80,6 +116,8 @@ def main() -> None:
     starts: list[float] = []  # on-clock seconds of each snapshot's step
     commits: list[float] = []  # on-clock seconds of the first step that saw it committed
     writers: list[str] = []  # which writer each snapshot at a step used (staged, fork, thread)
+    on_spans: list[tuple[float, float]] = []  # perf_counter span of each on window
+    near: list[tuple[int, float]] = []  # per on window: steps (and their seconds) a snapshot's flight or its after-steps held
     on_clock = 0.0
 
     def window(seconds: float, on: bool) -> tuple[float, float]:
@@ -89,9 +127,12 @@ def main() -> None:
         if on:
             session.meter.new_cell()  # the off window's time is no step
         steps, started, cpu = 0, time.perf_counter(), cpu_seconds()
+        last, near_steps, near_s = started, 0, 0.0
         seen_start, seen_last = session.last_started_at, session.last
-        # an on window goes on stepping while a writer runs: the steps it slows are the ones it costs
-        while time.perf_counter() - started < seconds or (on and session.in_flight is not None):
+        # an on window goes on stepping while a writer runs and over the steps after it that the session charges
+        # it: the steps it slows are the ones it costs
+        while time.perf_counter() - started < seconds or (on and (session.in_flight is not None
+                                                                  or session.meter.measuring)):
             loss = model(batch).square().mean()
             opt.zero_grad()
             loss.backward()
@@ -99,6 +140,9 @@ def main() -> None:
             steps += 1
             safepoints.reached("step")
             if on:
+                dt, last = time.perf_counter() - last, time.perf_counter()
+                if session.meter.measuring:
+                    near_steps, near_s = near_steps + 1, near_s + dt
                 now = on_clock + time.perf_counter() - started
                 if session.last_started_at != seen_start:
                     seen_start = session.last_started_at
@@ -113,6 +157,9 @@ def main() -> None:
                 commits.append(on_clock + time.perf_counter() - started)
                 writers.append(str(session.last.stats.get("writer")))
         elapsed = time.perf_counter() - started
+        if on:
+            on_spans.append((started, started + elapsed))
+            near.append((near_steps, near_s))
         safepoints.set_handler(None)
         if on:
             on_clock += elapsed
@@ -140,11 +187,13 @@ def main() -> None:
     spans = [c - s for s, c in zip(starts, commits[1:])]  # a loss just before commit k+1 redoes from start k
     redo = max([commits[0] if commits else float("inf"), *spans])
     cadence = session.cadence().as_dict()
+    windows = window_log(on, off, on_spans, near, list(session.meter.log))
     figures = {"state_bytes": state, "slowdown": median(slowdowns), "slowdowns": slowdowns, "slowdown_pooled": pooled,
                "slowdown_steady": steady,
                "cpu_per_step_added": median(cpu_added), "first_commit_s": commits[0] if commits else None,
                "snapshots": len(starts), "intervals_s": intervals, "redo_window_observed_s": redo,
                "cadence": cadence, "costs_s": list(session.meter.costs), "writes_s": list(session.meter.writes), "writers": writers,
+               "windows": windows,
                "steps_per_s_off": median([o[0] for o in off])}
     rows = [
         ("training throughput, default settings (adaptive cadence)",
@@ -178,6 +227,7 @@ def main() -> None:
     print(f"SpotWarp adaptive cadence benchmark: state {state / 1e9:.2f} GB, windows of {args.window:.0f} s, "
           f"{torch.get_num_threads()} torch thread(s)")
     print(table(rows))
+    print_window_log(windows)
     if args.json:
         print(json.dumps(figures, indent=2))
     shutil.rmtree(scratch, ignore_errors=True)

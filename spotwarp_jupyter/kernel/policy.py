@@ -151,8 +151,8 @@ def cadence(cost_s: float | None, write_s: float, step_s: float, max_redo_s: flo
     its commit (a loss meanwhile redoes from the one before); `step_s`: one step. The interval aims at half the
     redo bound, so that a write slower than the last ones still keeps it; never shorter than the overhead
     bound allows, which wins when the two cannot both hold. `first_only`: the cost is the session's first
-    snapshot at a step, which carries one-time costs (a full write, the staging memory's first touch) and says
-    little about the next: the interval aims at half the redo bound until a later one is measured.
+    snapshot at a step, a full write, which carries one-time costs (the full write, the staging memory's first
+    touch) and says little about the next: the interval aims at half the redo bound until a later one is measured.
     """
     lag = max(0.0, write_s) + max(0.0, step_s)
     if every_s is not None:
@@ -175,25 +175,29 @@ class LoopMeter:
     """What snapshots taken at a loop's steps cost it, measured from the steps themselves.
 
     A snapshot's cost is the time the steps it overlaps took (from the one it started at to the first after its
-    writer is done, its pause included) beyond the same number of steps at the pace of the steps just before and
-    just after it, which no snapshot overlapped (a machine whose load drifts moves both). Fed at each step with
-    one clock read: cheap enough for every step.
+    writer is done, its pause included) beyond the same number of steps at the pace of the steps just before it
+    and of those the loop returns to after it (a machine whose load drifts moves both), plus what the steps
+    right after it took beyond the slower of those paces: what a snapshot leaves behind (memory handed back,
+    caches to refill) slows them too, and a pace taken from them would hide it. Fed at each step with one clock
+    read: cheap enough for every step.
     """
 
     KEEP = 3  # snapshots whose costs set the cadence
-    AFTER = 8  # steps after a snapshot that give the pace it is measured against
+    AFTER = 16  # steps after a snapshot: the first half are charged to it, the second give the pace it returns to
 
     def __init__(self) -> None:
         self.last_step: float | None = None
         self.paces: deque[float] = deque(maxlen=32)  # seconds per step with no snapshot in flight
         self.costs: deque[float] = deque(maxlen=self.KEEP)
-        self.first_cost: float | None = None  # the session's first snapshot at a step: one-time costs included
+        self.first_cost: float | None = None  # the session's first snapshot at a step, a full write: one-time costs
         self.writes: deque[float] = deque(maxlen=self.KEEP)
-        self._flight: list[float] | None = None  # [started, pace before, seconds of the steps it overlaps, steps, pause]
+        # [started, pace before, seconds of the steps it overlaps, steps, pause, 1 if a full write]
+        self._flight: list[float] | None = None
         self._written: float | None = None
         self._measured: list[float] | None = None  # a flight over, waiting for the pace after it
         self._after: list[float] = []
         self.measured = 0  # snapshots measured so far: a cadence computed since stays valid until the next
+        self.log: deque[dict[str, float]] = deque(maxlen=64)  # each measured flight: what it was charged, and why
 
     def new_cell(self) -> None:
         """The time between two cells is no step: a snapshot measured until the loop ended counts as it stands."""
@@ -229,23 +233,36 @@ class LoopMeter:
             self._flight, self._written, self._measured, self._after = None, None, flight, []
 
     def _settle(self) -> None:
-        """The cost of the flight measured last, against the pace before it and the steps seen after it."""
+        """The cost of the flight measured last, against the pace before it and the steps seen after it (a loop
+        that ended sooner: those it took)."""
         flight, self._measured = self._measured, None
         if flight is None:
             return
         after, self._after = self._after, []
-        pace = (flight[1] + statistics.median(after)) / 2 if after else flight[1]
-        cost = max(flight[4], flight[2] - flight[3] * pace)
-        if self.first_cost is None:
+        settling, later = after[:len(after) // 2], after[len(after) // 2:]
+        pace_after = statistics.median(later) if later else None
+        pace = flight[1] if pace_after is None else (flight[1] + pace_after) / 2
+        # steps slower than both paces: a load moving between them leaves the steps between them too
+        aftermath = 0.0 if pace_after is None else max(0.0, sum(settling) - len(settling) * max(flight[1], pace_after))
+        cost = max(flight[4], flight[2] - flight[3] * pace + aftermath)
+        self.log.append({"started": flight[0], "seconds": flight[2], "steps": flight[3], "pause": flight[4],
+                         "pace_before": flight[1], "pace_after": pace_after, "aftermath": aftermath, "cost": cost})
+        if flight[5] and self.first_cost is None and not self.costs:
             self.first_cost = cost
         else:
             self.costs.append(cost)
         self.measured += 1
 
-    def started(self, now: float, pause_s: float) -> None:
-        """A snapshot started at the step whose safe point was the last one."""
+    @property
+    def measuring(self) -> bool:
+        """Whether a snapshot at a step is in flight or waits for the steps after it that measure its cost."""
+        return self._flight is not None or self._measured is not None
+
+    def started(self, now: float, pause_s: float, full: bool = True) -> None:
+        """A snapshot started at the step whose safe point was the last one; `full`: it writes every variable (no
+        earlier snapshot of this kernel to reuse), whose one-time costs keep the session's first one apart."""
         self._settle()
-        self._flight = [now, self.pace(), 0.0, 0, max(0.0, pause_s)]
+        self._flight = [now, self.pace(), 0.0, 0, max(0.0, pause_s), float(full)]
         self._written = None
 
     def written(self, now: float) -> None:

@@ -435,6 +435,7 @@ class KernelSession:
         self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
         self.meter = LoopMeter()  # what snapshots at steps cost the loop: the cadence adapts to it
         self.loop_started_at: float | None = None  # the first step's safe point in the running cell
+        self.last_full = True  # the last snapshot started in the background wrote every variable (no plan reused)
         self._cadence: tuple[tuple, Cadence] | None = None
 
     def _new_cell(self) -> None:
@@ -475,6 +476,7 @@ class KernelSession:
             self._flight_done.clear()
             options = self.capture_options()
             plan, stats = self.increments.plan(self.namespace, options, full=False)
+            self.last_full = plan is None
 
             def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
@@ -615,7 +617,7 @@ class KernelSession:
         try:
             job = self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
             if job is not None and where == "step":
-                self.meter.started(step_at, self.last_pause_s or 0.0)
+                self.meter.started(step_at, self.last_pause_s or 0.0, full=self.last_full)
         except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
             self.last_error = f"{type(exc).__name__}: {exc}"
             self._requests[:0] = requests  # the next one answers them

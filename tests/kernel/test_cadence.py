@@ -88,6 +88,56 @@ def test_the_meter_counts_the_steps_a_snapshot_overlaps_beyond_the_pace_of_the_o
     assert c.bounded_by == "redo" and c.overhead_pct == pytest.approx(100 * meter.first_cost / c.interval_s)
 
 
+def _flight(meter: LoopMeter, t: float, pace: float, overlapped: tuple[float, ...]) -> float:
+    """Steps at `pace`, then a snapshot whose writer overlaps steps taking `overlapped`; returns the clock."""
+    for _ in range(12):
+        meter.step(t, writing=False)
+        t += pace
+    meter.step(t, writing=False)
+    meter.started(t, pause_s=0.05)
+    for dt in overlapped:
+        t += dt
+        meter.step(t, writing=True)
+    meter.written(t)
+    t += pace
+    meter.step(t, writing=False)  # the first step after the writer is done
+    return t
+
+
+def test_steps_slowed_after_the_writer_is_done_are_charged_to_the_snapshot_and_the_log_says_so():
+    """What a snapshot leaves behind (memory handed back, caches refilled) slows the steps right after its writer
+    is done: that time is lost to the snapshot too, measured against the pace the loop returns to."""
+    meter, t = LoopMeter(), 0.0
+    for _ in range(2):  # the first snapshot's cost is kept apart: the second one sets the cadence
+        t = _flight(meter, t, 0.1, (0.15, 0.12, 0.12))
+        for dt in [0.3] * 4 + [0.1] * (LoopMeter.AFTER - 4):
+            t += dt
+            meter.step(t, writing=False)
+    # 4 steps of the flight took 0.49 s against 0.4 s; the 4 steps after it 0.8 s beyond the pace it returned to
+    assert meter.costs[-1] == pytest.approx(0.09 + 0.8)
+    assert meter.log[-1]["cost"] == pytest.approx(0.89) and meter.log[-1]["aftermath"] == pytest.approx(0.8)
+    c = meter.cadence(60.0)
+    assert c.bounded_by == "overhead" and c.interval_s == pytest.approx(0.89 / MAX_OVERHEAD)
+    assert c.overhead_pct == pytest.approx(100 * MAX_OVERHEAD)
+
+
+def test_a_load_that_falls_while_the_steps_after_a_snapshot_are_measured_is_not_charged_to_it():
+    """Steps between the pace before a snapshot and the one the loop returns to are the load moving, not the
+    snapshot: only steps slower than both are charged to it."""
+    meter, t = LoopMeter(), 0.0
+    for _ in range(2):
+        t = _flight(meter, t, 0.2, (0.25, 0.22, 0.22))
+        half = LoopMeter.AFTER // 2
+        for dt in [0.2 - 0.1 * (i + 1) / (half + 1) for i in range(half)] + [0.1] * half:
+            t += dt
+            meter.step(t, writing=False)
+        for _ in range(12):  # back to the pace before it, as the next flight's pace
+            t += 0.2
+            meter.step(t, writing=False)
+    pace = (0.2 + 0.1) / 2  # 4 steps took 0.89 s against the pace before it and the pace after it
+    assert meter.log[-1]["aftermath"] == 0.0 and meter.costs[-1] == pytest.approx(0.89 - 4 * pace)
+
+
 def test_a_recorded_policy_keeps_its_cadence_and_a_record_without_max_redo_gets_the_adaptive_one():
     kept = Policy.from_dict(Policy(max_redo_s=90.0).as_dict(), Policy())
     assert (kept.every_s, kept.max_redo_s) == (None, 90.0)
@@ -136,6 +186,23 @@ def test_a_loop_started_while_the_previous_cells_snapshot_is_written_is_protecte
     assert cell_end and min(m.created for m in cell_end) > loop_start  # committed once the loop ran
     first = _step_snapshots(store_url, loop_start)
     assert first and first[0].created - loop_start <= 10, [(m.created - loop_start, m.stats) for m in first]
+
+
+def test_a_first_step_snapshot_that_reuses_the_cells_snapshot_sets_the_cadence_by_its_cost(start_kernel, store_url):
+    """Only a full write carries one-time costs: a loop's first snapshot at a step that reuses what the cell's
+    snapshot wrote costs what the next ones will, and the overhead bound holds from the first interval on."""
+    k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
+    # pickling `slow` takes 0.8 s, in the pause of each snapshot at a step that writes it: more than 2% of 30 s
+    k.run("%load_ext spotwarp\nimport spotwarp, time\n" + SESSION + "weights = [0.0]\n"
+          "class Slow:\n    def __getstate__(self):\n        time.sleep(0.8)\n        return {'n': self.n}\n"
+          "slow = Slow()\nslow.n = 0")
+    k.run(WAIT)
+    k.run(LOOP.format(seconds=6).replace("    acc +=", "    slow.n = step\n    acc +="))
+    k.run(WAIT)
+    assert len(_step_snapshots(store_url, k.value("loop_start"))) == 1
+    cadence = k.value("s.status()['cadence']")
+    assert cadence["bounded_by"] == "overhead", cadence
+    assert cadence["interval_s"] >= 0.8 / MAX_OVERHEAD and cadence["overhead_pct"] <= 100 * MAX_OVERHEAD
 
 
 def test_a_fixed_every_is_not_adapted_and_every_auto_adapts_again(start_kernel, store_url):
