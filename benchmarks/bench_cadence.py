@@ -19,17 +19,14 @@ import argparse
 import json
 import resource
 import shutil
-import sys
 import tempfile
 import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
-from common import median, table  # noqa: E402
+from common import median, table  # noqa: E402  (it sets the import path)
 
 from spotwarp_jupyter import safepoints  # noqa: E402
 from spotwarp_jupyter.engine import Settings  # noqa: E402
