@@ -1,8 +1,9 @@
 """Persist: write a KernelImage's streams and buffers as content-addressed objects, skipping unchanged ones.
 
 Large buffers are cut into fixed chunks; each chunk's object id is its blake3 digest. A chunk of 1 MiB or
-more is first known by its xxh3-128 digest (half blake3's CPU, and it too lets the GIL go): when this
-process itself stored those very bytes before (hashing.ChangeDetector: digest and length -> object id, filled
+more is first known by its xxh3-128 digest (half blake3's CPU, and it too lets the GIL go; while the detector
+is empty, as in a process's first snapshot, a new chunk's digest is taken by its writer after the write, off
+the hashing thread's path): when this process itself stored those very bytes before (hashing.ChangeDetector: digest and length -> object id, filled
 only by this process and its forked writers, never from a store) and the previous snapshot names that object
 and the store still holds it, the chunk is named again with no blake3 pass and no write. Any other chunk is
 hashed with blake3: one an earlier snapshot already stored is named again without being written, and a new
@@ -158,25 +159,32 @@ class _Writer:
         """(object id, whether an earlier snapshot stored it); queues the write of new content."""
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
-        digest = None
-        if view.nbytes >= DETECT_MIN:
-            with phase("detect", view.nbytes):
-                digest = fingerprint(view)
+        large = view.nbytes >= DETECT_MIN
+        digest = self._digest(view) if large and len(self.detector) else None  # an empty detector finds nothing
+        if digest is not None:
             oid = self.detector.get(digest, view.nbytes)
             if oid is not None and self.known.get(oid) == view.nbytes and self._still_there(oid):
                 self.detected.append((digest, view.nbytes, oid))
                 return oid, True
         with phase("hash", view.nbytes):
             oid = object_id(view)
+        if self.known.get(oid) == view.nbytes and self._still_there(oid):
+            if large:
+                self.detected.append((digest or self._digest(view), view.nbytes, oid))
+            return oid, True
         if digest is not None:
             self.detected.append((digest, view.nbytes, oid))
-        if self.known.get(oid) == view.nbytes and self._still_there(oid):
-            return oid, True
         with self._lock:
             if oid not in self.writes:
                 self._views[oid] = view
-                self.writes[oid] = self.pool.submit(self._put, view, oid)
+                # new content's digest is taken by its writer once it is written, off this thread's path
+                self.writes[oid] = self.pool.submit(self._put, view, oid, large and digest is None)
         return oid, False
+
+    @staticmethod
+    def _digest(view: memoryview) -> str:
+        with phase("detect", view.nbytes):
+            return fingerprint(view)
 
     def add(self, view: memoryview) -> dict[str, Any]:
         start = address(view) if self._early else None
@@ -189,10 +197,12 @@ class _Writer:
             self.named.add(oid)
         return {"size": view.nbytes, "id": oid}
 
-    def _put(self, view: memoryview, oid: str) -> tuple[str, int]:
+    def _put(self, view: memoryview, oid: str, detect: bool = False) -> tuple[str, int]:
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
         oid, size = self.store.put_object(view, oid, cancel=self.cancel, pending=self.pending)
+        if detect:  # before `on_written` may give the pages back
+            self.detected.append((self._digest(view), view.nbytes, oid))
         if self.on_written is not None:
             with self._lock:
                 self._written.append(view)
