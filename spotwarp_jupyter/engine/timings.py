@@ -2,7 +2,8 @@
 
 A restore's phases: read (an O_DIRECT read's own page faults included), hash, populate (pages the CPU
 then copies into), unpickle, copy, wait for reads. A snapshot's: serialize
-(pickling, in the capturing thread), hash (blake3 naming each stream and chunk, which also finds those
+(pickling, in the capturing thread), detect (the xxh3 digest of each chunk of 1 MiB or more, which finds
+those this process stored before), hash (blake3 naming each other stream and chunk, which also finds those
 stored already), write (to its temporary or its PUT: staging copies included), fsync (making the batch durable).
 
 Nothing is gathered unless a caller opens `collecting()`: each `phase(...)` is then one test of a

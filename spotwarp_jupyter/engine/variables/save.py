@@ -1,12 +1,15 @@
 """Persist: write a KernelImage's streams and buffers as content-addressed objects, skipping unchanged ones.
 
-Large buffers are cut into fixed chunks, each hashed once with blake3, which is its object id: a chunk
-an earlier snapshot already stored is named again without being written, and a new one goes to a pool of
-writer threads with its id, as soon as its group is serialized, so disk or network I/O overlaps with
-serializing the next groups. (An xxh3 fingerprint first, then blake3 for new content, cost less CPU for
-unchanged content but held the GIL: at 4 GB the pickling thread and the writers waited on it, and new
-content, most of a full snapshot, was hashed twice. blake3 lets the GIL go.) Records written before name
-chunks by an xxh3 `fp` too; they are known again by their ids. On a local disk they are written as one batch
+Large buffers are cut into fixed chunks; each chunk's object id is its blake3 digest. A chunk of 1 MiB or
+more is first known by its xxh3-128 digest (half blake3's CPU, and it too lets the GIL go; while the detector
+is empty, as in a process's first snapshot, a new chunk's digest is taken by its writer after the write, off
+the hashing thread's path): when this process itself stored those very bytes before (hashing.ChangeDetector: digest and length -> object id, filled
+only by this process and its forked writers, never from a store) and the previous snapshot names that object
+and the store still holds it, the chunk is named again with no blake3 pass and no write. Any other chunk is
+hashed with blake3: one an earlier snapshot already stored is named again without being written, and a new
+one goes to a pool of writer threads with its id, as soon as its group is serialized, so disk or network
+I/O overlaps with serializing the next groups. Records written before name chunks by an xxh3 `fp` too;
+they are known again by their ids, never by that `fp`. On a local disk they are written as one batch
 (Store.batch): no sync per object, one pass at the end makes them all durable before the commit; there
 the large buffers pickling will hand over are announced before the groups are even worked out, and
 written meanwhile (`_Writer.announce`).
@@ -20,7 +23,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..hashing import object_id
+from ..hashing import detector, fingerprint, learn, object_id
 from ..pages import PAGE, address
 from ..pickling.bulk import bulk_buffers
 from ..storage import CHUNK_SIZE, Store
@@ -30,6 +33,8 @@ from .capture import EXTRAS_NAME, KernelImage
 # Buffers from this size up that pickling will hand over are written before the groups are worked out
 # (see _Writer.announce): at 4 GB the grouping walk alone kept the disk idle for 0.3 s.
 EARLY_MIN = 1024 * 1024
+# Chunks from this size up are known by their xxh3 digest first (below it blake3 alone costs little).
+DETECT_MIN = 1024 * 1024
 
 
 def chunk_views(view: memoryview, page_aligned: bool = False) -> list[memoryview]:
@@ -60,6 +65,11 @@ class PersistStats:
     serialize_s: float = 0.0  # pickling and hashing, in this thread, while writes ran behind
     write_wait_s: float = 0.0  # then waiting for the last writes to be durable
     sync_s: float = 0.0  # of which the final pass making a local batch durable (sync, rename, folders)
+
+
+def store_scope(store: Store) -> str:
+    """Which store a change detector's entries hold for: its location and project."""
+    return f"{getattr(store, 'url', '')}\0{getattr(store, 'project', '')}"
 
 
 def _span(view: memoryview) -> tuple[int, int] | None:
@@ -95,6 +105,9 @@ class _Writer:
         batch = getattr(store, "batch", None)
         self.pending = batch() if batch is not None else None
         self.page_aligned = self.pending is not None and getattr(self.pending, "direct", False)
+        self.scope = store_scope(store)
+        self.detector = detector(self.scope)
+        self.detected: list[tuple[str, int, str]] = []  # (xxh3 digest, length, object id) of chunks seen
         self.named: set[str] = set()  # ids of new objects the record names (not those taken back in `finish`)
         self._checked: dict[str, bool] | None = None
         self._views: dict[str, memoryview] = {}
@@ -146,15 +159,32 @@ class _Writer:
         """(object id, whether an earlier snapshot stored it); queues the write of new content."""
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
+        large = view.nbytes >= DETECT_MIN
+        digest = self._digest(view) if large and len(self.detector) else None  # an empty detector finds nothing
+        if digest is not None:
+            oid = self.detector.get(digest, view.nbytes)
+            if oid is not None and self.known.get(oid) == view.nbytes and self._still_there(oid):
+                self.detected.append((digest, view.nbytes, oid))
+                return oid, True
         with phase("hash", view.nbytes):
             oid = object_id(view)
         if self.known.get(oid) == view.nbytes and self._still_there(oid):
+            if large:
+                self.detected.append((digest or self._digest(view), view.nbytes, oid))
             return oid, True
+        if digest is not None:
+            self.detected.append((digest, view.nbytes, oid))
         with self._lock:
             if oid not in self.writes:
                 self._views[oid] = view
-                self.writes[oid] = self.pool.submit(self._put, view, oid)
+                # new content's digest is taken by its writer once it is written, off this thread's path
+                self.writes[oid] = self.pool.submit(self._put, view, oid, large and digest is None)
         return oid, False
+
+    @staticmethod
+    def _digest(view: memoryview) -> str:
+        with phase("detect", view.nbytes):
+            return fingerprint(view)
 
     def add(self, view: memoryview) -> dict[str, Any]:
         start = address(view) if self._early else None
@@ -167,10 +197,12 @@ class _Writer:
             self.named.add(oid)
         return {"size": view.nbytes, "id": oid}
 
-    def _put(self, view: memoryview, oid: str) -> tuple[str, int]:
+    def _put(self, view: memoryview, oid: str, detect: bool = False) -> tuple[str, int]:
         if self.cancel.is_set():
             raise _Cancelled("cancelled after an earlier write failed")
         oid, size = self.store.put_object(view, oid, cancel=self.cancel, pending=self.pending)
+        if detect:  # before `on_written` may give the pages back
+            self.detected.append((self._digest(view), view.nbytes, oid))
         if self.on_written is not None:
             with self._lock:
                 self._written.append(view)
@@ -297,6 +329,8 @@ def persist_image(
         writer.stats.objects_reused += len(refs)
         groups.append(record)
     kernel, objects = _kernel_record(groups, image)
+    # stored and durable now (an announced chunk nothing named was taken back: not remembered)
+    learn(writer.scope, [e for e in writer.detected if objects.get(e[2]) == e[1]])
     return kernel, objects, writer.stats
 
 

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
-from .. import pages
+from .. import hashing, pages
 from ..incremental import ReusePlan
 from ..pickling import main_namespace
 from ..variables import CaptureOptions, KernelImage, capture_namespace
@@ -216,9 +216,10 @@ def _child(write_fd: int, run: Callable[[], Any], namespace: dict[str, Any]) -> 
     code = 1
     try:
         _quiet_child()
+        hashing.start_journal()  # what the writer learns of the buffers' digests goes back to the kernel
         with main_namespace(namespace):
             manifest = run()
-        payload = {"ok": True, "id": manifest.id, "stats": manifest.stats}
+        payload = {"ok": True, "id": manifest.id, "stats": manifest.stats, "detected": hashing.journal()}
         code = 0
     except BaseException as exc:  # noqa: BLE001 - report everything to the parent
         payload = {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
@@ -245,6 +246,7 @@ def _reap(job: BackgroundSnapshot, read_fd: int, on_done: Callable[[BackgroundSn
     except ValueError:
         payload = {}
     if payload.get("ok"):
+        hashing.adopt(payload.get("detected") or [])  # our own child's blake3 results: the next snapshot skips them
         job.result = BackgroundResult(True, payload["id"], stats=payload.get("stats", {}), exit_status=exit_status)
     else:
         reason = payload.get("error") or (
