@@ -11,7 +11,9 @@ CONFIG keys: `out` (folder for results), `nprocs`, `port`, `mode` (`ddp`, or `fs
 - `stop_after_request`: after the first requested snapshot, write the full state to `out/full-<nprocs>.pt`, stop;
 - `dump_after_request`: the same, and go on;
 - `dump_restored`: write the full state as loaded, before any step, to `out/full-<nprocs>.pt`, and stop;
-- `die_at` ([rank, n]): that rank SIGKILLs itself in its n-th state_dict() call, inside a snapshot.
+- `die_at` ([rank, n] or [rank, n, where]): that rank SIGKILLs itself inside the snapshot of its n-th
+  state_dict() call: there (no `where`), while DCP writes its file (`write`), storing its objects once DCP wrote
+  them (`store`: its first `put_object`), or, rank 0, once every rank reported, committing the manifest (`commit`).
 Per rank: `out/losses-<rank>.jsonl` (epoch, first sample, loss) and, at the end, `out/result-<rank>.json`
 (parameters, the next random draws).
 """
@@ -31,19 +33,43 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-class Bomb:
-    """User state whose n-th state_dict() in one rank kills that rank (a rank lost in the middle of a snapshot)."""
+def _die(*_args, **_kwargs) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
-    def __init__(self, rank: int, die_at: list[int] | None):
+
+class Fuse:
+    """A value DCP pickles as it writes the rank's file: the rank dies there, its file half written."""
+
+    def __reduce__(self):
+        _die()
+
+
+class Bomb:
+    """User state whose n-th state_dict() in one rank kills that rank in that snapshot (a rank lost mid-snapshot)."""
+
+    def __init__(self, rank: int, die_at: list | None):
         self.armed = die_at is not None and die_at[0] == rank
         self.left = die_at[1] if die_at else 0
+        self.where = die_at[2] if die_at and len(die_at) > 2 else None
 
     def state_dict(self) -> dict:
         if self.armed:
             self.left -= 1
             if self.left == 0:
-                os.kill(os.getpid(), signal.SIGKILL)
+                return self._light()
         return {"bomb": 0}
+
+    def _light(self) -> dict:
+        from spotwarp_jupyter.training import collective
+
+        engine = collective.engine()  # the snapshot's: built before the state dicts are taken
+        if self.where is None:
+            _die()
+        elif self.where == "store":
+            type(engine.store).put_object = _die
+        elif self.where == "commit":
+            type(engine).commit_manifest = _die
+        return {"bomb": Fuse() if self.where == "write" else 0}
 
     def load_state_dict(self, state: dict) -> None:
         pass

@@ -147,6 +147,23 @@ def test_rank_killed_mid_snapshot_leaves_the_previous_one(tmp_path: Path, baseli
     assert_same_run(out, baseline)
 
 
+@pytest.mark.parametrize("rank,where", [(1, "write"), (1, "store"), (0, "commit")])
+def test_rank_killed_in_a_snapshots_write_store_or_commit(tmp_path: Path, baseline: Path, rank: int, where: str) -> None:
+    """Killed while DCP writes its file, while its objects are stored, or (rank 0) once all reported: no commit."""
+    store, out = tmp_path / "store", tmp_path / "out"
+    done = launch(tmp_path, store, out, request_at=[[0, 5], [0, 20]], die_at=[rank, 2, where])
+    assert done.returncode != 0
+    assert [m.collective["step"] for m in collective(store)] == [6]
+    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    assert engine.verify().ok
+    before = steps_logged(out, 0)
+    assert before == 21  # killed in the snapshot after step 21
+    done = launch(tmp_path, store, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_logged(out, 0) - before == EPOCHS * STEPS - 6
+    assert_same_run(out, baseline)
+
+
 def test_damaged_or_unsigned_shard_refused(tmp_path: Path, baseline: Path) -> None:
     store = tmp_path / "store"
     out = tmp_path / "out"
