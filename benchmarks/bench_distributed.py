@@ -1,7 +1,8 @@
 """Collective snapshot and restore of a DDP model and its Adam state, against plain DCP in the same run.
 
 Ranks (gloo, forked as a notebook cell forks them) each time, alternating, on the same state and the same store
-folder: a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
+folder (every parameter moved before each rep, as a training step moves it: no rep reuses an earlier one's
+objects): a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
 manifest), then a plain `dcp.load` from that folder against SpotWarp's restore (each file checked against its
 hash). Both include the DCP state-dict helpers. Figures are medians of `--reps`, as ratios (goal: 1.1). Also the
 price of every step (the ranks' agreement on whether to snapshot), as a share of a training step of the model.
@@ -67,6 +68,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
 
     times: dict[str, list[float]] = {"plain_save": [], "save": [], "plain_load": [], "load": []}
     for rep in range(args.reps):
+        with torch.no_grad():  # each rep saves new state, as training does (no object of an earlier rep is reused)
+            for param in model.parameters():
+                param.add_(1e-3)
         times["plain_save"].append(_timed(lambda: plain_save(rep)))
         times["save"].append(_timed(lambda: loop.snapshot("bench")))
         manifest = collective.newest(collective.engine().manifests(), "bench")
