@@ -3,7 +3,8 @@
 The launcher forks `nprocs` workers with `torch.multiprocessing.start_processes(..., start_method="fork")`; each
 joins a gloo process group and trains over `spotwarp.resumable(loader, name="train", state=...)`.
 
-CONFIG keys: `out` (folder for results), `nprocs`, `port`, `mode` (`ddp`, or `fsdp`: FSDP2 `fully_shard`),
+CONFIG keys: `out` (folder for results), `nprocs`, `port` (none: the rendezvous a launcher put in the
+environment, `launched` being the function launched), `mode` (`ddp`, or `fsdp`: FSDP2 `fully_shard`),
 `epochs`; optional:
 - `request_at` ([[epoch, step], ...]): rank 0 asks for a snapshot after those steps (`step` counts the items this
   run's pass has yielded);
@@ -93,7 +94,8 @@ def worker(rank: int, cfg: dict) -> None:
 
     out, n = cfg["out"], cfg["nprocs"]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=n)
+    rendezvous = f"tcp://127.0.0.1:{cfg['port']}" if cfg.get("port") else "env://"  # env: a launcher's
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=n)
     torch.manual_seed(0)
     random.seed(rank)
     np.random.seed(rank)
@@ -151,6 +153,11 @@ def worker(rank: int, cfg: dict) -> None:
               "draws": [torch.rand(3).tolist(), random.random(), float(np.random.rand())]}
     with open(os.path.join(out, f"result-{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def launched(cfg: dict) -> None:
+    """The worker as accelerate's `notebook_launcher` starts it: its rank and the rendezvous in the environment."""
+    worker(int(os.environ["RANK"]), {**cfg, "port": None})
 
 
 def main() -> None:

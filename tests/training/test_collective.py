@@ -2,7 +2,8 @@
 
 Every run is `tests/support/dcp_training.py`: a launcher process forking its ranks with
 `torch.multiprocessing.start_processes(..., start_method="fork")`, each rank training over
-`spotwarp.resumable(loader, name="train", state=...)`; runs share only the store. A run killed (SIGKILL of the
+`spotwarp.resumable(loader, name="train", state=...)` (or a kernel's cell launching them, with start_processes
+or accelerate's notebook_launcher); runs share only the store. A run killed (SIGKILL of the
 launcher and its ranks) continues in a new launch, and what it ends with must be an uninterrupted run's.
 """
 
@@ -240,3 +241,29 @@ def test_a_notice_to_the_kernel_reaches_every_rank(start_kernel, store_url: str,
     engine = SnapshotEngine(Settings(project="proj", storage=store_url))
     [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
     assert (snapshot.collective["reason"], snapshot.collective["step"], snapshot.collective["world_size"]) == ("notice", 11, 2)
+
+
+def test_accelerate_notebook_launcher_ranks_resume_in_a_new_kernel(start_kernel, store_url: str, tmp_path: Path,
+                                                                     baseline: Path) -> None:
+    """A kernel's cell launches 2 CPU ranks with accelerate's notebook_launcher; they snapshot after step 6 and
+    stop. A new kernel on the same store runs the cell again: its ranks continue and end as an uninterrupted run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = {"out": str(out), "nprocs": 2, "mode": "ddp", "epochs": EPOCHS, "request_at": [[0, 5]],
+           "stop_after_request": True}
+    setup = f"%load_ext spotwarp\nimport sys\nsys.path.insert(0, {str(PROGRAM.parent)!r})\nimport dcp_training"
+    cell = ("from accelerate import notebook_launcher\n"
+            "notebook_launcher(dcp_training.launched, args=({cfg!r},), num_processes=2, use_port={port!r})")
+    first = start_kernel("a", SPOTWARP_EVERY="1h")
+    first.run(setup)
+    assert "Launching training on 2 CPUs" in first.run(cell.format(cfg=cfg, port=str(free_port())))
+    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
+    assert (snapshot.collective["step"], snapshot.collective["world_size"]) == (6, 2)
+    assert steps_logged(out, 0) == 6 and not (out / "result-0.json").exists()
+
+    second = start_kernel("b", SPOTWARP_EVERY="1h")
+    second.run(setup)
+    second.run(cell.format(cfg={**cfg, "stop_after_request": False}, port=str(free_port())))
+    assert steps_logged(out, 0) == 6 + EPOCHS * STEPS - 6  # the second launch continued after step 6
+    assert_same_run(out, baseline)
