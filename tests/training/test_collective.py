@@ -165,6 +165,22 @@ def test_rank_killed_in_a_snapshots_write_store_or_commit(tmp_path: Path, baseli
     assert_same_run(out, baseline)
 
 
+def test_rank_killed_storing_into_an_object_store_leaves_the_previous_one(tmp_path: Path, object_storage,
+                                                                         baseline: Path) -> None:
+    """Rank 1 dies as it starts uploading its shard (DCP's files all written, rank 0's stored): no commit."""
+    env, out = _env(tmp_path, **object_storage.kernel_env()), tmp_path / "out"
+    done = launch(tmp_path, tmp_path, out, env=env, request_at=[[0, 5], [0, 20]], die_at=[1, 2, "store"])
+    assert done.returncode != 0 and steps_logged(out, 0) == 21
+    settings = Settings(project=PROJECT, storage=object_storage.url, storage_options=object_storage.options)
+    engine = SnapshotEngine(settings, key=KEY.encode())
+    assert [m.collective["step"] for m in engine.manifests() if m.kind == "collective"] == [6]
+    assert engine.verify().ok
+    done = launch(tmp_path, tmp_path, out, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_logged(out, 0) - 21 == EPOCHS * STEPS - 6
+    assert_same_run(out, baseline)
+
+
 def test_damaged_or_unsigned_shard_refused(tmp_path: Path, baseline: Path) -> None:
     store = tmp_path / "store"
     out = tmp_path / "out"
