@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -103,7 +104,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=256, help="model weights in MiB (the state is 3x: Adam)")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (the store lives there)")
+    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (the store lives there; emptied at the end)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.dir = args.dir or tempfile.mkdtemp(prefix="bench-distributed-")
@@ -113,8 +114,13 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = os.path.join(args.dir, "result.json")
-    mp.start_processes(rank_main, args=(args, port, out), nprocs=args.ranks, start_method="fork")
-    result = json.loads(Path(out).read_text())
+    try:
+        mp.start_processes(rank_main, args=(args, port, out), nprocs=args.ranks, start_method="fork")
+        result = json.loads(Path(out).read_text())
+    finally:  # several GB a run (each rep's plain folder and objects): none left on the disk
+        for folder in ("store", "plain"):
+            shutil.rmtree(os.path.join(args.dir, folder), ignore_errors=True)
+        Path(out).unlink(missing_ok=True)
     if args.json:
         print(json.dumps(result))
         return
