@@ -1,7 +1,8 @@
 """Collective snapshot and restore of a DDP model and its Adam state, against plain DCP in the same run.
 
 Ranks (gloo, forked as a notebook cell forks them) each time, alternating, on the same state and the same store
-folder: a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
+folder (every parameter moved before each rep, as a training step moves it: no rep reuses an earlier one's
+objects): a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
 manifest), then a plain `dcp.load` from that folder against SpotWarp's restore (each file checked against its
 hash). Both include the DCP state-dict helpers. Figures are medians of `--reps`, as ratios (goal: 1.1). Also the
 price of every step (the ranks' agreement on whether to snapshot), as a share of a training step of the model.
@@ -14,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import socket
 import statistics
 import sys
@@ -67,6 +69,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
 
     times: dict[str, list[float]] = {"plain_save": [], "save": [], "plain_load": [], "load": []}
     for rep in range(args.reps):
+        with torch.no_grad():  # each rep saves new state, as training does (no object of an earlier rep is reused)
+            for param in model.parameters():
+                param.add_(1e-3)
         times["plain_save"].append(_timed(lambda: plain_save(rep)))
         times["save"].append(_timed(lambda: loop.snapshot("bench")))
         manifest = collective.newest(collective.engine().manifests(), "bench")
@@ -99,7 +104,7 @@ def main() -> None:
     parser.add_argument("--mb", type=float, default=256, help="model weights in MiB (the state is 3x: Adam)")
     parser.add_argument("--ranks", type=int, default=2)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (the store lives there)")
+    parser.add_argument("--dir", default=None, help="scratch folder on the disk to measure (the store lives there; emptied at the end)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     args.dir = args.dir or tempfile.mkdtemp(prefix="bench-distributed-")
@@ -109,8 +114,13 @@ def main() -> None:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = os.path.join(args.dir, "result.json")
-    mp.start_processes(rank_main, args=(args, port, out), nprocs=args.ranks, start_method="fork")
-    result = json.loads(Path(out).read_text())
+    try:
+        mp.start_processes(rank_main, args=(args, port, out), nprocs=args.ranks, start_method="fork")
+        result = json.loads(Path(out).read_text())
+    finally:  # several GB a run (each rep's plain folder and objects): none left on the disk
+        for folder in ("store", "plain"):
+            shutil.rmtree(os.path.join(args.dir, folder), ignore_errors=True)
+        Path(out).unlink(missing_ok=True)
     if args.json:
         print(json.dumps(result))
         return

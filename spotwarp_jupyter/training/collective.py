@@ -9,7 +9,8 @@ object more, and rank 0 commits one signed manifest naming them all, only once e
 stored: a rank that dies before leaves no manifest, and the previous snapshot is the one resumed.
 
 A new run of the same loop (same name) continues from the newest collective snapshot: every rank loads it
-(DCP reshards to the number of ranks of this run), reading each file only after checking its content hash, and
+(DCP reshards to the number of ranks of this run), reading no file before it is checked against its content hash
+(on a local store the ranks split the checking and agree on it before any read: dcp_files), and
 the pass it was taken in goes on after its last completed step; earlier passes of the loop yield nothing.
 No thread of SpotWarp's touches the process group and nothing runs at exit: nothing here waits on
 `destroy_process_group`, or needs it called.
@@ -17,8 +18,6 @@ No thread of SpotWarp's touches the process group and nothing runs at exit: noth
 
 from __future__ import annotations
 
-import contextlib
-import io
 import logging
 import os
 import pickle
@@ -29,12 +28,10 @@ import threading
 import time
 import warnings
 from collections.abc import Iterable, Iterator, Mapping
-from typing import IO, Any, Callable
-
-import blake3
+from typing import Any, Callable
 
 from .. import safepoints
-from ..engine import DamagedObjectError, Manifest, Settings, SnapshotEngine, SpotWarpError
+from ..engine import Manifest, Settings, SnapshotEngine, SpotWarpError
 from ..engine.manifests import new_snapshot_id, package_versions
 from ..engine.storage import Layout
 from . import loaders
@@ -199,6 +196,8 @@ class CollectivePass:
         """Save every rank's state at this step; rank 0 commits once all have stored theirs. The id, or None."""
         from torch.distributed import checkpoint as dcp
 
+        from .dcp_files import hashing_writer
+
         started = time.perf_counter()
         extras = self._extras()  # before any I/O: a storage client may draw from `random` (retry jitter)
         eng = engine()
@@ -221,8 +220,9 @@ class CollectivePass:
         outcome: list[Any] = [None]
         try:
             try:  # collective: a failure in one rank's write is raised in every rank
-                dcp.save(_state_dicts(self.state), storage_writer=dcp.FileSystemWriter(stage, sync_files=eng.store.local))
-                mine = _store_files(eng, stage, self.rank)
+                writer, hashed = hashing_writer(stage, sync_files=eng.store.local)
+                dcp.save(_state_dicts(self.state), storage_writer=writer)
+                mine = _store_files(eng, stage, self.rank, hashed)
                 position = eng.store.put_object(pickle.dumps(extras, protocol=5))
                 report: Any = {"files": mine, "extras": list(position)}
             except (Exception, dcp.api.CheckpointException) as exc:  # noqa: BLE001 - the training goes on
@@ -297,11 +297,14 @@ class CollectivePass:
     def _load(self, manifest: Manifest) -> None:
         from torch.distributed import checkpoint as dcp
 
+        from .dcp_files import CheckedReader
+
         record = manifest.collective
         eng = engine()
+        reader = CheckedReader(eng.store, record["files"], self.rank, self.world)  # starts checking this rank's share
         state_dicts = _state_dicts(self.state)
         try:
-            dcp.load(state_dicts, storage_reader=_checked_reader(eng, record["files"]))
+            dcp.load(state_dicts, storage_reader=reader)
         except dcp.api.CheckpointException as exc:  # raised in every rank when one rank's read failed
             raise SpotWarpError(f"resumable {self.name!r}: snapshot {manifest.id} cannot be loaded: "
                                 f"{_one_line(exc)}") from None
@@ -454,26 +457,23 @@ def _clear_stale(base: str) -> None:
             continue
 
 
-def _hash_file(path: str) -> str:
-    """The file's object id (engine.hashing's blake3), hashed by as many threads as help."""
-    hasher = blake3.blake3(max_threads=blake3.blake3.AUTO)
-    hasher.update_mmap(path)
-    return hasher.hexdigest()
+def _store_files(eng: SnapshotEngine, stage: str, rank: int, hashed: Mapping[str, tuple[str, int]]) -> dict[str, list[Any]]:
+    """This rank's DCP files (and the metadata, on rank 0) as objects: relative name -> [object id, size]. Their ids
+    were hashed as DCP wrote them (`hashed`)."""
+    from .dcp_files import written_id
 
-
-def _store_files(eng: SnapshotEngine, stage: str, rank: int) -> dict[str, list[Any]]:
-    """This rank's DCP files (and the metadata, on rank 0) as objects: relative name -> [object id, size]."""
     store = eng.store
     out: dict[str, list[Any]] = {}
     for entry in sorted(os.scandir(stage), key=lambda e: e.name):
         if not (entry.name.startswith(f"__{rank}_") or (rank == 0 and entry.name == ".metadata")):
             continue
-        oid, size = _hash_file(entry.path), entry.stat().st_size
-        if store.local:  # moved, not copied: the same bytes under their name (an object already there: identical)
-            target = store.object_path(oid)
-            os.makedirs(os.path.dirname(target), exist_ok=True)
-            os.replace(entry.path, target)
-            _fsync_dir(os.path.dirname(target))
+        oid, size = written_id(entry.path, hashed)
+        if store.local:  # moved, not copied: the same bytes under their name (an object already there: identical,
+            target = store.object_path(oid)  # and the staged copy is left to _clear_staging)
+            if not os.path.exists(target):
+                os.makedirs(os.path.dirname(target), exist_ok=True)
+                os.replace(entry.path, target)
+                _fsync_dir(os.path.dirname(target))
         else:
             with open(entry.path, "rb") as f:
                 store.put_object(f.read(), oid)
@@ -490,7 +490,12 @@ def _fsync_dir(path: str) -> None:
 
 
 def _clear_staging(stage: str, rank: int) -> None:
-    """Each rank removes its own files; rank 0 the rest (the others are done: they reported)."""
+    """Each rank removes its own files, rank 0 the rest (the others are done: they reported), in a thread: freeing
+    a large file's blocks takes a while and nothing waits on it (a folder left behind is cleared once stale)."""
+    threading.Thread(target=_remove_staged, args=(stage, rank), name="spotwarp-staging", daemon=True).start()
+
+
+def _remove_staged(stage: str, rank: int) -> None:
     if rank == 0:
         shutil.rmtree(stage, ignore_errors=True)
         return
@@ -500,57 +505,6 @@ def _clear_staging(stage: str, rank: int) -> None:
                 os.unlink(entry.path)
             except FileNotFoundError:
                 pass
-
-
-def _checked_reader(eng: SnapshotEngine, files: Mapping[str, Any]) -> Any:
-    """A DCP reader over the snapshot's objects: no file is read before it is checked against its hash (nothing
-    unchecked is unpickled). On a local store the object file is hashed in place, then read by DCP; from an object
-    store each file is downloaded once, checked, and handed to DCP from memory."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.filesystem import FileSystem
-
-    store = eng.store
-    downloaded: dict[str, bytes | bytearray] = {}
-    hashed: set[str] = set()
-
-    def ref(name: str) -> tuple[str, int]:
-        if name not in files:
-            raise SpotWarpError(f"the collective snapshot names no file {name!r}: refusing it")
-        return str(files[name][0]), int(files[name][1])
-
-    class Objects(FileSystem):
-        @contextlib.contextmanager
-        def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[IO[bytes]]:
-            if mode != "rb":
-                raise SpotWarpError(f"a collective snapshot is read-only (asked to open {path} with {mode!r})")
-            oid, size = ref(os.path.basename(str(path)))
-            if not store.local:
-                if oid not in downloaded:
-                    downloaded[oid] = store.read_object(oid, size)  # DamagedObjectError unless it matches its hash
-                yield io.BytesIO(downloaded[oid])
-                return
-            local = store.object_path(oid)
-            if oid not in hashed:
-                if not os.path.exists(local):
-                    raise DamagedObjectError(oid, "missing from storage")
-                if os.path.getsize(local) != size or _hash_file(local) != oid:
-                    raise DamagedObjectError(oid, "its content does not match its hash")
-                hashed.add(oid)
-            with open(local, "rb") as stream:
-                yield stream
-
-    class CheckedReader(FileSystemReader):
-        def __init__(self) -> None:
-            super().__init__("spotwarp-objects")  # a name only: every file is one of the store's objects
-            self.fs = Objects()
-
-        def read_data(self, plan: Any, planner: Any) -> Any:
-            try:
-                return super().read_data(plan, planner)
-            finally:
-                downloaded.clear()
-
-    return CheckedReader()
 
 
 __all__ = ["CollectivePass", "check_state", "engine", "newest", "process_group"]

@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from spotwarp_jupyter.engine import Settings, SnapshotEngine, hashing
 from spotwarp_jupyter.engine.writers.background import start_background
@@ -74,6 +75,7 @@ engine.snapshot_kernel({"big": np.random.default_rng(3).random(%d)})
 """ % BIG
 
 
+@pytest.mark.process
 def test_no_digest_comes_from_the_store(tmp_path: Path) -> None:
     """Another process stored the buffer, then its object's bytes were replaced by a writer without the key
     with this kernel's bytes (one byte off): this process hashes its buffer with blake3 and stores it anew."""
@@ -96,6 +98,7 @@ def test_no_digest_comes_from_the_store(tmp_path: Path) -> None:
     assert np.array_equal(restored["big"], ns["big"])
 
 
+@pytest.mark.process
 def test_a_forked_writer_hands_its_digests_back_to_the_kernel(tmp_path: Path) -> None:
     engine = _engine(tmp_path / "store")
     ns = {"big": np.random.default_rng(4).random(BIG)}

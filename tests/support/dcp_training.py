@@ -3,7 +3,8 @@
 The launcher forks `nprocs` workers with `torch.multiprocessing.start_processes(..., start_method="fork")`; each
 joins a gloo process group and trains over `spotwarp.resumable(loader, name="train", state=...)`.
 
-CONFIG keys: `out` (folder for results), `nprocs`, `port`, `mode` (`ddp`, or `fsdp`: FSDP2 `fully_shard`),
+CONFIG keys: `out` (folder for results), `nprocs`, `port` (none: the rendezvous a launcher put in the
+environment, `launched` being the function launched), `mode` (`ddp`, or `fsdp`: FSDP2 `fully_shard`),
 `epochs`; optional:
 - `request_at` ([[epoch, step], ...]): rank 0 asks for a snapshot after those steps (`step` counts the items this
   run's pass has yielded);
@@ -11,7 +12,9 @@ CONFIG keys: `out` (folder for results), `nprocs`, `port`, `mode` (`ddp`, or `fs
 - `stop_after_request`: after the first requested snapshot, write the full state to `out/full-<nprocs>.pt`, stop;
 - `dump_after_request`: the same, and go on;
 - `dump_restored`: write the full state as loaded, before any step, to `out/full-<nprocs>.pt`, and stop;
-- `die_at` ([rank, n]): that rank SIGKILLs itself in its n-th state_dict() call, inside a snapshot.
+- `die_at` ([rank, n] or [rank, n, where]): that rank SIGKILLs itself inside the snapshot of its n-th
+  state_dict() call: there (no `where`), while DCP writes its file (`write`), storing its objects once DCP wrote
+  them (`store`: its first `put_object`), or, rank 0, once every rank reported, committing the manifest (`commit`).
 Per rank: `out/losses-<rank>.jsonl` (epoch, first sample, loss) and, at the end, `out/result-<rank>.json`
 (parameters, the next random draws).
 """
@@ -31,19 +34,43 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 
-class Bomb:
-    """User state whose n-th state_dict() in one rank kills that rank (a rank lost in the middle of a snapshot)."""
+def _die(*_args, **_kwargs) -> None:
+    os.kill(os.getpid(), signal.SIGKILL)
 
-    def __init__(self, rank: int, die_at: list[int] | None):
+
+class Fuse:
+    """A value DCP pickles as it writes the rank's file: the rank dies there, its file half written."""
+
+    def __reduce__(self):
+        _die()
+
+
+class Bomb:
+    """User state whose n-th state_dict() in one rank kills that rank in that snapshot (a rank lost mid-snapshot)."""
+
+    def __init__(self, rank: int, die_at: list | None):
         self.armed = die_at is not None and die_at[0] == rank
         self.left = die_at[1] if die_at else 0
+        self.where = die_at[2] if die_at and len(die_at) > 2 else None
 
     def state_dict(self) -> dict:
         if self.armed:
             self.left -= 1
             if self.left == 0:
-                os.kill(os.getpid(), signal.SIGKILL)
+                return self._light()
         return {"bomb": 0}
+
+    def _light(self) -> dict:
+        from spotwarp_jupyter.training import collective
+
+        engine = collective.engine()  # the snapshot's: built before the state dicts are taken
+        if self.where is None:
+            _die()
+        elif self.where == "store":
+            type(engine.store).put_object = _die
+        elif self.where == "commit":
+            type(engine).commit_manifest = _die
+        return {"bomb": Fuse() if self.where == "write" else 0}
 
     def load_state_dict(self, state: dict) -> None:
         pass
@@ -67,7 +94,8 @@ def worker(rank: int, cfg: dict) -> None:
 
     out, n = cfg["out"], cfg["nprocs"]
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{cfg['port']}", rank=rank, world_size=n)
+    rendezvous = f"tcp://127.0.0.1:{cfg['port']}" if cfg.get("port") else "env://"  # env: a launcher's
+    dist.init_process_group("gloo", init_method=rendezvous, rank=rank, world_size=n)
     torch.manual_seed(0)
     random.seed(rank)
     np.random.seed(rank)
@@ -125,6 +153,11 @@ def worker(rank: int, cfg: dict) -> None:
               "draws": [torch.rand(3).tolist(), random.random(), float(np.random.rand())]}
     with open(os.path.join(out, f"result-{rank}.json"), "w") as f:
         json.dump(result, f)
+
+
+def launched(cfg: dict) -> None:
+    """The worker as accelerate's `notebook_launcher` starts it: its rank and the rendezvous in the environment."""
+    worker(int(os.environ["RANK"]), {**cfg, "port": None})
 
 
 def main() -> None:

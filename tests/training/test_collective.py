@@ -2,7 +2,8 @@
 
 Every run is `tests/support/dcp_training.py`: a launcher process forking its ranks with
 `torch.multiprocessing.start_processes(..., start_method="fork")`, each rank training over
-`spotwarp.resumable(loader, name="train", state=...)`; runs share only the store. A run killed (SIGKILL of the
+`spotwarp.resumable(loader, name="train", state=...)` (or a kernel's cell launching them, with start_processes
+or accelerate's notebook_launcher); runs share only the store. A run killed (SIGKILL of the
 launcher and its ranks) continues in a new launch, and what it ends with must be an uninterrupted run's.
 """
 
@@ -147,6 +148,39 @@ def test_rank_killed_mid_snapshot_leaves_the_previous_one(tmp_path: Path, baseli
     assert_same_run(out, baseline)
 
 
+@pytest.mark.parametrize("rank,where", [(1, "write"), (1, "store"), (0, "commit")])
+def test_rank_killed_in_a_snapshots_write_store_or_commit(tmp_path: Path, baseline: Path, rank: int, where: str) -> None:
+    """Killed while DCP writes its file, while its objects are stored, or (rank 0) once all reported: no commit."""
+    store, out = tmp_path / "store", tmp_path / "out"
+    done = launch(tmp_path, store, out, request_at=[[0, 5], [0, 20]], die_at=[rank, 2, where])
+    assert done.returncode != 0
+    assert [m.collective["step"] for m in collective(store)] == [6]
+    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    assert engine.verify().ok
+    before = steps_logged(out, 0)
+    assert before == 21  # killed in the snapshot after step 21
+    done = launch(tmp_path, store, out)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_logged(out, 0) - before == EPOCHS * STEPS - 6
+    assert_same_run(out, baseline)
+
+
+def test_rank_killed_storing_into_an_object_store_leaves_the_previous_one(tmp_path: Path, object_storage,
+                                                                         baseline: Path) -> None:
+    """Rank 1 dies as it starts uploading its shard (DCP's files all written, rank 0's stored): no commit."""
+    env, out = _env(tmp_path, **object_storage.kernel_env()), tmp_path / "out"
+    done = launch(tmp_path, tmp_path, out, env=env, request_at=[[0, 5], [0, 20]], die_at=[1, 2, "store"])
+    assert done.returncode != 0 and steps_logged(out, 0) == 21
+    settings = Settings(project=PROJECT, storage=object_storage.url, storage_options=object_storage.options)
+    engine = SnapshotEngine(settings, key=KEY.encode())
+    assert [m.collective["step"] for m in engine.manifests() if m.kind == "collective"] == [6]
+    assert engine.verify().ok
+    done = launch(tmp_path, tmp_path, out, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert steps_logged(out, 0) - 21 == EPOCHS * STEPS - 6
+    assert_same_run(out, baseline)
+
+
 def test_damaged_or_unsigned_shard_refused(tmp_path: Path, baseline: Path) -> None:
     store = tmp_path / "store"
     out = tmp_path / "out"
@@ -223,3 +257,29 @@ def test_a_notice_to_the_kernel_reaches_every_rank(start_kernel, store_url: str,
     engine = SnapshotEngine(Settings(project="proj", storage=store_url))
     [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
     assert (snapshot.collective["reason"], snapshot.collective["step"], snapshot.collective["world_size"]) == ("notice", 11, 2)
+
+
+def test_accelerate_notebook_launcher_ranks_resume_in_a_new_kernel(start_kernel, store_url: str, tmp_path: Path,
+                                                                     baseline: Path) -> None:
+    """A kernel's cell launches 2 CPU ranks with accelerate's notebook_launcher; they snapshot after step 6 and
+    stop. A new kernel on the same store runs the cell again: its ranks continue and end as an uninterrupted run."""
+    out = tmp_path / "out"
+    out.mkdir()
+    cfg = {"out": str(out), "nprocs": 2, "mode": "ddp", "epochs": EPOCHS, "request_at": [[0, 5]],
+           "stop_after_request": True}
+    setup = f"%load_ext spotwarp\nimport sys\nsys.path.insert(0, {str(PROGRAM.parent)!r})\nimport dcp_training"
+    cell = ("from accelerate import notebook_launcher\n"
+            "notebook_launcher(dcp_training.launched, args=({cfg!r},), num_processes=2, use_port={port!r})")
+    first = start_kernel("a", SPOTWARP_EVERY="1h")
+    first.run(setup)
+    assert "Launching training on 2 CPUs" in first.run(cell.format(cfg=cfg, port=str(free_port())))
+    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
+    assert (snapshot.collective["step"], snapshot.collective["world_size"]) == (6, 2)
+    assert steps_logged(out, 0) == 6 and not (out / "result-0.json").exists()
+
+    second = start_kernel("b", SPOTWARP_EVERY="1h")
+    second.run(setup)
+    second.run(cell.format(cfg={**cfg, "stop_after_request": False}, port=str(free_port())))
+    assert steps_logged(out, 0) == 6 + EPOCHS * STEPS - 6  # the second launch continued after step 6
+    assert_same_run(out, baseline)
