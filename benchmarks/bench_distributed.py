@@ -18,16 +18,14 @@ import os
 import shutil
 import socket
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
+import common  # noqa: E402, F401  (puts tests/support and the checkout on the import path)
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 
 def _timed(fn) -> float:

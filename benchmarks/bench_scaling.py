@@ -42,8 +42,6 @@ from pathlib import Path
 from typing import Callable
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
 from common import (  # noqa: E402

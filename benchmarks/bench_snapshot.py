@@ -24,8 +24,6 @@ import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE))
-sys.path.insert(0, str(HERE.parent))
 
 import workload  # noqa: E402
 from common import (  # noqa: E402
