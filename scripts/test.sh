@@ -17,8 +17,9 @@ apt_install() { say "installing $* (apt-get)"; apt-get update -qq >/dev/null && 
 node_ok() { command -v node >/dev/null && command -v npm >/dev/null \
     && [ "$(node -p 'process.versions.node.split(".")[0]')" -ge 20 ]; }
 
-python3 -c 'import sys; sys.exit(sys.version_info < (3, 10))' \
-    || die "Python >= 3.10 is needed (python3 is $(python3 --version 2>&1)): install it and re-run"
+# constraints.txt pins what the tests ran with; the newest of those needs Python 3.11.5 (soupsieve 4.1.3)
+python3 -c 'import sys; sys.exit(sys.version_info < (3, 11, 5))' \
+    || die "Python >= 3.11.5 is needed for the versions constraints.txt pins (python3 is $(python3 --version 2>&1)): install it and re-run"
 python3 -c 'import venv, ensurepip' 2>/dev/null \
     || { can_apt && apt_install python3-venv; } \
     || die "Python's venv module is missing: install python3-venv and re-run"
