@@ -93,8 +93,8 @@ def run(name: str, args: list[str]) -> int:
     table, figures = split_figures("".join(printed)) if with_json else ("".join(printed), None)
     commit = _git("rev-parse", "--short=12", "HEAD") or "unknown"
     record = {"benchmark": name, "command": shlex.join(["python", "-m", "benchmarks", name, *args]),
-              "commit": commit, "uncommitted_changes": bool(_git("status", "--porcelain", "--", "spotwarp_jupyter",
-                                                                  "benchmarks")),
+              "commit": commit, "uncommitted_changes": bool(_git("status", "--porcelain", "--", "spotwarp_jupyter", "benchmarks",
+                                                                  ":!benchmarks/results", ":!benchmarks/RESULTS.md")),
               "date": started.isoformat(timespec="seconds"),
               "seconds": round((dt.datetime.now(dt.timezone.utc) - started).total_seconds(), 1),
               "machine": facts, "figures": figures, "printed": table}
