@@ -131,13 +131,21 @@ def _read_block(fd: int, view: memoryview, offset: int, size: int) -> None:
         got += n
 
 
-def direct_read(path: Path, block: int = 64 << 20, inflight: int = 4) -> float | None:
-    """Seconds to read a file with O_DIRECT (no page cache), `inflight` blocks at a time; None where refused."""
+def _open_direct(path: Path) -> tuple[int, int] | None:
+    """`path` opened for O_DIRECT reads, and its size; None where the file system refuses O_DIRECT."""
     size = path.stat().st_size
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
+        return os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0)), size
     except OSError:
         return None
+
+
+def direct_read(path: Path, block: int = 64 << 20, inflight: int = 4) -> float | None:
+    """Seconds to read a file with O_DIRECT (no page cache), `inflight` blocks at a time; None where refused."""
+    opened = _open_direct(path)
+    if opened is None:
+        return None
+    fd, size = opened
     buffers = _aligned_buffers(inflight, block)
     offsets = list(range(0, size, block))
 
@@ -160,11 +168,10 @@ def direct_read_fresh(path: Path, block: int = 64 << 20, inflight: int = 4) -> f
     """`direct_read`, but into memory mapped for the whole file just before, as any loader gets for a new
     array: the kernel faults each page in as the read reaches it. What a restore of the same bytes into a
     fresh process cannot avoid; on a VM whose page population is slow, it is the real floor."""
-    size = path.stat().st_size
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    except OSError:
+    opened = _open_direct(path)
+    if opened is None:
         return None
+    fd, size = opened
     started = time.perf_counter()
     target = mmap.mmap(-1, max(size + _ALIGN - 1, 1) // _ALIGN * _ALIGN)
     view = memoryview(target)
@@ -192,11 +199,10 @@ def stream_read(path: Path, threads: int = 2, piece: int = PIECE) -> float | Non
     """Seconds to read a file with O_DIRECT, `threads` threads each streaming `piece`-byte requests into its
     own reused buffer, taking the next offset as soon as its last read is in (no barrier between requests):
     the read limit of this disk. None where O_DIRECT is refused."""
-    size = path.stat().st_size
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_DIRECT", 0))
-    except OSError:
+    opened = _open_direct(path)
+    if opened is None:
         return None
+    fd, size = opened
     buffers = _aligned_buffers(threads, piece)
     for buf in buffers:  # reused buffers: their pages are in before the clock starts, as a reference's are
         buf.write(bytes(piece))
