@@ -120,16 +120,16 @@ def main() -> None:
     def window(seconds: float, on: bool) -> tuple[float, float]:
         """Steps per second and CPU seconds per step over one window; `on`: the session snapshots at the steps."""
         nonlocal on_clock
-        safepoints.set_handler(session.at_safe_point if on else None)
+        safepoints.set_handler(session.automatic.at_safe_point if on else None)
         if on:
-            session.meter.new_cell()  # the off window's time is no step
+            session.automatic.meter.new_cell()  # the off window's time is no step
         steps, started, cpu = 0, time.perf_counter(), cpu_seconds()
         last, near_steps, near_s = started, 0, 0.0
         seen_start, seen_last = session.last_started_at, session.last
         # an on window goes on stepping while a writer runs and over the steps after it that the session charges
         # it: the steps it slows are the ones it costs
         while time.perf_counter() - started < seconds or (on and (session.in_flight is not None
-                                                                  or session.meter.measuring)):
+                                                                  or session.automatic.meter.measuring)):
             loss = model(batch).square().mean()
             opt.zero_grad()
             loss.backward()
@@ -138,7 +138,7 @@ def main() -> None:
             safepoints.reached("step")
             if on:
                 dt, last = time.perf_counter() - last, time.perf_counter()
-                if session.meter.measuring:
+                if session.automatic.meter.measuring:
                     near_steps, near_s = near_steps + 1, near_s + dt
                 now = on_clock + time.perf_counter() - started
                 if session.last_started_at != seen_start:
@@ -183,13 +183,14 @@ def main() -> None:
     intervals = [b - a for a, b in zip(starts, starts[1:])]
     spans = [c - s for s, c in zip(starts, commits[1:])]  # a loss just before commit k+1 redoes from start k
     redo = max([commits[0] if commits else float("inf"), *spans])
-    cadence = session.cadence().as_dict()
-    windows = window_log(on, off, on_spans, near, list(session.meter.log))
+    cadence = session.automatic.cadence().as_dict()
+    windows = window_log(on, off, on_spans, near, list(session.automatic.meter.log))
     figures = {"state_bytes": state, "slowdown": median(slowdowns), "slowdowns": slowdowns, "slowdown_pooled": pooled,
                "slowdown_steady": steady,
                "cpu_per_step_added": median(cpu_added), "first_commit_s": commits[0] if commits else None,
                "snapshots": len(starts), "intervals_s": intervals, "redo_window_observed_s": redo,
-               "cadence": cadence, "costs_s": list(session.meter.costs), "writes_s": list(session.meter.writes), "writers": writers,
+               "cadence": cadence, "costs_s": list(session.automatic.meter.costs),
+               "writes_s": list(session.automatic.meter.writes), "writers": writers,
                "windows": windows,
                "steps_per_s_off": median([o[0] for o in off])}
     rows = [
@@ -216,8 +217,8 @@ def main() -> None:
         ("training a loss could have redone (largest, observed)", f"{redo:.1f} s", "<= 60 s",
          "ok" if redo <= 60 else "MISSED"),
         ("what each snapshot cost the loop (measured by the session)",
-         ", ".join(f"{x:.2f}" for x in session.meter.costs) + " s; written in "
-         + ", ".join(f"{x:.1f}" for x in session.meter.writes) + " s; writers " + ", ".join(writers), "", ""),
+         ", ".join(f"{x:.2f}" for x in session.automatic.meter.costs) + " s; written in "
+         + ", ".join(f"{x:.1f}" for x in session.automatic.meter.writes) + " s; writers " + ", ".join(writers), "", ""),
         ("the status's cadence", cadence["text"], "", ""),
     ]
     print()

@@ -270,7 +270,7 @@ def main() -> None:
                 run_cell(i, session)
                 if session is not None:
                     before = session.last_started_at
-                    session.at_safe_point("cell", [])
+                    session.automatic.at_safe_point("cell", [])
                     started_snapshots += session.last_started_at != before
                 lat.append(time.perf_counter() - started)
                 i += 1
@@ -280,7 +280,7 @@ def main() -> None:
 
         off, _ = run_cells(None)
         auto = session_for(ns, store, every=1.0, tracked=True)
-        auto.started_at = 0.0  # due at the first cell
+        auto.automatic.started_at = 0.0  # due at the first cell
         on, taken = run_cells(auto, min_snapshots=4)
         figures["cell_median_added_ms"] = (median(on) - median(off)) * 1000
         figures["cell_max_ms"] = max(on) * 1000
@@ -314,7 +314,7 @@ def main() -> None:
 
         def once(where: str, reasons: list[str]) -> None:
             if session.last_started_at == first:
-                session.at_safe_point(where, reasons)
+                session.automatic.at_safe_point(where, reasons)
 
         safepoints.set_handler(once if session else None)
         steps, started, cpu = 0, time.perf_counter(), cpu_seconds()

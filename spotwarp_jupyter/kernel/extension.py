@@ -28,7 +28,7 @@ def load_ipython_extension(ipython) -> None:
     _loaded[id(ipython)] = magics
     register_state_providers(session_module.STATE_PROVIDERS)  # RNG states and resumable positions
     banner_tip.install()  # a kernel_info (a tab connecting) draws nothing from the notebook's `random`
-    safepoints.set_handler(magics.session.at_safe_point)
+    safepoints.set_handler(magics.session.automatic.at_safe_point)
     access_hook.install(ipython, magics.session.access)  # which variables each cell can touch
     magics.session.arrivals.transform = ipython.transform_cell
     if _in_a_cell(ipython):  # this cell's pre_run_cell ran before the hook was there
@@ -126,7 +126,7 @@ def _post_run_cell(result) -> None:
     session.arrivals.running_cell = None
     session.cell_ended()
     access_hook.cell_finished(session.access, lambda: safepoints.reached("cell"))
-    _schedule_idle_safe_point(session.idle_snapshot_in())
+    _schedule_idle_safe_point(session.automatic.idle_snapshot_in())
 
 
 def _schedule_idle_safe_point(delay: float | None) -> None:

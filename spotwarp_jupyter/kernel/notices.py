@@ -36,6 +36,7 @@ from ..protocol import (
 )
 from ..training.collective import NOTICE_FILE_ENV
 from . import session as session_module
+from .automatic import AutomaticSnapshots
 
 log = logging.getLogger("spotwarp")
 
@@ -53,9 +54,9 @@ def _on_notice(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> No
         kernel.session.send(stream, NOTICE_REPLY, answer.to_message(), msg, idents)
         return
     if notice.fatal:
-        _hold_at_safe_point(session, PREEMPTION, notice.deadline or requested_at + 30)
+        _hold_at_safe_point(session.automatic, PREEMPTION, notice.deadline or requested_at + 30)
     # the next snapshot names the request's id: the server finds exactly the snapshot it asked for
-    session.answer_with_next_snapshot(notice.request_id)
+    session.automatic.answer_with_next_snapshot(notice.request_id)
     answer = NoticeAnswer(notice.request_id, True, requested_at, session.notebook, session.in_flight is not None)
     safepoints.request(notice.reason)
     _relay_to_ranks(notice.request_id)
@@ -108,7 +109,7 @@ def _on_rename(kernel: Any, stream: Any, idents: Any, msg: dict[str, Any]) -> No
     kernel.session.send(stream, RENAME_REPLY, answer, msg, idents)
 
 
-def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
+def _hold_at_safe_point(automatic: AutomaticSnapshots, reason: str, deadline: float) -> None:
     """At the next safe point, wait there until the notice's snapshot is committed (or the deadline passes).
 
     The host is going away: steps taken after the snapshot's moment would be lost anyway, and a paused
@@ -117,21 +118,21 @@ def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
     """
     def start(where: str, reasons: list[str]) -> bool:
         """Start the snapshot; False when it was deferred behind one already in flight."""
-        busy = session.in_flight is not None
-        session.at_safe_point(where, reasons, urgent=True)  # its writer keeps the kernel's priority
+        busy = automatic.in_flight is not None
+        automatic.at_safe_point(where, reasons, urgent=True)  # its writer keeps the kernel's priority
         return not busy
 
     def at_safe_point(where: str, reasons: list[str]) -> None:
         if reason not in reasons:
-            session.at_safe_point(where, reasons)
+            automatic.at_safe_point(where, reasons)
             return
-        safepoints.set_handler(session.at_safe_point)  # one safe point only
+        safepoints.set_handler(automatic.at_safe_point)  # one safe point only
         if where == "step":
-            _abandon_in_flight(session, deadline)
+            _abandon_in_flight(automatic, deadline)
         started = start(where, reasons)
         while time.time() < deadline:
-            _lift_priority(session)
-            if not session.wait_in_flight(timeout=max(0.0, deadline - time.time())) or started:
+            _lift_priority(automatic)
+            if not automatic.wait_in_flight(timeout=max(0.0, deadline - time.time())) or started:
                 return
             # ours was deferred: the writer's reaper hands it back as a request just after it finishes
             again: list[str] = []
@@ -149,20 +150,20 @@ def _hold_at_safe_point(session: Any, reason: str, deadline: float) -> None:
     safepoints.set_handler(at_safe_point)
 
 
-def _abandon_in_flight(session: Any, deadline: float) -> None:
+def _abandon_in_flight(automatic: AutomaticSnapshots, deadline: float) -> None:
     """Mid-training, a snapshot still being written holds state older than this step: every step since has
     changed what it is writing, so the notice's snapshot writes it all again anyway. Stop it (the snapshot
     before it stays the newest committed) rather than wait for it first."""
-    job = session.in_flight
+    job = automatic.in_flight
     if job is None or job.pid is None:
         return
     job.kill()
-    session.wait_in_flight(timeout=max(0.0, min(5.0, deadline - time.time())))
+    automatic.wait_in_flight(timeout=max(0.0, min(5.0, deadline - time.time())))
 
 
-def _lift_priority(session: Any) -> None:
+def _lift_priority(automatic: AutomaticSnapshots) -> None:
     """The writer runs below the kernel's priority so training keeps the CPU; on a notice it should not."""
-    job = session.in_flight
+    job = automatic.in_flight
     if job is None or job.pid is None:  # none, or a writer thread of this very process
         return
     try:

@@ -1,10 +1,8 @@
 """The SpotWarp state of one kernel: settings, policy, the engine, and what the last snapshot did.
 
-Magics, the Python API, the widget and the server's requests all go through one KernelSession. It also
-decides when an automatic snapshot is due at a safe point and takes it in the background: a forked writer
-(engine.writers) so the kernel pauses only for the fork; where fork is unavailable it is taken synchronously,
-and where little is left to serialize a writer thread is used instead. Requests arriving while one is in
-flight are taken at the next safe point. What a snapshot reuses is increments.py's part.
+Magics, the Python API, the widget and the server's requests all go through one KernelSession: it takes and
+restores snapshots, and captures the state a background writer commits. When an automatic snapshot is due, and
+the one in flight, is its AutomaticSnapshots' part (automatic.py); what a snapshot reuses is increments.py's.
 """
 
 from __future__ import annotations
@@ -16,31 +14,23 @@ import time
 from types import ModuleType
 from typing import Any, Callable, Mapping
 
-from .. import safepoints
 from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWarpError
 from ..engine.files import Cut
-from ..engine.incremental import ReusePlan, StaleBaseline
+from ..engine.incremental import StaleBaseline
 from ..engine.manifests import package_versions
 from ..engine.variables import LoadResult
-from ..engine.writers import (
-    BackgroundSnapshot,
-    cuda_in_use,
-    fork_unavailable_reason,
-    start_background,
-    start_in_thread,
-    start_staged,
-)
+from ..engine.writers import BackgroundSnapshot
 from ..service.records import KernelStatus, RestoreProgress, SnapshotSummary
 from ..service.wire import kernel_status_json
 from ..training.resumable import positions as resumable_positions
 from .arrivals import Arrivals
+from .automatic import AutomaticSnapshots, BackgroundCapture
 from .busy import cell_ended as busy_cell_ended
 from .busy import cell_started as busy_cell_started
-from .busy import still_busy
 from .increments import Increments
 from .notebooks import describe_notebooks, notebook_name
 from .outputs import CellOutputs
-from .policy import FIRST_STEP_S, Cadence, LoopMeter, Policy
+from .policy import Policy
 from .retention import Pruner
 
 # name -> (capture() -> picklable state, restore(state) -> None); filled by deep-learning modules
@@ -94,14 +84,14 @@ class KernelSession:
         self.last_pause_s: float | None = None
         self.restored_at: float | None = None
         self.resumed: dict[str, Any] | None = None  # restored by the server on a new host (kernel/resume.py)
-        self._init_automatic()
+        self.automatic = AutomaticSnapshots(self)  # when one is due at a safe point, and the one in flight
         self._engine: SnapshotEngine | None = None
         self.pruner = Pruner()  # --keep, off the user's cell
         self.increments = Increments()
         self.access = self.increments.access  # fed each cell's code by the extension (kernel/extension.py)
         # package versions are recorded with each snapshot; learn them once, off the main thread
         threading.Thread(target=package_versions, name="spotwarp-env", daemon=True).start()
-        self._lock = threading.RLock()
+        self.lock = threading.RLock()  # held while a snapshot is captured or a restore binds its variables
         self.run_id = secrets.token_hex(6)  # this kernel's run: its records' `state_at` compare with each other
 
     @property
@@ -208,12 +198,12 @@ class KernelSession:
         carried, self.carried_outputs = self.carried_outputs, None
         self.outputs.start(request_id, carried[1] if carried is not None and carried[0] == cell_id else None)
         self.running = (cell_id, source)
-        self._new_cell()
+        self.automatic.new_cell()
         busy_cell_started()
 
     def cell_ended(self) -> None:
         self.running = None
-        self._new_cell()
+        self.automatic.new_cell()
         busy_cell_ended()
 
     def capture_options(self) -> CaptureOptions:
@@ -235,7 +225,7 @@ class KernelSession:
         self.settle_key()
         self.wait_in_flight()
         self.arrivals.finish()
-        with self._lock:
+        with self.lock:
             started = time.perf_counter()
             self.last_started_at = time.time()  # the instant of the state this snapshot holds
             options = self.capture_options()
@@ -252,11 +242,13 @@ class KernelSession:
                 raise
             self.last_pause_s = time.perf_counter() - started
             manifest.stats.setdefault("pause_s", round(self.last_pause_s, 4))
-            self.increments.remember(manifest, self.name_in(manifest))
-            self._committed(manifest)
+            self.committed(manifest)
             return manifest
 
-    def _committed(self, manifest: Manifest) -> None:
+    def committed(self, manifest: Manifest) -> None:
+        """A snapshot of this kernel was committed: the baseline of the next one, the last one status shows,
+        and with `--keep` a gc pass."""
+        self.increments.remember(manifest, self.name_in(manifest))
         self.last = manifest
         self.last_error = None
         self.last_snapshot_at = time.time()
@@ -273,7 +265,7 @@ class KernelSession:
         Small variables are bound before this returns; large ones arrive behind them (see arrivals.py),
         unless `wait`, or the rest of the cell running the restore may use them.
         """
-        with self._lock:
+        with self.lock:
             self.arrivals.finish()
             listing = self.engine.manifests()  # one LIST of the store for the whole restore
             notebook = self.notebook
@@ -405,10 +397,10 @@ class KernelSession:
             project=self.settings.project, storage=self.settings.storage, notebook=self.notebook,
             policy=self.policy.as_dict(), policy_text=self.policy.describe(),
             last_snapshot=None if self.last is None else SnapshotSummary.of(self.last),
-            in_flight=self.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
+            in_flight=self.automatic.in_flight is not None, last_pause_s=self.last_pause_s, skipped=self.skipped(),
             changed=self.changed(), last_error=self.last_error, restore=restore,
             imports=self._saved_imports(), resumed=self.resumed,
-            cadence=self.cadence().as_dict() if self.policy.enabled else None,
+            cadence=self.automatic.cadence().as_dict() if self.policy.enabled else None,
             trust=self.key_line,
         )
 
@@ -422,49 +414,27 @@ class KernelSession:
         """What `%spotwarp status`, the widget and the server's status request show (service/wire.py's JSON)."""
         return kernel_status_json(self.status_record())
 
-    # -- automatic snapshots: when one is due at a safe point, and taking it in the background ----------
-    def _init_automatic(self) -> None:
-        self.in_flight = None
-        self._flight_done = threading.Event()
-        self._flight_done.set()
-        self._deferred: list[str] = []
-        self._requests: list[str] = []  # ids of requests (notices) the next automatic snapshot answers
-        self._flight_requests: list[str] = []  # those the snapshot in flight answers
-        self._first_cell = True  # the session is protected at the end of its first cell, not `every` later
-        self.started_at = time.time()
-        self.cell_ended_at: float | None = None  # the last cell's end (its state is stored by a snapshot started since)
-        self.meter = LoopMeter()  # what snapshots at steps cost the loop: the cadence adapts to it
-        self.loop_started_at: float | None = None  # the first step's safe point in the running cell
-        self.last_full = True  # the last snapshot started in the background wrote every variable (no plan reused)
-        self._cadence: tuple[tuple, Cadence] | None = None
+    # -- snapshots in the background: captured here, started when due by AutomaticSnapshots (automatic.py) -------
+    @property
+    def in_flight(self) -> BackgroundSnapshot | None:
+        """The background snapshot being written now, if any."""
+        return self.automatic.in_flight
 
-    def _new_cell(self) -> None:
-        self.meter.new_cell()
-        self.loop_started_at = None
-
-    def cadence(self) -> Cadence:
-        """How often snapshots are taken at a loop's steps now, from the policy and their measured cost
-        (computed again only when a snapshot was measured or the policy changed: due() asks at every step)."""
-        key = (self.meter.measured, self.policy.max_redo_s, self.policy.every_s)
-        if self._cadence is None or self._cadence[0] != key:
-            self._cadence = (key, self.meter.cadence(self.policy.max_redo_s, self.policy.every_s))
-        return self._cadence[1]
+    def wait_in_flight(self, timeout: float | None = None) -> bool:
+        """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
+        return self.automatic.wait_in_flight(timeout)
 
     def snapshot_in_background(self, message: str | None = None, requests: list[str] | None = None,
                                urgent: bool = False, in_loop: bool = False) -> BackgroundSnapshot | Manifest | None:
-        """Start a snapshot the kernel does not wait for; None if one is already in flight.
+        """Start a snapshot the kernel does not wait for; None if one is already in flight (AutomaticSnapshots's
+        snapshot_in_background says how it is written)."""
+        return self.automatic.snapshot_in_background(message, requests, urgent, in_loop)
 
-        Falls back to a synchronous snapshot where fork is unavailable. `urgent` (a preemption notice's
-        snapshot, the kernel held until it commits): the writer keeps the kernel's CPU priority.
-        `in_loop` (taken at a loop's step): what changed is copied and written from a thread (engine/writers/staged.py)
-        when that is cheap to serialize, since the next step would rewrite it under a forked writer.
-        """
-        self.settle_key()
-        if fork_unavailable_reason():
-            return self.snapshot(message, requests, at="step" if in_loop else "call")
-        with self._lock:
-            if self.in_flight is not None:
-                return None
+    def background_capture(self, message: str | None, requests: list[str] | None, urgent: bool,
+                           in_loop: bool) -> BackgroundCapture:
+        """This instant's state for a writer that commits it in the background: its annotations, workspace cut
+        (`urgent`, a notice's: only when its files are quick to store) and reuse plan, and the writer's commit."""
+        with self.lock:
             engine, notebook = self.engine, self.notebook
             started = time.perf_counter()
             annotations = self.annotations("step" if in_loop else "call")
@@ -473,155 +443,17 @@ class KernelSession:
                 # a notice's window is short: the server's final project snapshot, right after, holds the files
                 cut = None
             self.last_started_at = time.time()
-            self._flight_done.clear()
             options = self.capture_options()
             plan, stats = self.increments.plan(self.namespace, options, full=False)
-            self.last_full = plan is None
 
             def commit(image, on_written):
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
                                            annotations=annotations, cut=cut)
 
-            start = self._writer_for(plan, options, in_loop and not urgent)
-            self._flight_requests = list(requests or [])
-            try:
-                self.in_flight = start(commit, self.namespace, self.hidden, options,
-                                       self.extras, on_done=self._background_done, reuse=plan, urgent=urgent)
-            except BaseException:
-                self._flight_done.set()
-                raise
-            self.last_pause_s = self.in_flight.pause_s
-            return self.in_flight
-
-    def _writer_for(self, plan: ReusePlan | None, options: CaptureOptions, in_loop: bool):
-        """How to take this snapshot: a writer thread, a staged copy (in a loop), or a forked writer."""
-        left = self.increments.left_to_serialize(self.namespace, self.hidden, plan, options)
-        if self.increments.little_left(left, plan):
-            return start_in_thread
-        if in_loop and not cuda_in_use() and self.increments.quick_to_serialize(left):
-            return start_staged
-        return start_background
-
-    def _background_done(self, job: BackgroundSnapshot) -> None:
-        """Runs in the reaper thread once the child has exited."""
-        self.meter.written(time.perf_counter())
-        try:
-            result = job.result
-            if result is not None and result.ok and result.snapshot_id:
-                manifest = self.engine.get(result.snapshot_id)
-                manifest.stats["pause_s"] = round(job.pause_s, 4)
-                manifest.stats["writer"] = job.writer
-                self.increments.remember(manifest, self.name_in(manifest))
-                self._committed(manifest)
-            else:
-                # its requests (a notice, a server's request) are answered by the next snapshot instead
-                self._requests[:0] = self._flight_requests
-                self.last_error = (result.error if result else None) or "background snapshot failed"
-                if self.last_error.startswith(StaleBaseline.__name__):
-                    self.increments.baseline = None
-        except Exception as exc:  # noqa: BLE001 - a reaper thread must not die silently
-            self.last_error = f"{type(exc).__name__}: {exc}"
-        finally:
-            self.in_flight = None
-            deferred, self._deferred = self._deferred, []
-            self._flight_done.set()
-            for reason in deferred:
-                safepoints.request(reason)
-
-    def wait_in_flight(self, timeout: float | None = None) -> bool:
-        """Wait until no background snapshot is running (its bookkeeping done); False on timeout."""
-        return self._flight_done.wait(timeout)
-
-    def due(self, reasons: list[str], cell_end: bool = False, step: bool = False) -> bool:
-        """Whether a snapshot should be taken now: asked for, or the policy's interval has passed.
-
-        At a loop's `step` with no fixed `--every`: FIRST_STEP_S after the loop's first step when nothing was
-        snapshotted since, then at the interval the cadence adapts to the measured cost of the last ones."""
-        if reasons:
-            return True
-        if not self.policy.enabled:
-            return False
-        never = self.last_snapshot_at is None and self.last_started_at is None and self.last_restore is None
-        if never and not self.holds_state():
-            return False  # an empty session never becomes a notebook's newest snapshot over real state
-        if cell_end and self._first_cell:
-            self._first_cell = False
-            if never and not self._first_cell_waits():
-                return True
-        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
-        now = time.time()
-        if step and self.policy.every_s is None:
-            loop_start = self.loop_started_at or now
-            # a snapshot started before the loop holds the state from before it, even when it commits after
-            if (self.last_started_at or 0.0) < loop_start:
-                return now - loop_start >= FIRST_STEP_S
-            return now - last >= self.cadence().interval_s
-        return now - last >= self.policy.cell_every_s
-
-    def idle_snapshot_in(self) -> float | None:
-        """Seconds until the automatic snapshot the last cell's end did not take (its interval had not passed)
-        is due, or None when none waits. An idle kernel reaches no safe point, so the extension runs one then
-        (kernel/extension.py): the interval holds between cells too, not only at the next cell's end."""
-        ended = self.cell_ended_at
-        if ended is None or not (self.policy.enabled and self.policy.after_cell):
-            return None
-        if (self.last_started_at or 0.0) >= ended:
-            return None  # a snapshot started at the cell's end, or since, holds what the cell left
-        last = max(self.last_snapshot_at or 0.0, self.last_started_at or 0.0, self.restored_at or 0.0) or self.started_at
-        return max(0.0, last + self.policy.cell_every_s - time.time())
+            return BackgroundCapture(commit, plan, options)
 
     def holds_state(self) -> bool:
         """Whether the kernel holds anything a snapshot would save as a variable (not only imported modules)."""
         return any(not name.startswith("_") and name not in self.hidden and not isinstance(value, ModuleType)
                    for name, value in list(self.namespace.items()))
-
-    def _first_cell_waits(self) -> bool:
-        """Whether the first cell must not snapshot: this kernel restored one (its state is already stored),
-        or its notebook has one this kernel has not restored (an empty session must not become its newest
-        at once: the widget offers it, and the interval gives time to restore)."""
-        if self.last_restore is not None:
-            return True
-        try:
-            return bool(self.own_manifests())
-        except Exception:  # noqa: BLE001 - unreachable storage: the snapshot attempt reports it
-            return False
-
-    def at_safe_point(self, where: str, reasons: list[str], urgent: bool = False) -> None:
-        """Run at every safe point (a resumable step, the end of a cell): start a snapshot when due.
-
-        `urgent`: the caller holds the kernel here until the snapshot commits (snapshot_in_background).
-        """
-        step_at = 0.0
-        if where == "cell":
-            self.cell_ended_at = time.time()
-        elif where == "step":
-            step_at = time.perf_counter()
-            self.meter.step(step_at, writing=self.in_flight is not None)
-            if self.loop_started_at is None:
-                self.loop_started_at = time.time()
-            still_busy()  # a tab connecting while the loop runs shows the kernel busy
-        if where in ("cell", "idle") and not reasons and not self.policy.after_cell:
-            return
-        if not self.due(reasons, cell_end=where == "cell", step=where == "step"):
-            return
-        if self.arrivals.load is not None:
-            if not reasons:
-                return  # the state being restored is stored already: the timer waits for the restore to end
-            self.arrivals.finish()  # asked for (a preemption notice): the snapshot must hold every variable
-        if self.in_flight is not None:
-            self._deferred.extend(reasons)  # taken at the first safe point after the one in flight
-            return
-        message = ("requested: " + ", ".join(sorted(set(reasons)))) if reasons else None
-        requests, self._requests = self._requests, []
-        try:
-            job = self.snapshot_in_background(message, requests, urgent=urgent, in_loop=where == "step")
-            if job is not None and where == "step":
-                self.meter.started(step_at, self.last_pause_s or 0.0, full=self.last_full)
-        except Exception as exc:  # noqa: BLE001 - automatic snapshots never break the user's cell
-            self.last_error = f"{type(exc).__name__}: {exc}"
-            self._requests[:0] = requests  # the next one answers them
-
-    def answer_with_next_snapshot(self, request_id: str) -> None:
-        """Name `request_id` in the next snapshot started at a safe point (how a notice finds its snapshot)."""
-        self._requests.append(request_id)

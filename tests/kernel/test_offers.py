@@ -88,7 +88,7 @@ def test_a_restored_kernel_keeps_its_policy_and_is_protected_at_once(start_kerne
                                              "exclude": ["junk"], "max_var_size": 8 * 10**9, "keep": None,
                                              "resume": False, "max_redo_s": 90.0}
     assert b.value("protection(s.status())") == [True, f"protected: restored from {_engine(store_url).manifests()[0].id}"]
-    assert b.value("s.due([])") is False  # the restored state is stored: the next snapshot is an interval away
+    assert b.value("s.automatic.due([])") is False  # the restored state is stored: the next snapshot is an interval away
 
 
 def test_a_fresh_kernel_says_a_newer_snapshot_of_its_notebook_exists_in_its_status(start_kernel, store_url):
