@@ -214,7 +214,7 @@ def test_a_notices_writer_is_never_set_below_the_kernels_priority(start_kernel, 
           "        time.sleep(0.001)\n"
           "s.snapshot()")
     out = k.run("x += 1\nthreading.Thread(target=watch, daemon=True).start()\n"
-                "notices._hold_at_safe_point(s, 'preemption', time.time() + 120)\n"
+                "notices._hold_at_safe_point(s.automatic, 'preemption', time.time() + 120)\n"
                 "safepoints.request('preemption')\nsafepoints.reached('step')  # a training step's safe point\n"
                 "os.setpriority = real_setpriority\n"
                 "print(s.last.message, s.last_error)\nprint(json.dumps([seen, calls]))")

@@ -190,7 +190,7 @@ def test_a_notice_mid_training_stops_the_snapshot_in_flight_and_takes_its_own_at
           "from spotwarp_jupyter.kernel import notices\nw = np.zeros(1_000_000)\n")
     out = k.run("old = _cur().snapshot_in_background()\n"
                 "os.kill(old.pid, signal.SIGSTOP)  # a writer that would take long\n"
-                "notices._hold_at_safe_point(_cur(), 'preemption test', time.time() + 30)\n"
+                "notices._hold_at_safe_point(_cur().automatic, 'preemption test', time.time() + 30)\n"
                 "safepoints.request('preemption test')\n"
                 "w += 1\n"
                 "safepoints.reached('step')  # the training loop's next step\n"
