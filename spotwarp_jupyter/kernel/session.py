@@ -2,7 +2,7 @@
 
 Magics, the Python API, the widget and the server's requests all go through one KernelSession: it takes and
 restores snapshots, and captures the state a background writer commits. When an automatic snapshot is due, and
-the one in flight, is its AutomaticSnapshots' part (automatic.py); what a snapshot reuses is increments.py's.
+the one in flight, are its AutomaticSnapshots' part (automatic.py); what a snapshot reuses is increments.py's.
 """
 
 from __future__ import annotations
