@@ -338,29 +338,30 @@ def main() -> None:
                         "    loss.backward()\n    opt.step()\n    sched.step()")
     # Interleaved windows of one snapshot interval each, off then on: a machine whose load changes over
     # minutes slows both arms of a pair alike, where one long run of each would compare different loads.
-    off, on = [], []
-    for _pair in range(args.train_pairs):
-        off.append(train(args.every, None))
-        trained.last_started_at = time.time() - args.every  # due at the window's first step: one per interval
-        on.append(train(args.every, trained))
-    off.append(train(args.every, None))  # each on-window sits between two off-windows
-    slowdowns = [1 - o[0] / ((a[0] + b[0]) / 2) for o, a, b in zip(on, off, off[1:])]
-    # CPU per step counts the work snapshots add (the writer, copy-on-write faults) whatever else loads the
-    # machine; the wall-clock slowdown also carries the load's swings between windows
-    cpu_costs = [o[1] / ((a[1] + b[1]) / 2) - 1 for o, a, b in zip(on, off, off[1:])]
-    figures["train_slowdown"] = median(slowdowns)
-    figures["train_slowdowns"] = slowdowns
-    figures["train_cpu_per_step_added"] = median(cpu_costs)
-    figures["train_cpu_per_step_s"] = median([o[1] for o in off])
-    rows.append((f"training throughput, snapshots every {args.every:.0f} s",
-                 f"{figures['train_slowdown'] * 100:+.1f}% slower (median of {len(slowdowns)} interleaved pairs: "
-                 + ", ".join(f"{x * 100:+.1f}%" for x in slowdowns)
-                 + f"; {median([o[0] for o in off]):.2f} -> {median([o[0] for o in on]):.2f} steps/s)",
-                 "within 2%", "ok" if figures["train_slowdown"] <= 0.02 else "MISSED"))
-    rows.append(("training CPU per step added by snapshots (writer included)",
-                 f"{figures['train_cpu_per_step_added'] * 100:+.1f}% ("
-                 + ", ".join(f"{x * 100:+.1f}%" for x in cpu_costs)
-                 + f"; {figures['train_cpu_per_step_s']:.2f} s of CPU per step without)", "", ""))
+    if args.train_pairs > 0:  # --train-pairs 0: no throughput windows
+        off, on = [], []
+        for _pair in range(args.train_pairs):
+            off.append(train(args.every, None))
+            trained.last_started_at = time.time() - args.every  # due at the window's first step: one per interval
+            on.append(train(args.every, trained))
+        off.append(train(args.every, None))  # each on-window sits between two off-windows
+        slowdowns = [1 - o[0] / ((a[0] + b[0]) / 2) for o, a, b in zip(on, off, off[1:])]
+        # CPU per step counts the work snapshots add (the writer, copy-on-write faults) whatever else loads the
+        # machine; the wall-clock slowdown also carries the load's swings between windows
+        cpu_costs = [o[1] / ((a[1] + b[1]) / 2) - 1 for o, a, b in zip(on, off, off[1:])]
+        figures["train_slowdown"] = median(slowdowns)
+        figures["train_slowdowns"] = slowdowns
+        figures["train_cpu_per_step_added"] = median(cpu_costs)
+        figures["train_cpu_per_step_s"] = median([o[1] for o in off])
+        rows.append((f"training throughput, snapshots every {args.every:.0f} s",
+                     f"{figures['train_slowdown'] * 100:+.1f}% slower (median of {len(slowdowns)} interleaved pairs: "
+                     + ", ".join(f"{x * 100:+.1f}%" for x in slowdowns)
+                     + f"; {median([o[0] for o in off]):.2f} -> {median([o[0] for o in on]):.2f} steps/s)",
+                     "within 2%", "ok" if figures["train_slowdown"] <= 0.02 else "MISSED"))
+        rows.append(("training CPU per step added by snapshots (writer included)",
+                     f"{figures['train_cpu_per_step_added'] * 100:+.1f}% ("
+                     + ", ".join(f"{x * 100:+.1f}%" for x in cpu_costs)
+                     + f"; {figures['train_cpu_per_step_s']:.2f} s of CPU per step without)", "", ""))
 
     # -- training time lost per snapshot, staged (the loop's writer) against forked --------------------
     # Each snapshot's cost directly: the steps run from its start (its pause included) until its writer is
