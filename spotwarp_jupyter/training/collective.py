@@ -499,7 +499,11 @@ def _remove_staged(stage: str, rank: int) -> None:
     if rank == 0:
         shutil.rmtree(stage, ignore_errors=True)
         return
-    for entry in list(os.scandir(stage)) if os.path.isdir(stage) else []:
+    try:  # rank 0 may have removed the whole folder already
+        entries = list(os.scandir(stage))
+    except FileNotFoundError:
+        return
+    for entry in entries:
         if entry.name.startswith(f"__{rank}_"):
             try:
                 os.unlink(entry.path)
