@@ -305,19 +305,20 @@ class SnapshotEngine:
         """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
 
         The newest may be a project snapshot naming the very same kernel record (the server's periodic
-        backups copy it). An image already serialized against an older base (staged before a fork) keeps
-        it if every object it reuses is still stored.
+        backups copy it). A stale plan not taken over yet is dropped (every variable is serialized); an image
+        that took it over already (serialized before a fork, or staged) keeps it if every object it reuses
+        is still stored.
         """
         if image.reuse is None:
             return None
         newest = previous[0] if previous else None
         if newest is not None and (newest.id == image.reuse.base_id
-                                   or (newest.kernels.get(notebook) or {}).get("groups") == image.reuse.groups):
+                                   or (newest.kernels.get(notebook) or {}).get("groups")
+                                   == [g.to_dict() for g in image.reuse.groups]):
             return None
-        if not image.reuse_applied:
-            base, image.reuse = image.reuse.base_id, None
-            return f"snapshot {base} is not this notebook's newest state any more"
-        refs = {ref["id"] for g in image.reused for ref in [g["pickle"], *(c for b in g["buffers"] for c in b["chunks"])]}
+        if image.takeover is None:
+            return f"snapshot {image.drop_reuse()} is not this notebook's newest state any more"
+        refs = set(image.takeover.objects())
         if refs - self.store.present(refs):
             raise StaleBaseline(f"snapshot {image.reuse.base_id} is no longer this notebook's newest and some of its "
                                 "objects are gone: the next snapshot will be a full one")

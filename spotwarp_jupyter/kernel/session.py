@@ -21,9 +21,10 @@ from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWar
 from ..engine.files import Cut
 from ..engine.incremental import ReusePlan, StaleBaseline
 from ..engine.manifests import package_versions
-from ..engine.variables import LoadResult
+from ..engine.variables import KernelImage, LoadResult, OnWritten
 from ..engine.writers import (
     BackgroundSnapshot,
+    Commit,
     cuda_in_use,
     fork_unavailable_reason,
     start_background,
@@ -478,15 +479,16 @@ class KernelSession:
             plan, stats = self.increments.plan(self.namespace, options, full=False)
             self.last_full = plan is None
 
-            def commit(image, on_written):
+            def commit(image: KernelImage, on_written: OnWritten | None) -> Manifest:
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
                                            annotations=annotations, cut=cut)
 
             start = self._writer_for(plan, options, in_loop and not urgent)
+            writes: Commit = commit
             self._flight_requests = list(requests or [])
             try:
-                self.in_flight = start(commit, self.namespace, self.hidden, options,
+                self.in_flight = start(writes, self.namespace, self.hidden, options,
                                        self.extras, on_done=self._background_done, reuse=plan, urgent=urgent)
             except BaseException:
                 self._flight_done.set()
