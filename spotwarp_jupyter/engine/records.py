@@ -10,17 +10,27 @@ shape and `to_dict` gives it back unchanged, keys it does not know included: a r
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any, Iterable, Mapping
 
 from .errors import ManifestError
+
+_NONE: Mapping[str, Any] = MappingProxyType({})
 
 
 class MalformedRecord(ManifestError):
     """A stored group record lacks a field it needs, or holds one of the wrong kind."""
 
 
-def _extra(doc: Mapping[str, Any], known: tuple[str, ...]) -> dict[str, Any]:
-    return {k: v for k, v in doc.items() if k not in known}
+def _extra(doc: Mapping[str, Any], known: frozenset[str]) -> Mapping[str, Any]:
+    """The keys of `doc` a record does not know, kept to be written back as they are (usually none)."""
+    return _NONE if doc.keys() <= known else {k: v for k, v in doc.items() if k not in known}
+
+
+_REF_KEYS = frozenset(("id", "size", "fp"))
+_BUFFER_KEYS = frozenset(("size", "chunks"))
+_GROUP_KEYS = frozenset(("names", "types", "codec", "requires", "pickle", "buffers"))
+_OPTIONAL = ("types", "requires", "buffers")  # read as empty when a stored record lacks them
 
 
 @dataclass(frozen=True)
@@ -30,7 +40,7 @@ class ObjectRef:
     id: str
     size: int
     fp: str | None = None  # the xxh3 digest older records carry; content is never known again by it
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=lambda: _NONE)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "ObjectRef":
@@ -38,7 +48,7 @@ class ObjectRef:
         oid = doc["id"]
         if not isinstance(oid, str):
             raise TypeError(f"object id {oid!r} is not a string")
-        return cls(oid, int(doc["size"]), doc.get("fp"), _extra(doc, ("id", "size", "fp")))
+        return cls(oid, int(doc["size"]), doc.get("fp"), _extra(doc, _REF_KEYS))
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form."""
@@ -55,21 +65,17 @@ class BufferRecord:
 
     size: int
     chunks: tuple[ObjectRef, ...]
-    extra: Mapping[str, Any] = field(default_factory=dict)
+    extra: Mapping[str, Any] = field(default_factory=lambda: _NONE)
 
     @classmethod
     def from_dict(cls, doc: Mapping[str, Any]) -> "BufferRecord":
         """The buffer stored as `doc`."""
         return cls(int(doc["size"]), tuple(ObjectRef.from_dict(c) for c in doc["chunks"]),
-                   _extra(doc, ("size", "chunks")))
+                   _extra(doc, _BUFFER_KEYS))
 
     def to_dict(self) -> dict[str, Any]:
         """The stored form."""
         return {"size": self.size, "chunks": [c.to_dict() for c in self.chunks], **self.extra}
-
-
-_GROUP_KEYS = ("names", "types", "codec", "requires", "pickle", "buffers")
-_OPTIONAL = ("types", "requires", "buffers")  # read as empty when a stored record lacks them
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,8 @@ class GroupRecord:
     requires: tuple[str, ...]
     pickle: ObjectRef
     buffers: tuple[BufferRecord, ...] = ()
-    extra: Mapping[str, Any] = field(default_factory=dict)
-    absent: frozenset[str] = frozenset()  # of `_OPTIONAL`, the keys its stored form lacks (read as empty)
+    extra: Mapping[str, Any] = field(default_factory=lambda: _NONE)
+    absent: tuple[str, ...] = ()  # of `_OPTIONAL`, the keys its stored form lacks (read as empty)
 
     @classmethod
     def from_dict(cls, doc: Any) -> "GroupRecord":
@@ -98,7 +104,7 @@ class GroupRecord:
             return cls(tuple(names), dict(doc.get("types") or {}), str(doc["codec"]),
                        tuple(doc.get("requires") or ()), ObjectRef.from_dict(doc["pickle"]),
                        tuple(BufferRecord.from_dict(b) for b in doc.get("buffers") or ()),
-                       _extra(doc, _GROUP_KEYS), frozenset(k for k in _OPTIONAL if k not in doc))
+                       _extra(doc, _GROUP_KEYS), tuple(k for k in _OPTIONAL if k not in doc))
         except (KeyError, TypeError, ValueError, AttributeError) as exc:
             raise MalformedRecord(f"a variable group record is malformed ({type(exc).__name__}: {exc})") from None
 

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from .coordination import Fence, Fenced, WriteLock
 from .coordination.fence import lease_entry_times
@@ -57,6 +57,7 @@ from .variables import (
     CaptureOptions,
     KernelImage,
     LoadResult,
+    OnWritten,
     capture_namespace,
     carry_damaged,
     load_record,
@@ -220,10 +221,13 @@ class SnapshotEngine:
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
-                     on_written: Callable[[memoryview], None] | None = None,
+                     on_written: OnWritten | None = None,
                      requests: list[str] | None = None, annotations: Mapping[str, Any] | None = None,
                      cut: Cut | None = None) -> Manifest:
         """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers).
+
+        The image's groups come out of capture's stages as persisting asks for them (the pipeline's order is in
+        variables/capture.py); a stale reuse plan is dropped before they start (`_check_reuse_base`).
 
         `annotations`: facts about the kernel kept in its record: the notebook's former names (`aliases`), its
         policy, its `resumable` positions (docs/design.md). `cut`: the workspace at the image's instant; the

@@ -13,7 +13,6 @@ from typing import Any, Mapping
 
 from ..engine import CaptureOptions, Manifest
 from ..engine.incremental import AccessTracker, Baseline, Mark, ReusePlan, notebook_code_names, plan_reuse
-from ..engine.records import readable_groups
 from ..engine.variables import cheap_size, select_variables
 
 DEFAULT_FULL_EVERY = 20
@@ -98,7 +97,7 @@ class Increments:
         at most QUICK_INBAND bytes in band (arrays' and tensors' bytes go out of band and are copied, not pickled)."""
         if self.baseline is None:
             return False
-        groups = readable_groups(self.baseline.record.get("groups") or ())
+        groups = self.baseline.groups
         index = {n: i for i, g in enumerate(groups) for n in g.names}
         skipped = self.baseline.record.get("skipped") or {}  # not picklable then: refused again, quickly
         inband, counted = 0, set()

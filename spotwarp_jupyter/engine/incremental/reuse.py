@@ -30,6 +30,12 @@ class Baseline:
     record: dict[str, Any]
     ids: dict[str, int]  # name -> id() of its value at the snapshot's instant
     options: Any  # the CaptureOptions it was taken with
+    # the record's groups, read once (when it becomes the baseline, not in the pause of the next snapshot);
+    # a stored group that cannot be read is never taken over: its variables are serialized again
+    groups: list[GroupRecord] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.groups = readable_groups(self.record.get("groups") or ())
 
 
 @dataclass(frozen=True)
@@ -88,6 +94,5 @@ def plan_reuse(baseline: Baseline | None, touched: frozenset[str], full_reason: 
         return None, "no earlier snapshot by this kernel"
     if baseline.options != options:
         return None, "the capture policy changed"
-    # a stored group that cannot be read is never taken over: its variables are serialized again
-    return ReusePlan(baseline.manifest_id, readable_groups(baseline.record.get("groups") or ()), baseline.ids,
-                     touched, dict(baseline.record.get("changed") or {})), None
+    return ReusePlan(baseline.manifest_id, list(baseline.groups), baseline.ids, touched,
+                     dict(baseline.record.get("changed") or {})), None
