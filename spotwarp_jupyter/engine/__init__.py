@@ -14,7 +14,7 @@ Its parts, top to bottom (each imports only the ones below it; pyproject.toml's 
   coordination write locks, the failover lease and fence, heartbeats
   manifests   the manifest, its signature and scope, environment facts, the catalog of snapshots
   storage     the fsspec store: content-addressed objects, records, durable local writes, retries
-  settings, pages, hashing, units, errors   the base every part may use
+  settings, pages, hashing, records, units, errors   the base every part may use (records: typed group records)
 
 docs/architecture.md walks a snapshot through them; docs/design.md specifies the store's formats.
 """

@@ -14,7 +14,7 @@ import os
 import socket
 import threading
 import time
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any, Iterator, Mapping
 
 from .coordination import Fence, Fenced, WriteLock
 from .coordination.fence import lease_entry_times
@@ -57,6 +57,7 @@ from .variables import (
     CaptureOptions,
     KernelImage,
     LoadResult,
+    OnWritten,
     capture_namespace,
     carry_damaged,
     load_record,
@@ -220,10 +221,13 @@ class SnapshotEngine:
 
     def commit_image(self, image: KernelImage, notebook: str = DEFAULT_NOTEBOOK, message: str | None = None,
                      started: float | None = None, stats: dict[str, Any] | None = None,
-                     on_written: Callable[[memoryview], None] | None = None,
+                     on_written: OnWritten | None = None,
                      requests: list[str] | None = None, annotations: Mapping[str, Any] | None = None,
                      cut: Cut | None = None) -> Manifest:
         """Persist a captured image (only what changed) and commit its manifest (naming `requests` it answers).
+
+        The image's groups come out of capture's stages as persisting asks for them (the pipeline's order is in
+        variables/capture.py); a stale reuse plan is dropped before they start (`_check_reuse_base`).
 
         `annotations`: facts about the kernel kept in its record: the notebook's former names (`aliases`), its
         policy, its `resumable` positions (docs/design.md). `cut`: the workspace at the image's instant; the
@@ -305,19 +309,20 @@ class SnapshotEngine:
         """Reuse records of the notebook's newest snapshot (gc never drops its objects); else serialize all.
 
         The newest may be a project snapshot naming the very same kernel record (the server's periodic
-        backups copy it). An image already serialized against an older base (staged before a fork) keeps
-        it if every object it reuses is still stored.
+        backups copy it). A stale plan not taken over yet is dropped (every variable is serialized); an image
+        that took it over already (serialized before a fork, or staged) keeps it if every object it reuses
+        is still stored.
         """
         if image.reuse is None:
             return None
         newest = previous[0] if previous else None
         if newest is not None and (newest.id == image.reuse.base_id
-                                   or (newest.kernels.get(notebook) or {}).get("groups") == image.reuse.groups):
+                                   or (newest.kernels.get(notebook) or {}).get("groups")
+                                   == [g.to_dict() for g in image.reuse.groups]):
             return None
-        if not image.reuse_applied:
-            base, image.reuse = image.reuse.base_id, None
-            return f"snapshot {base} is not this notebook's newest state any more"
-        refs = {ref["id"] for g in image.reused for ref in [g["pickle"], *(c for b in g["buffers"] for c in b["chunks"])]}
+        if image.takeover is None:
+            return f"snapshot {image.drop_reuse()} is not this notebook's newest state any more"
+        refs = set(image.takeover.objects())
         if refs - self.store.present(refs):
             raise StaleBaseline(f"snapshot {image.reuse.base_id} is no longer this notebook's newest and some of its "
                                 "objects are gone: the next snapshot will be a full one")

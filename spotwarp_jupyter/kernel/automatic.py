@@ -21,6 +21,7 @@ from ..engine.incremental import ReusePlan, StaleBaseline
 from ..engine.variables import LoadResult
 from ..engine.writers import (
     BackgroundSnapshot,
+    Commit,
     cuda_in_use,
     fork_unavailable_reason,
     start_background,
@@ -36,7 +37,7 @@ from .policy import FIRST_STEP_S, Cadence, LoopMeter, Policy
 class BackgroundCapture(NamedTuple):
     """A kernel's state at the instant a background snapshot starts: what its writer needs besides the namespace."""
 
-    commit: Callable[..., Any]  # commit(image, on_written): the writer hands its image to the store with it
+    commit: Commit  # the writer hands its image to the store with it
     plan: ReusePlan | None  # what it reuses of the previous snapshot; None: every variable is written
     options: CaptureOptions
 

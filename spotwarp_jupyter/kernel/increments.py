@@ -84,8 +84,7 @@ class Increments:
                           options: CaptureOptions) -> dict[str, Any]:
         """The variables the next snapshot will serialize: every saveable one but those of groups the plan reuses."""
         values, _imports, _skipped = select_variables(namespace, hidden, options)
-        reused = plan.split(values)[0] if plan is not None else []
-        taken = {n for g in reused for n in g["names"]}
+        taken = plan.split(values).names if plan is not None else set()
         return {n: v for n, v in values.items() if n not in taken}
 
     @staticmethod
@@ -98,8 +97,8 @@ class Increments:
         at most QUICK_INBAND bytes in band (arrays' and tensors' bytes go out of band and are copied, not pickled)."""
         if self.baseline is None:
             return False
-        groups = self.baseline.record.get("groups", [])
-        index = {n: i for i, g in enumerate(groups) for n in g.get("names", [])}
+        groups = self.baseline.groups
+        index = {n: i for i, g in enumerate(groups) for n in g.names}
         skipped = self.baseline.record.get("skipped") or {}  # not picklable then: refused again, quickly
         inband, counted = 0, set()
         for name, value in left.items():
@@ -109,7 +108,7 @@ class Increments:
                 return False  # never pickled by this kernel: its size is unknown
             if index[name] not in counted:
                 counted.add(index[name])
-                inband += int((groups[index[name]].get("pickle") or {}).get("size", QUICK_INBAND + 1))
+                inband += groups[index[name]].pickle.size
         return inband <= QUICK_INBAND
 
 

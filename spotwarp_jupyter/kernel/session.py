@@ -18,7 +18,7 @@ from ..engine import CaptureOptions, Manifest, Settings, SnapshotEngine, SpotWar
 from ..engine.files import Cut
 from ..engine.incremental import StaleBaseline
 from ..engine.manifests import package_versions
-from ..engine.variables import LoadResult
+from ..engine.variables import KernelImage, LoadResult, OnWritten
 from ..engine.writers import BackgroundSnapshot
 from ..service.records import KernelStatus, RestoreProgress, SnapshotSummary
 from ..service.wire import kernel_status_json
@@ -446,7 +446,7 @@ class KernelSession:
             options = self.capture_options()
             plan, stats = self.increments.plan(self.namespace, options, full=False)
 
-            def commit(image, on_written):
+            def commit(image: KernelImage, on_written: OnWritten | None) -> Manifest:
                 return engine.commit_image(image, notebook, message, started=started,
                                            stats={"mode": "background", **stats}, on_written=on_written, requests=requests,
                                            annotations=annotations, cut=cut)

@@ -8,8 +8,9 @@ May import: the engine's base modules.
 
 from .access import AccessTracker, Mark
 from .code_names import notebook_code_names
-from .reuse import Baseline, ReusePlan, StaleBaseline, plan_reuse
+from .reuse import Baseline, ReusePlan, StaleBaseline, Takeover, plan_reuse
 
 __all__ = [
     "AccessTracker", "Baseline", "Mark", "notebook_code_names", "plan_reuse", "ReusePlan", "StaleBaseline",
+    "Takeover",
 ]

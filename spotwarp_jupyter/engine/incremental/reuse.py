@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..errors import SpotWarpError
+from ..records import GroupRecord, readable_groups
 
 EXTRAS_GROUP = "@extras"
 
@@ -29,6 +30,31 @@ class Baseline:
     record: dict[str, Any]
     ids: dict[str, int]  # name -> id() of its value at the snapshot's instant
     options: Any  # the CaptureOptions it was taken with
+    # the record's groups, read once (when it becomes the baseline, not in the pause of the next snapshot);
+    # a stored group that cannot be read is never taken over: its variables are serialized again
+    groups: list[GroupRecord] = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.groups = readable_groups(self.record.get("groups") or ())
+
+
+@dataclass(frozen=True)
+class Takeover:
+    """What a capture took over from a reuse plan: group records named again as they are (nothing pickled,
+    hashed or written), and the `changed` notes carried over for their names."""
+
+    base_id: str
+    groups: tuple[GroupRecord, ...] = ()
+    changed: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def names(self) -> set[str]:
+        """The variables the taken-over groups hold (no longer serialized)."""
+        return {n for g in self.groups for n in g.names}
+
+    def objects(self) -> dict[str, int]:
+        """object id -> size of every object the taken-over groups name."""
+        return {oid: size for g in self.groups for oid, size in g.objects().items()}
 
 
 @dataclass
@@ -36,27 +62,27 @@ class ReusePlan:
     """What the next capture may take over from the baseline, given the names touched since."""
 
     base_id: str
-    groups: list[dict[str, Any]]
+    groups: list[GroupRecord]
     ids: dict[str, int]
     touched: frozenset[str]
     changed: dict[str, str] = field(default_factory=dict)
 
-    def split(self, values: Mapping[str, Any]) -> tuple[list[dict[str, Any]], dict[str, str]]:
-        """(group records to reuse, `changed` notes carried over for their names); their names leave `values`."""
+    def split(self, values: Mapping[str, Any]) -> Takeover:
+        """The groups of `values` to take over as the baseline stored them (their names are not serialized)."""
         candidates = []
         for group in self.groups:
-            names = group.get("names") or []
+            names = group.names
             if EXTRAS_GROUP in names or not names:
                 continue
             if all(n in values and n not in self.touched and id(values[n]) == self.ids.get(n) for n in names):
                 candidates.append(group)
-        kept_ids = {self.ids[n] for g in candidates for n in g["names"]}
-        kept_names = {n for g in candidates for n in g["names"]}
+        kept_ids = {self.ids[n] for g in candidates for n in g.names}
+        kept_names = {n for g in candidates for n in g.names}
         # another variable now bound to one of a reused group's objects must be saved together with it
         joined = {id(v) for n, v in values.items() if n not in kept_names} & kept_ids
-        reused = [g for g in candidates if not joined & {self.ids[n] for n in g["names"]}]
-        changed = {n: why for n, why in self.changed.items() if any(n in g["names"] for g in reused)}
-        return reused, changed
+        reused = tuple(g for g in candidates if not joined & {self.ids[n] for n in g.names})
+        changed = {n: why for n, why in self.changed.items() if any(n in g.names for g in reused)}
+        return Takeover(self.base_id, reused, changed)
 
 
 def plan_reuse(baseline: Baseline | None, touched: frozenset[str], full_reason: str | None,
@@ -68,5 +94,5 @@ def plan_reuse(baseline: Baseline | None, touched: frozenset[str], full_reason: 
         return None, "no earlier snapshot by this kernel"
     if baseline.options != options:
         return None, "the capture policy changed"
-    return ReusePlan(baseline.manifest_id, list(baseline.record.get("groups", [])), baseline.ids, touched,
+    return ReusePlan(baseline.manifest_id, list(baseline.groups), baseline.ids, touched,
                      dict(baseline.record.get("changed") or {})), None

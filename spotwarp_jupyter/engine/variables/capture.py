@@ -1,6 +1,20 @@
-"""Capture: pick the variables of a namespace worth saving, group them, and serialize each group.
+"""Capture: the kernel-save pipeline's first stages, from a namespace to serialized variable groups.
 
-Nothing here writes to storage; the result (a KernelImage) is handed to `persist`.
+The stages, in this order (each one's result is what the next works on):
+
+  1. select      `select_variables`: the values worth saving, the modules, what is skipped and why
+  2. take over   `ReusePlan.split` (incremental/reuse.py): the plan's groups no code touched since, named
+                 again as they are (KernelImage.takeover); their variables leave the values
+  3. announce    the `on_values` callback of `KernelImage.iter_groups` sees the values left, before the
+                 grouping walk: a writer starts storing their large buffers (save._Writer.announce)
+  4. group       `group_order`: variables sharing objects together, the bulky groups first
+  5. serialize   `serialize_group`, one group at a time, as the groups are asked for
+  6. persist     save.persist_image stores each group as it comes out of stage 5
+
+Stage 1 runs in `capture_namespace` (which serializes the engine's own state, `extras`, with it); stages
+2 to 5 run when the groups are first asked for (`KernelImage.iter_groups`), so writing the first groups
+overlaps serializing the next, and the engine may drop a stale reuse plan before stage 2
+(`KernelImage.drop_reuse`). Nothing here writes to storage.
 """
 
 from __future__ import annotations
@@ -13,7 +27,8 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Mapping
 
 from .. import pickling
-from ..incremental import ReusePlan
+from ..incremental import ReusePlan, Takeover
+from ..records import GroupRecord
 from ..units import format_size
 from .grouping import reaching, shared_groups
 
@@ -51,36 +66,82 @@ class GroupImage:
         return len(self.pickled.data) + sum(b.nbytes for b in self.pickled.buffers)
 
 
+# sees the values about to be grouped and serialized (stage 3), before the grouping walk
+OnValues = Callable[[Mapping[str, Any]], None]
+
+
+@dataclass
+class _Ahead:
+    """What stages 2 to 5 work on: the selected values and the options they were selected with."""
+
+    values: dict[str, Any]
+    options: CaptureOptions
+
+
 @dataclass
 class KernelImage:
     """A consistent, serialized image of one kernel's variables, ready to be persisted.
 
-    `pending` holds groups not serialized yet: persisting consumes it, so writing the first groups
-    overlaps with serializing the next ones. `skipped` (not saved) and `changed` (saved, but not
-    as they were) are complete only once `pending` is consumed.
+    `groups` holds the groups serialized so far; the others are serialized as `iter_groups` asks for them.
+    `skipped` (not saved) and `changed` (saved, but not as they were) are complete only once every group
+    is serialized. `takeover` is stage 2's result: None until it ran, or when there was no plan.
     """
 
     groups: list[GroupImage] = field(default_factory=list)
     imports: dict[str, str] = field(default_factory=dict)
     skipped: dict[str, str] = field(default_factory=dict)
     changed: dict[str, str] = field(default_factory=dict)
-    pending: Iterator[GroupImage] | None = None
-    reuse: ReusePlan | None = None  # dropped (set to None) before `pending` starts if its base is stale
-    reused: list[dict[str, Any]] = field(default_factory=list)  # previous group records taken over as they are
-    reuse_applied: bool = False
-    # called with the values about to be grouped and pickled, before the grouping walk (a writer starts early)
-    before_grouping: Callable[[Mapping[str, Any]], None] | None = None
+    reuse: ReusePlan | None = None
+    takeover: Takeover | None = field(default=None, init=False)
+    _ahead: _Ahead | None = field(default=None, init=False, repr=False)
+    _pending: Iterator[GroupImage] | None = field(default=None, init=False, repr=False)
 
-    def iter_groups(self) -> Iterator[GroupImage]:
-        """Every group, serializing pending ones on demand (and keeping them in `groups`)."""
+    @property
+    def reused(self) -> tuple[GroupRecord, ...]:
+        """Previous group records taken over as they are (stage 2)."""
+        return self.takeover.groups if self.takeover is not None else ()
+
+    def drop_reuse(self) -> str:
+        """Serialize every variable: the plan's base is stale. Only before stage 2; returns the base's id."""
+        if self.reuse is None or self.takeover is not None:
+            raise RuntimeError("no reuse plan to drop: it is taken over already, or there is none")
+        base, self.reuse = self.reuse.base_id, None
+        return base
+
+    def iter_groups(self, on_values: OnValues | None = None) -> Iterator[GroupImage]:
+        """Every group, serializing pending ones on demand (and keeping them in `groups`).
+
+        The first call runs stages 2 to 5 (see the module's docstring), handing `on_values` the values
+        about to be grouped; later calls find them run and ignore it.
+        """
         yield from list(self.groups)
-        while self.pending is not None:
-            group = next(self.pending, None)
+        if self._ahead is not None:
+            ahead, self._ahead = self._ahead, None
+            self._pending = self._stages(ahead, on_values)
+        while self._pending is not None:
+            group = next(self._pending, None)
             if group is None:
-                self.pending = None
+                self._pending = None
                 break
             self.groups.append(group)
             yield group
+
+    def _stages(self, ahead: _Ahead, on_values: OnValues | None) -> Iterator[GroupImage]:
+        """Stages 2 to 5, in order; a generator: each group is serialized when it is asked for."""
+        rest = self._take_over(ahead.values)
+        if on_values is not None:
+            on_values(rest)
+        for names in group_order(rest):
+            yield from serialize_group(names, rest, self.skipped, ahead.options.max_var_size, self.changed)
+
+    def _take_over(self, values: dict[str, Any]) -> dict[str, Any]:
+        """Stage 2: keep `takeover` and its `changed` notes; the values left to serialize."""
+        if self.reuse is None:
+            return values
+        self.takeover = self.reuse.split(values)
+        self.changed.update(self.takeover.changed)
+        taken = self.takeover.names
+        return {n: v for n, v in values.items() if n not in taken}
 
     def materialize(self) -> "KernelImage":
         """Serialize everything now (needed before state on a GPU can be released, or a fork)."""
@@ -274,6 +335,12 @@ def _without_graph(group: Mapping[str, Any], autograd: Mapping[int, str]) -> dic
     return reasons
 
 
+def group_order(values: Mapping[str, Any]) -> list[list[str]]:
+    """Stage 4: the names of `values` in groups sharing objects, bulky groups first: their buffers start
+    writing while the small-object groups are pickled."""
+    return sorted(shared_groups(values), key=lambda names: not any(_bulky(values[n]) for n in names))
+
+
 def capture_namespace(
     namespace: Mapping[str, Any],
     hidden: Mapping[str, Any] | None = None,
@@ -284,8 +351,8 @@ def capture_namespace(
 ) -> KernelImage:
     """Serialize every saveable variable of `namespace` (plus `extras`, engine state such as RNGs).
 
-    With `lazy`, groups are serialized only as the image is persisted (see KernelImage.pending).
-    With `reuse`, groups no code touched since the plan's snapshot keep that snapshot's record (reuse.py).
+    Stage 1 runs now. With `lazy`, stages 2 to 5 run as the image is persisted (KernelImage.iter_groups);
+    without, now. With `reuse`, groups no code touched since the plan's snapshot keep that snapshot's record.
     """
     options = options or CaptureOptions()
     values, imports, skipped = select_variables(namespace, hidden, options)
@@ -293,23 +360,7 @@ def capture_namespace(
     if extras:
         pickled = pickling.dumps({EXTRAS_NAME: dict(extras)})
         image.groups.append(GroupImage([EXTRAS_NAME], pickled, {EXTRAS_NAME: "spotwarp state"}))
-
-    def serialize_all() -> Iterator[GroupImage]:
-        rest = values
-        if image.reuse is not None:  # decided here, not before: the engine may drop a stale plan first
-            image.reuse_applied = True
-            image.reused, carried = image.reuse.split(values)
-            image.changed.update(carried)
-            taken = {n for g in image.reused for n in g["names"]}
-            rest = {n: v for n, v in values.items() if n not in taken}
-        if image.before_grouping is not None:
-            image.before_grouping(rest)
-        groups = sorted(shared_groups(rest), key=lambda names: not any(_bulky(rest[n]) for n in names))
-        # bulky groups first: their buffers start writing while the small-object groups are pickled
-        for names in groups:
-            yield from serialize_group(names, rest, skipped, options.max_var_size, image.changed)
-
-    image.pending = serialize_all()
+    image._ahead = _Ahead(values, options)
     return image if lazy else image.materialize()
 
 

@@ -25,6 +25,7 @@ from typing import Any
 from .. import pages, pickling
 from ..errors import SpotWarpError
 from ..pages import PAGE
+from ..records import BufferRecord, GroupRecord, group_records
 from ..storage import Store
 from ..timings import phase
 from .capture import EXTRAS_NAME
@@ -48,9 +49,9 @@ class LoadResult:
     failed: dict[str, str] = field(default_factory=dict)  # name -> why it could not be restored
 
 
-def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[int]:
-    groups = record.get("groups", [])
-    provider = {name: i for i, g in enumerate(groups) for name in g["names"]}
+def _select_groups(groups: list[GroupRecord], variables: list[str] | None) -> list[int]:
+    """Indexes of the groups to restore (all, or those holding `variables` and what they require), in order."""
+    provider = {name: i for i, g in enumerate(groups) for name in g.names}
     if variables is None:
         wanted = list(range(len(groups)))
     else:
@@ -63,7 +64,7 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
             wanted.append(provider[EXTRAS_NAME])
     # smallest first: their reads finish early and unpickling them (CPU) overlaps the large reads (I/O);
     # definitions a group refers to by name come first (topological order, cycles tolerated)
-    wanted.sort(key=lambda i: group_bytes(groups[i]))
+    wanted.sort(key=lambda i: groups[i].nbytes)
     order: list[int] = []
     state: dict[int, int] = {}
 
@@ -71,7 +72,7 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
         if state.get(i):
             return
         state[i] = 1
-        for name in groups[i].get("requires", []):
+        for name in groups[i].requires:
             if name in provider:
                 visit(provider[name])
         state[i] = 2
@@ -80,11 +81,6 @@ def _select_groups(record: dict[str, Any], variables: list[str] | None) -> list[
     for i in wanted:
         visit(i)
     return order
-
-
-def group_bytes(group: dict[str, Any]) -> int:
-    """Bytes a group's objects hold: its pickle stream and its buffers."""
-    return int(group["pickle"]["size"]) + sum(int(b["size"]) for b in group.get("buffers", []))
 
 
 def _allocate(size: int, head: int = 0) -> Any:
@@ -125,7 +121,7 @@ Placed = tuple[Future, memoryview]
 class GroupRead:
     """One group's objects being read: its pickle stream and its buffers, filled by pool threads."""
 
-    group: dict[str, Any]
+    group: GroupRecord
     data: Future
     buffers: list[tuple[Any, list[Future]]]  # each buffer and the futures of its chunks' reads
     copies: list[tuple[Placed, memoryview]] = field(default_factory=list)  # chunks equal to one read already
@@ -154,7 +150,7 @@ class GroupRead:
             piece.cancel()
 
 
-def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: dict[str, Placed],
+def _fill(store: Store, buf: BufferRecord, pool: ThreadPoolExecutor, placed: dict[str, Placed],
           copies: list[tuple[Placed, memoryview]], populating: list[Future]) -> tuple[Any, list[Future]]:
     """Map one buffer, queue the population of its pages (one thread, pages.populate_ahead) and then its
     chunks' reads, in the same order: the readers find their destination's pages in and never wait on faults.
@@ -163,17 +159,17 @@ def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: d
     but copied from there once that read is checked: an optimizer keeps one equal `step` tensor per
     parameter, which from an object store would be as many requests.
     """
-    chunks = buf["chunks"]
-    target = _allocate(buf["size"], chunks[0]["size"] if len(chunks) > 1 and chunks[0]["size"] < PAGE else 0)
+    chunks = buf.chunks
+    target = _allocate(buf.size, chunks[0].size if len(chunks) > 1 and chunks[0].size < PAGE else 0)
     view = memoryview(target)
     ahead = pages.populate_ahead(view, _populate) if not isinstance(target, bytearray) else []
     populating.extend(ahead)
     reads = []
     offset = 0
     for chunk in chunks:
-        oid, part = chunk["id"], view[offset:offset + chunk["size"]]
-        pieces = ahead[offset // pages.POPULATE_PIECE:-(-(offset + chunk["size"]) // pages.POPULATE_PIECE)]
-        offset += chunk["size"]
+        oid, part = chunk.id, view[offset:offset + chunk.size]
+        pieces = ahead[offset // pages.POPULATE_PIECE:-(-(offset + chunk.size) // pages.POPULATE_PIECE)]
+        offset += chunk.size
         first = placed.get(oid)
         if first is not None and first[1].nbytes == part.nbytes:
             copies.append((first, part))
@@ -184,18 +180,17 @@ def _fill(store: Store, buf: dict[str, Any], pool: ThreadPoolExecutor, placed: d
     return target, reads
 
 
-def start_read(store: Store, group: dict[str, Any], pool: ThreadPoolExecutor) -> GroupRead:
+def start_read(store: Store, group: GroupRecord, pool: ThreadPoolExecutor) -> GroupRead:
     """Queue the reads of a group's objects, in order; returns at once.
 
     Equal chunks are read once per group, not per restore: a group bound early (between cells, in a
     progressive restore) may be changed by a cell before a later group would copy from it.
     """
     placed: dict[str, Placed] = {}
-    ref = group["pickle"]
-    data = pool.submit(store.read_object, ref["id"], ref["size"])
+    data = pool.submit(store.read_object, group.pickle.id, group.pickle.size)
     copies: list[tuple[Placed, memoryview]] = []
     populating: list[Future] = []
-    buffers = [_fill(store, buf, pool, placed, copies, populating) for buf in group.get("buffers", [])]
+    buffers = [_fill(store, buf, pool, placed, copies, populating) for buf in group.buffers]
     return GroupRead(group, data, buffers, copies, populating)
 
 
@@ -218,10 +213,10 @@ def collector_paused():
             gc.enable()
 
 
-def load_group(group: dict[str, Any], data: bytes, buffers: list[Any]) -> dict[str, Any]:
+def load_group(group: GroupRecord, data: bytes, buffers: list[Any]) -> dict[str, Any]:
     """Unpickle one group's variables (name -> value) from its stream and buffers."""
     with collector_paused(), phase("unpickle", len(data)):
-        return pickling.loads(group["codec"], data, buffers)
+        return pickling.loads(group.codec, data, buffers)
 
 
 def rebuild(reads: list[GroupRead], main: pickling.main_namespace) -> tuple[list[tuple[str, Any]], int]:
@@ -267,7 +262,7 @@ def _import(path: str) -> Any:
         return found
 
 
-def start_reads(store: Store, groups: list[dict[str, Any]], pool: ThreadPoolExecutor) -> list[GroupRead]:
+def start_reads(store: Store, groups: list[GroupRecord], pool: ThreadPoolExecutor) -> list[GroupRead]:
     """Queue the reads of `groups`, in order (the pool takes them first come, first served); returns at once."""
     reads: list[GroupRead] = []
     try:
@@ -293,19 +288,18 @@ def _rebuild_all(reads: list[GroupRead], namespace: dict[str, Any], device_map: 
 
 
 def restore_groups(
-    store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
+    store: Store, record: dict[str, Any], groups: list[GroupRecord], namespace: dict[str, Any],
     variables: list[str] | None, device_map: dict[str, str] | None, result: LoadResult,
 ) -> None:
-    """Read, check and rebuild the groups in `order`, then bind them (and the record's imports) in one go.
+    """Read, check and rebuild `groups` (of `record`) in order, then bind them (and the record's imports) in one go.
 
     The reads are queued before the record's modules are imported, so the disk works while they import.
     """
-    groups = record.get("groups", [])
     moved: set[str] = set()
     said: list[str] = []
     try:
         with read_pool(store) as pool:
-            reads = start_reads(store, [groups[i] for i in order], pool)
+            reads = start_reads(store, groups, pool)
             try:
                 modules = _import_modules(record, variables, result)
                 values, result.bytes_read = _rebuild_all(reads, namespace, device_map, modules, moved, said)
@@ -351,6 +345,8 @@ def load_record(
     """Bring the record's variables (all, or `variables` and what they need) back into `namespace`."""
     started = time.perf_counter()
     result = LoadResult(skipped_at_snapshot=dict(record.get("skipped", {})))
-    restore_groups(store, record, _select_groups(record, variables), namespace, variables, device_map, result)
+    groups = group_records(record)
+    order = _select_groups(groups, variables)
+    restore_groups(store, record, [groups[i] for i in order], namespace, variables, device_map, result)
     result.usable_s = result.complete_s = time.perf_counter() - started
     return result

@@ -16,6 +16,7 @@ from typing import Any
 
 from .. import pickling
 from ..errors import SpotWarpError
+from ..records import GroupRecord, group_records
 from ..storage import Store
 from ..timings import phase
 from .capture import EXTRAS_NAME
@@ -23,7 +24,6 @@ from .load import (
     LoadResult,
     _select_groups,
     change_notes,
-    group_bytes,
     load_group,
     moved_notes,
     read_pool,
@@ -40,7 +40,7 @@ EAGER_BYTES = 4 * 1024 * 1024
 EAGER_TOTAL_BYTES = 32 * 1024 * 1024
 
 
-def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EAGER_BYTES,
+def split_groups(groups: list[GroupRecord], order: list[int], eager_bytes: int = EAGER_BYTES,
                  eager_total: int = EAGER_TOTAL_BYTES) -> tuple[list[int], list[int]]:
     """(groups bound at once, groups loaded behind them), each in dependency order.
 
@@ -48,19 +48,18 @@ def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EA
     with it, or when it needs a name a deferred group defines. The group holding `EXTRAS_NAME` (RNG states,
     modules, positions) is never deferred for its size.
     """
-    groups = record.get("groups", [])
     eager: list[int] = []
     deferred: list[int] = []
     later: set[str] = set()
     total = 0
     for i in order:
         group = groups[i]
-        size = group_bytes(group)
-        extras = EXTRAS_NAME in group["names"]
+        size = group.nbytes
+        extras = EXTRAS_NAME in group.names
         large = not extras and (size > eager_bytes or total + size > eager_total)
-        if large or later & set(group.get("requires", [])):
+        if large or later & set(group.requires):
             deferred.append(i)
-            later.update(group["names"])
+            later.update(group.names)
         else:
             eager.append(i)
             total += size
@@ -70,14 +69,14 @@ def split_groups(record: dict[str, Any], order: list[int], eager_bytes: int = EA
 class BackgroundLoad:
     """Large groups being read, checked and rebuilt by a thread; bound by the caller with `bind_ready`."""
 
-    def __init__(self, store: Store, record: dict[str, Any], order: list[int], namespace: dict[str, Any],
+    def __init__(self, store: Store, record: dict[str, Any], groups: list[GroupRecord], namespace: dict[str, Any],
                  device_map: dict[str, str] | None, result: LoadResult, started: float):
-        """Read and rebuild the groups `order` names, from a thread of its own."""
+        """Read and rebuild `groups` (of `record`, in order), from a thread of its own."""
         self.record = record
         self.result = result
         self.started = started
-        self._groups = [record["groups"][i] for i in order]
-        self._pending = {n for g in self._groups for n in g["names"] if n != EXTRAS_NAME}
+        self._groups = groups
+        self._pending = {n for g in self._groups for n in g.names if n != EXTRAS_NAME}
         self._ready: list[list[tuple[str, Any]]] = []
         self._loaded: set[str] = set()
         self._failed: dict[str, str] = {}
@@ -113,8 +112,8 @@ class BackgroundLoad:
             self.done.set()
 
     def _rebuild(self, read: Any, main: pickling.main_namespace) -> None:
-        names = [n for n in read.group["names"] if n != EXTRAS_NAME]
-        missing = sorted(set(read.group.get("requires", [])) & set(self._failed))
+        names = [n for n in read.group.names if n != EXTRAS_NAME]
+        missing = sorted(set(read.group.requires) & set(self._failed))
         if missing:
             read.cancel()
             self._fail(names, f"it needs {', '.join(missing)}, which could not be restored")
@@ -192,8 +191,9 @@ def restore_progressive(
     """Bind the small groups now (all or nothing, as `load_record`); load the large ones behind them."""
     started = time.perf_counter()
     result = LoadResult(skipped_at_snapshot=dict(record.get("skipped", {})))
-    eager, deferred = split_groups(record, _select_groups(record, variables), eager_bytes)
-    restore_groups(store, record, eager, namespace, variables, device_map, result)
+    groups = group_records(record)
+    eager, deferred = split_groups(groups, _select_groups(groups, variables), eager_bytes)
+    restore_groups(store, record, [groups[i] for i in eager], namespace, variables, device_map, result)
     result.usable_s = time.perf_counter() - started
     if not deferred:
         result.complete_s = result.usable_s
@@ -201,4 +201,5 @@ def restore_progressive(
     # the large reads start once the small groups are bound: started with them (before their unpickling),
     # they made the kernel usable 0.1-0.2 s later at 1-4 GB (0.4-0.6x a raw read at 1 GB, the goal is 0.3x)
     # on 2 shared cores for 0.05-0.3 s off the whole restore
-    return result, BackgroundLoad(store, record, deferred, namespace, device_map, result, started)
+    return result, BackgroundLoad(store, record, [groups[i] for i in deferred], namespace, device_map, result,
+                                  started)

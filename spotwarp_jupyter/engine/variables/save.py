@@ -1,4 +1,5 @@
-"""Persist: write a KernelImage's streams and buffers as content-addressed objects, skipping unchanged ones.
+"""Persist, the kernel-save pipeline's last stage (capture.py lists them): write a KernelImage's streams and
+buffers as content-addressed objects, skipping unchanged ones, and name them in typed group records.
 
 Large buffers are cut into fixed chunks; each chunk's object id is its blake3 digest. A chunk of 1 MiB or
 more is first known by its xxh3-128 digest (half blake3's CPU, and it too lets the GIL go; while the detector
@@ -11,8 +12,8 @@ one goes to a pool of writer threads with its id, as soon as its group is serial
 I/O overlaps with serializing the next groups. Records written before name chunks by an xxh3 `fp` too;
 they are known again by their ids, never by that `fp`. On a local disk they are written as one batch
 (Store.batch): no sync per object, one pass at the end makes them all durable before the commit; there
-the large buffers pickling will hand over are announced before the groups are even worked out, and
-written meanwhile (`_Writer.announce`).
+the large buffers pickling will hand over are announced before the groups are even worked out (the
+pipeline's announce stage, `KernelImage.iter_groups`'s `on_values`), and written meanwhile (`_Writer.announce`).
 """
 
 from __future__ import annotations
@@ -26,9 +27,10 @@ from typing import Any, Callable, Iterable
 from ..hashing import detector, fingerprint, learn, object_id
 from ..pages import PAGE, address
 from ..pickling.bulk import bulk_buffers
+from ..records import BufferRecord, GroupRecord, MalformedRecord, ObjectRef, readable_groups
 from ..storage import CHUNK_SIZE, Store
 from ..timings import phase
-from .capture import EXTRAS_NAME, KernelImage
+from .capture import EXTRAS_NAME, GroupImage, KernelImage
 
 # Buffers from this size up that pickling will hand over are written before the groups are worked out
 # (see _Writer.announce): at 4 GB the grouping walk alone kept the disk idle for 0.3 s.
@@ -46,6 +48,10 @@ def chunk_views(view: memoryview, page_aligned: bool = False) -> list[memoryview
     land on pages too."""
     head = (-(address(view) or 0)) % PAGE if page_aligned and view.nbytes >= EARLY_MIN else 0
     return ([view[:head]] if head else []) + [view[i:i + CHUNK_SIZE] for i in range(head, view.nbytes, CHUNK_SIZE)]
+
+
+# runs after each new buffer is stored: its memory is no longer needed (a forked writer releases its pages)
+OnWritten = Callable[[memoryview], None]
 
 
 class _Cancelled(RuntimeError):
@@ -82,18 +88,15 @@ def known_objects(records: Iterable[dict[str, Any]]) -> dict[str, int]:
     """object id -> size for every stream and chunk named by earlier kernel records."""
     known: dict[str, int] = {}
     for record in records:
-        for group in record.get("groups", []):
-            for ref in [group.get("pickle") or {}, *(c for b in group.get("buffers", []) for c in b.get("chunks", []))]:
-                if ref.get("id"):
-                    known[ref["id"]] = int(ref["size"])
+        for group in readable_groups(record.get("groups") or ()):
+            known.update(group.objects())
     return known
 
 
 class _Writer:
     """Object refs for a kernel record; new content is written once, in the background, as it arrives."""
 
-    def __init__(self, store: Store, known: dict[str, int],
-                 on_written: Callable[[memoryview], None] | None = None):
+    def __init__(self, store: Store, known: dict[str, int], on_written: OnWritten | None = None):
         self.store = store
         self.known = known
         self.on_written = on_written
@@ -186,7 +189,7 @@ class _Writer:
         with phase("detect", view.nbytes):
             return fingerprint(view)
 
-    def add(self, view: memoryview) -> dict[str, Any]:
+    def add(self, view: memoryview) -> ObjectRef:
         start = address(view) if self._early else None
         early = self._early.get((start, view.nbytes)) if start is not None else None
         oid, stored = early.result() if early is not None else self._look_at(view)
@@ -195,7 +198,7 @@ class _Writer:
             self.stats.objects_reused += 1
         else:
             self.named.add(oid)
-        return {"size": view.nbytes, "id": oid}
+        return ObjectRef(oid, view.nbytes)
 
     def _put(self, view: memoryview, oid: str, detect: bool = False) -> tuple[str, int]:
         if self.cancel.is_set():
@@ -281,51 +284,38 @@ class _Writer:
 
 
 def persist_image(
-    store: Store, image: KernelImage, previous: Iterable[dict[str, Any]] = (),
-    on_written: Callable[[memoryview], None] | None = None,
+    store: Store, image: KernelImage, previous: Iterable[dict[str, Any]] = (), on_written: OnWritten | None = None,
 ) -> tuple[dict[str, Any], dict[str, int], PersistStats]:
-    """Write what is new; return (kernel record for the manifest, objects it names, stats).
+    """Stage 6: write what is new; return (kernel record for the manifest, objects it names, stats).
 
+    Drives the image's groups out of stages 2 to 5 (capture.py) one at a time, storing each as it comes.
     `on_written(view)` runs after each new buffer is stored (written to storage, or to a local batch's
     temporary: its memory is no longer needed; a forked writer releases its pages).
     """
     writer = _Writer(store, known_objects(previous), on_written)
-    if image.pending is not None and writer.pending is not None:
-        # a local batch can take back an early write that nothing names; an object store's PUT is final
-        image.before_grouping = lambda values: writer.announce(bulk_buffers(values, EARLY_MIN))
-    groups: list[dict[str, Any]] = []
+    # a local batch can take back an early write that nothing names; an object store's PUT is final
+    announce = (lambda values: writer.announce(bulk_buffers(values, EARLY_MIN))) if writer.pending is not None else None
+    groups: list[GroupRecord] = []
     started = time.perf_counter()
     try:
-        groups_in = image.iter_groups()
+        groups_in = image.iter_groups(on_values=announce)
         while True:
             with phase("serialize"):
                 g = next(groups_in, None)
             if g is None:
                 break
-            buffers = []
-            for view in g.pickled.buffers:
-                view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
-                chunks = [writer.add(chunk) for chunk in chunk_views(view, writer.page_aligned)]
-                buffers.append({"size": view.nbytes, "chunks": chunks})
-            groups.append({
-                "names": g.names,
-                "types": g.types,
-                "codec": g.pickled.codec,
-                "requires": sorted(g.pickled.requires),
-                "pickle": writer.add(memoryview(g.pickled.data)),
-                "buffers": buffers,
-            })
+            groups.append(_store_group(writer, g))
         writer.capture_done()
         serialized = time.perf_counter()
     finally:
         writer.finish()
     writer.stats.serialize_s = round(serialized - started, 4)
     writer.stats.write_wait_s = round(time.perf_counter() - serialized, 4)
-    writer.stats.groups_written = sum(1 for g in groups if g["names"] != [EXTRAS_NAME])
+    writer.stats.groups_written = sum(1 for g in groups if g.names != (EXTRAS_NAME,))
     writer.stats.groups_reused = len(image.reused)
     for record in image.reused:  # named again as they are: nothing pickled, hashed or written
-        refs = [record["pickle"], *(c for b in record["buffers"] for c in b["chunks"])]
-        writer.stats.bytes_total += sum(ref["size"] for ref in refs)
+        refs = record.refs()
+        writer.stats.bytes_total += sum(ref.size for ref in refs)
         writer.stats.objects_reused += len(refs)
         groups.append(record)
     kernel, objects = _kernel_record(groups, image)
@@ -334,18 +324,29 @@ def persist_image(
     return kernel, objects, writer.stats
 
 
-def _kernel_record(groups: list[dict[str, Any]], image: KernelImage) -> tuple[dict[str, Any], dict[str, int]]:
+def _store_group(writer: _Writer, g: GroupImage) -> GroupRecord:
+    """One serialized group's buffers, then its stream, handed to the writer; the record naming them."""
+    buffers = []
+    for view in g.pickled.buffers:
+        view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+        chunks = tuple(writer.add(chunk) for chunk in chunk_views(view, writer.page_aligned))
+        buffers.append(BufferRecord(view.nbytes, chunks))
+    return GroupRecord(names=tuple(g.names), types=g.types, codec=g.pickled.codec,
+                       requires=tuple(sorted(g.pickled.requires)), pickle=writer.add(memoryview(g.pickled.data)),
+                       buffers=tuple(buffers))
+
+
+def _kernel_record(groups: list[GroupRecord], image: KernelImage) -> tuple[dict[str, Any], dict[str, int]]:
     """The kernel record naming `groups` (each variable's group and size), and every object they name."""
     objects: dict[str, int] = {}
     variables: dict[str, Any] = {}
     for index, record in enumerate(groups):
-        size = record["pickle"]["size"] + sum(b["size"] for b in record["buffers"])
-        for ref in [record["pickle"], *(c for b in record["buffers"] for c in b["chunks"])]:
-            objects[ref["id"]] = ref["size"]
-        for name in record["names"]:
+        objects.update(record.objects())
+        for name in record.names:
             if name != EXTRAS_NAME:
-                variables[name] = {"type": record["types"][name], "group": index, "size": size}
-    kernel = {"groups": groups, "variables": variables, "imports": image.imports, "skipped": image.skipped}
+                variables[name] = {"type": record.types[name], "group": index, "size": record.nbytes}
+    kernel = {"groups": [g.to_dict() for g in groups], "variables": variables, "imports": image.imports,
+              "skipped": image.skipped}
     if image.changed:
         kernel["changed"] = image.changed  # saved, but not as they were: name -> why
     return kernel, objects
@@ -361,21 +362,28 @@ def carry_damaged(kernel: dict[str, Any], objects: dict[str, int], damaged: dict
     noted: dict[str, Any] = {}
     index_of: dict[str, int] = {}
     for name, info in sorted(damaged.items()):
-        group = info.get("group") if isinstance(info, dict) else None
-        if name in kernel["variables"] or not isinstance(group, dict) or name not in (group.get("names") or ()):
+        group = _carried_group(info)
+        if name in kernel["variables"] or group is None or name not in group.names:
             continue
-        if any(other in kernel["variables"] for other in group["names"]):
+        if any(other in kernel["variables"] for other in group.names):
             continue  # part of its group was captured anew: the old group would bind it twice
-        key = group["pickle"]["id"]
+        key = group.pickle.id
         if key not in index_of:
             index_of[key] = len(kernel["groups"])
-            kernel["groups"].append(group)
-            for ref in [group["pickle"], *(c for b in group.get("buffers", []) for c in b["chunks"])]:
-                objects[ref["id"]] = ref["size"]
-        size = group["pickle"]["size"] + sum(b["size"] for b in group.get("buffers", []))
-        kernel["variables"][name] = {"type": (group.get("types") or {}).get(name), "group": index_of[key],
-                                     "size": size, "damaged": True}
+            kernel["groups"].append(group.to_dict())
+            objects.update(group.objects())
+        kernel["variables"][name] = {"type": group.types.get(name), "group": index_of[key],
+                                     "size": group.nbytes, "damaged": True}
         noted[name] = {"why": str(info.get("why") or "it failed to restore"), "from": info.get("from")}
     if noted:
         kernel["damaged"] = noted
     return noted
+
+
+def _carried_group(info: Any) -> GroupRecord | None:
+    """The group record a damaged variable's entry holds; None when it holds none that can be read."""
+    group = info.get("group") if isinstance(info, dict) else None
+    try:
+        return GroupRecord.from_dict(group) if isinstance(group, dict) else None
+    except MalformedRecord:
+        return None

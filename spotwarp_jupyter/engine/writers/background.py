@@ -16,12 +16,24 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
+from typing import Any, Callable, Mapping, Protocol
 
 from .. import hashing, pages
 from ..incremental import ReusePlan
+from ..manifests import Manifest
 from ..pickling import main_namespace
-from ..variables import CaptureOptions, KernelImage, capture_namespace
+from ..variables import CaptureOptions, KernelImage, OnWritten, capture_namespace
+
+
+class Commit(Protocol):
+    """What every writer calls to store an image: persist it and commit its manifest (the caller's
+    SnapshotEngine.commit_image, bound to its notebook), returning the committed manifest.
+
+    `on_written(view)`, when not None, runs after each new buffer is stored: a forked writer drops its
+    copy-on-write share of the pages (`release_pages`), a staged one marks its copy's pages free.
+    """
+
+    def __call__(self, image: KernelImage, on_written: OnWritten | None) -> Manifest: ...
 
 
 def fork_unavailable_reason() -> str | None:
@@ -112,7 +124,7 @@ def release_pages(view: memoryview) -> None:
 
 
 def start_background(
-    commit: Callable[[KernelImage], Any],
+    commit: Commit,
     namespace: Mapping[str, Any],
     hidden: Mapping[str, Any] | None,
     options: CaptureOptions | None,
@@ -124,8 +136,7 @@ def start_background(
 ) -> BackgroundSnapshot:
     """Fork a child that captures (unless CUDA forces staging first, or `captured` is the image) and commits.
 
-    `commit(image, on_written)` persists the image and returns the committed manifest (run in the child,
-    with `release_pages` as the hook called after each buffer is stored).
+    `commit` runs in the child, with `release_pages` as its `on_written`.
     `on_done` runs in a reaper thread of the parent once the child has exited.
     The child runs below this process's priority (the training loop keeps the CPU), unless `urgent`
     (a preemption notice's snapshot, with the loop held until it commits).
@@ -163,7 +174,7 @@ def _lower_priority(pid: int) -> None:
 
 
 def start_in_thread(
-    commit: Callable[[KernelImage], Any],
+    commit: Commit,
     namespace: Mapping[str, Any],
     hidden: Mapping[str, Any] | None,
     options: CaptureOptions | None,

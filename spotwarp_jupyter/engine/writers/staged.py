@@ -28,7 +28,7 @@ from typing import Any, Callable, Mapping
 from .. import pages
 from ..incremental import ReusePlan
 from ..variables import CaptureOptions, KernelImage
-from .background import BackgroundSnapshot, capture_now, run_writer_thread, start_background
+from .background import BackgroundSnapshot, Commit, capture_now, run_writer_thread, start_background
 
 _ALIGN = pages.PAGE  # each copy has pages of its own (they can be given back alone), at its source's offset into a page
 _PIECE = 32 << 20  # copies are cut into pieces so every core shares a single large tensor
@@ -140,7 +140,7 @@ def stage(image: KernelImage, arena: StagingArena | None = None) -> tuple[int, m
 
 
 def start_staged(
-    commit: Callable[[KernelImage], Any],
+    commit: Commit,
     namespace: Mapping[str, Any],
     hidden: Mapping[str, Any] | None,
     options: CaptureOptions | None,
