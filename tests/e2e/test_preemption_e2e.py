@@ -18,7 +18,6 @@ import time
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.journal.events import (
     FINAL_SNAPSHOT_COMMITTED,
     NOTICE_SEEN,
@@ -28,6 +27,7 @@ from spotwarp_jupyter.engine.journal.events import (
     Journal,
 )
 
+from engines import make_engine
 from lab_server import Execution, LabServer, host_env
 from metadata_servers import WATCHER_ENV_OFF
 from waiting import read_progress, wait_for
@@ -56,7 +56,7 @@ for step in spotwarp.resumable(range(100000), name="train"):
 
 def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp_path):
     store = str(tmp_path / "durable-store")
-    engine = SnapshotEngine(Settings.resolve(project="pre", storage=store, env={}))
+    engine = make_engine(store, "pre")
     ws_a = tmp_path / "host-a" / "ws"
     ws_a.mkdir(parents=True)
     (ws_a / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))

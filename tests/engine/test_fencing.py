@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.coordination.fence import Fence, Fenced, Lease, write_lease
 from spotwarp_jupyter.engine.journal.events import Journal
 
+from engines import UNSIGNED, make_engine
 from lab_server import LabServer, host_env
 from waiting import wait_for
 
 
 def engine_for(store: str, fence: Fence) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="fp", storage=store, env={}), key=b"", fence=fence)
+    return make_engine(store, "fp", key=UNSIGNED, fence=fence)
 
 
 def test_the_lease_decides_who_commits_and_latest_never_goes_down_a_generation(tmp_path):
@@ -73,7 +74,7 @@ def test_a_kernel_checks_the_lease_before_it_commits(start_kernel, store_url):
     _out, ename, evalue = k.run_error("%spotwarp snapshot")
     assert "standby" in evalue, (ename, evalue)
     engine = engine_for(store_url, Fence())
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"", fence=Fence())
+    engine = make_engine(store_url, key=UNSIGNED, fence=Fence())
     assert engine.manifests() == []
     write_lease(engine.store, Lease(1, "cand-k", time.time()), key=b"fencing-key")
     k.run("%spotwarp snapshot")

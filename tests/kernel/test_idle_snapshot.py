@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import time
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 WAIT = "assert __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().wait_in_flight(120)"
 
 
 def _manifests(store_url: str) -> list:
-    return SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={})).manifests()
+    return make_engine(store_url).manifests()
 
 
 def _until(condition, what: str, timeout: float):

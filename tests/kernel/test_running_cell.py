@@ -3,7 +3,7 @@ and where: at a `resumable` loop's step, at a cell's end, or elsewhere inside a 
 
 from __future__ import annotations
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 SETUP = "%load_ext spotwarp\n%spotwarp policy --every 1h --no-after-cell\nimport spotwarp\nfrom spotwarp_jupyter import safepoints\n"
 # the source exactly as sent, trailing spaces and all: the record must not be the notebook's later text
@@ -26,7 +26,7 @@ def _run_cell(kernel, cell_id: str | None, code: str) -> None:
 
 
 def _newest_record(store_url: str) -> dict:
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     return engine.manifests()[0].kernels["train.ipynb"]
 
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.manifests import newest_kernel_records
 from spotwarp_jupyter.service import VIA_CLI, Project
+
+from engines import make_engine
 
 ON_DISK = {"cells": [
     {"cell_type": "code", "execution_count": None, "id": "setup", "metadata": {}, "outputs": [],
@@ -41,7 +42,7 @@ def test_a_new_host_gets_the_cells_that_ran_not_only_the_saved_ones(start_kernel
     _run_cell(k, "train", "steps = 20  # edited, run, not saved")
     _run_cell(k, "eval", "score = steps * lr  # a new cell, never saved")
     k.run("%spotwarp snapshot")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     # the server's final snapshot: the notebook file as it is on disk, and the kernel's newest record
     engine.snapshot_project(str(ws_a), newest_kernel_records(engine.manifests()), "final")
 
