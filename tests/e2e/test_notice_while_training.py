@@ -21,7 +21,7 @@ import pytest
 from spotwarp_jupyter.engine import SnapshotEngine
 
 from engines import make_engine
-from lab_server import TOKEN, Execution, LabServer, host_env
+from lab_server import TOKEN, Execution, LabServer, host_env, kill_kernel
 from metadata_servers import WATCHER_ENV_OFF
 from waiting import read_progress, wait_for
 
@@ -102,11 +102,7 @@ def test_snapshot_requests_reach_a_training_cell_and_sigterm_commits_the_newest_
         in_flight.close()
     finally:
         a.kill()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
     log = a.log()
     assert code == 0 and exited_after < GRACE_S, (code, exited_after, log[-3000:])
     assert "another snapshot or restore is still running" not in log  # the request in flight held nothing up

@@ -28,7 +28,7 @@ from spotwarp_jupyter.engine.journal.events import (
 )
 
 from engines import make_engine
-from lab_server import Execution, LabServer, host_env
+from lab_server import Execution, LabServer, host_env, kill_kernel
 from metadata_servers import WATCHER_ENV_OFF
 from waiting import read_progress, wait_for
 
@@ -84,11 +84,7 @@ def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp
         exited_after = time.monotonic() - sent
     finally:
         a.kill()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
     log_a = a.log()
     assert code == 0 and exited_after < GRACE_S, (code, exited_after, log_a[-3000:])
     final = next(m for m in engine.manifests() if m.kind == "project")

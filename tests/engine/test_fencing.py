@@ -18,7 +18,7 @@ from spotwarp_jupyter.engine.coordination.fence import Fence, Fenced, Lease, wri
 from spotwarp_jupyter.engine.journal.events import Journal
 
 from engines import UNSIGNED, make_engine
-from lab_server import LabServer, host_env
+from lab_server import LabServer, host_env, kill_kernel
 from waiting import wait_for
 
 
@@ -123,11 +123,7 @@ def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, l
         assert server.proc.wait(timeout=60) is not None
     finally:
         server.discard()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
     log = server.log()
     assert "no final snapshot" in log, log[-3000:]
     after = (engine.store.manifest_names(), [e.name for e in Journal(engine.store).events()])

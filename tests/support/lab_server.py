@@ -45,6 +45,16 @@ def carried_key(*homes: Path, project: str) -> dict[str, str]:
     return {}
 
 
+def kill_kernel(pid: int | None) -> None:
+    """SIGKILL to a server's kernel (`pid`, None when none started), if it still runs: what a vanished host
+    leaves of it is nothing a later test could meet."""
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _decode(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None
