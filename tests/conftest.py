@@ -9,8 +9,6 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import SnapshotEngine
-
 # No test may reach a real cloud metadata address (169.254.169.254): preemption watchers are limited
 # to signals, and every cloud watcher is off, unless a test turns one on against a local server.
 # Set before any server or kernel starts, so every subprocess inherits it.
@@ -20,6 +18,8 @@ os.environ.setdefault("SPOTWARP_WATCHERS", "signals")
 os.environ.setdefault("SPOTWARP_CONFIG_DIR", tempfile.mkdtemp(prefix="spotwarp-config-"))
 for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWARP_AZURE_METADATA_URL"):
     os.environ.setdefault(_name, "off")
+
+from spotwarp_jupyter.engine import SnapshotEngine  # noqa: E402
 
 from engines import make_engine  # noqa: E402
 from kernels import Kernel  # noqa: E402

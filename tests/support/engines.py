@@ -1,9 +1,9 @@
 """The engines tests build: one project in one store, with the key and settings the test names.
 
 What a key means differs by its value, so tests say which they want: `None` (the default, as in SnapshotEngine)
-is this host's key, `SPOTWARP_KEY` else the one kept for the project (what a kernel started by the test settled
-in the session's SPOTWARP_CONFIG_DIR), and the engine signs and checks with it when there is one; `UNSIGNED`
-(b"") signs nothing and checks nothing, whatever the environment or the kept keys say.
+takes this host's key, `SPOTWARP_KEY` or else the one kept for the project (what a kernel the test started
+settled in the session's SPOTWARP_CONFIG_DIR), and signs and checks with it when there is one; `UNSIGNED`
+(b"") signs and checks nothing, whatever the environment or the kept keys say.
 """
 
 from __future__ import annotations

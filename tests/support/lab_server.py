@@ -46,8 +46,8 @@ def carried_key(*homes: Path, project: str) -> dict[str, str]:
 
 
 def kill_kernel(pid: int | None) -> None:
-    """SIGKILL to a server's kernel (`pid`, None when none started), if it still runs: what a vanished host
-    leaves of it is nothing a later test could meet."""
+    """SIGKILL to a server's kernel, which may outlive a killed server: no test leaves one running. `pid` None
+    (no kernel was started) or a kernel already gone is nothing to do."""
     if pid:
         try:
             os.kill(pid, signal.SIGKILL)
