@@ -19,6 +19,9 @@ os.environ.setdefault("SPOTWARP_CONFIG_DIR", tempfile.mkdtemp(prefix="spotwarp-c
 for _name in ("SPOTWARP_AWS_METADATA_URL", "SPOTWARP_GCP_METADATA_URL", "SPOTWARP_AZURE_METADATA_URL"):
     os.environ.setdefault(_name, "off")
 
+from spotwarp_jupyter.engine import SnapshotEngine  # noqa: E402
+
+from engines import make_engine  # noqa: E402
 from kernels import Kernel  # noqa: E402
 from server_config import spotwarp_server_config  # noqa: E402
 
@@ -80,6 +83,12 @@ def _own_signing_key():
 def store_url(tmp_path: Path) -> str:
     """A fresh local store, outside every kernel's folder (durable storage shared by two hosts)."""
     return str(tmp_path / "store")
+
+
+@pytest.fixture
+def engine(store_url: str) -> SnapshotEngine:
+    """Project `proj` in the test's fresh store, with this host's key (none unless the test sets SPOTWARP_KEY)."""
+    return make_engine(store_url)
 
 
 @pytest.fixture

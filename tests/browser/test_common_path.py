@@ -12,8 +12,7 @@ import pytest
 from lab_pages import open_notebook_and_wait_for_kernel
 from playwright.sync_api import expect
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
-
+from engines import make_engine
 from lab_server import TOKEN
 
 pytestmark = pytest.mark.slow
@@ -110,7 +109,7 @@ def test_a_preempted_session_comes_back_as_the_user_left_it(start_lab, page, tmp
     expect(page.locator(".jp-NotebookPanel .jp-Notebook-ExecutionIndicator[data-status='busy']")).to_have_count(1)
     a.stop()
 
-    store = SnapshotEngine(Settings.resolve(project="browser", storage=str(tmp_path / "store"), env={}))
+    store = make_engine(tmp_path / "store", "browser")
     final = store.manifests()[0]
     record = final.kernels["train.ipynb"]
     position = record["positions"]["train"]

@@ -11,6 +11,8 @@ from spotwarp_jupyter.engine import ConfigError, Settings, StorageError
 from spotwarp_jupyter.engine.settings import expand_storage_url
 from spotwarp_jupyter.engine.units import parse_duration, parse_size
 
+from engines import make_engine
+
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "spotwarp_jupyter.cli", *args], capture_output=True, text=True,
@@ -114,12 +116,11 @@ def test_settings_precedence(tmp_path):
 
 
 def test_storage_that_is_a_file_is_refused(tmp_path):
-    from spotwarp_jupyter.engine import SnapshotEngine
 
     blocker = tmp_path / "blocker"
     blocker.write_text("not a folder")
     with pytest.raises(StorageError, match="unreachable|not writable|exist"):
-        SnapshotEngine(Settings(project="p", storage=str(blocker / "store")))
+        make_engine(blocker / "store", "p", resolved=False)
 
 
 @pytest.mark.process

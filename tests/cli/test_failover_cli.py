@@ -10,14 +10,15 @@ import time
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.coordination import write_heartbeat
+
+from engines import make_engine
 
 
 @pytest.mark.process
 def test_a_holder_silent_for_minutes_is_shown_lost(tmp_path):
     store = str(tmp_path / "store")
-    engine = SnapshotEngine(Settings.resolve(project="demo", storage=store, env={}), create=True)
+    engine = make_engine(store, "demo", create=True)
     now = time.time()
     write_heartbeat(engine.store, {"id": "cand-old", "state": "holder", "generation": 2, "time": now - 300,
                                    "interval_s": 5.0, "url": "http://old:8888/"})

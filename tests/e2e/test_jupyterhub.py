@@ -28,6 +28,7 @@ from tornado.websocket import websocket_connect
 from spotwarp_jupyter.engine import ConfigError, Settings, SnapshotEngine
 from spotwarp_jupyter.server.hub import HubIdentity, restore_on_start, shared_prefix_warning, workspace_is_fresh
 
+from engines import make_engine
 from lab_server import Execution
 from real_hub import (
     HUB_KEY_SECRET,
@@ -563,7 +564,7 @@ class TestWriteWithoutExecute:
 
 # -- restore-on-start, without a hub ---------------------------------------------------------------
 def test_restore_on_start_fills_a_fresh_workspace_and_only_what_a_kept_one_lacks(tmp_path):
-    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
+    engine = make_engine(tmp_path / "store", "p")
     source = tmp_path / "old-pod"
     (source / "src").mkdir(parents=True)
     (source / "src" / "train.py").write_text("print('train')\n")
@@ -599,7 +600,7 @@ def test_restore_on_start_fills_a_fresh_workspace_and_only_what_a_kept_one_lacks
     done = restore_on_start(SnapshotEngine(engine.settings), str(other), "if-empty", alice)
     assert done["restored"] is False and oid in done["error"]
     assert not (other / "notes.md").exists()
-    empty = SnapshotEngine(Settings.resolve(project="none", storage=str(tmp_path / "store"), env={}))
+    empty = make_engine(tmp_path / "store", "none")
     assert restore_on_start(empty, str(tmp_path / "fourth"), "if-empty", alice)["reason"] == \
         "project 'none' has no snapshot with files yet: starting with an empty workspace"
 

@@ -18,9 +18,10 @@ import time
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 
-from lab_server import TOKEN, Execution, LabServer, host_env
+from engines import make_engine
+from lab_server import TOKEN, Execution, LabServer, host_env, kill_kernel
 from metadata_servers import WATCHER_ENV_OFF
 from waiting import read_progress, wait_for
 
@@ -52,7 +53,7 @@ def _story(engine: SnapshotEngine) -> str:
 
 def test_snapshot_requests_reach_a_training_cell_and_sigterm_commits_the_newest_state(tmp_path):
     store = str(tmp_path / "store")
-    engine = SnapshotEngine(Settings.resolve(project="busy", storage=store, env={}))
+    engine = make_engine(store, "busy")
     ws = tmp_path / "host-a" / "ws"
     ws.mkdir(parents=True)
     (ws / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
@@ -101,11 +102,7 @@ def test_snapshot_requests_reach_a_training_cell_and_sigterm_commits_the_newest_
         in_flight.close()
     finally:
         a.kill()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
     log = a.log()
     assert code == 0 and exited_after < GRACE_S, (code, exited_after, log[-3000:])
     assert "another snapshot or restore is still running" not in log  # the request in flight held nothing up

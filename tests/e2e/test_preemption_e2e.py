@@ -18,7 +18,6 @@ import time
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.journal.events import (
     FINAL_SNAPSHOT_COMMITTED,
     NOTICE_SEEN,
@@ -28,7 +27,8 @@ from spotwarp_jupyter.engine.journal.events import (
     Journal,
 )
 
-from lab_server import Execution, LabServer, host_env
+from engines import make_engine
+from lab_server import Execution, LabServer, host_env, kill_kernel
 from metadata_servers import WATCHER_ENV_OFF
 from waiting import read_progress, wait_for
 
@@ -56,7 +56,7 @@ for step in spotwarp.resumable(range(100000), name="train"):
 
 def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp_path):
     store = str(tmp_path / "durable-store")
-    engine = SnapshotEngine(Settings.resolve(project="pre", storage=store, env={}))
+    engine = make_engine(store, "pre")
     ws_a = tmp_path / "host-a" / "ws"
     ws_a.mkdir(parents=True)
     (ws_a / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
@@ -84,11 +84,7 @@ def test_sigterm_mid_loop_final_snapshot_then_the_loop_resumes_on_a_new_host(tmp
         exited_after = time.monotonic() - sent
     finally:
         a.kill()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
     log_a = a.log()
     assert code == 0 and exited_after < GRACE_S, (code, exited_after, log_a[-3000:])
     final = next(m for m in engine.manifests() if m.kind == "project")

@@ -16,9 +16,10 @@ from typing import Any
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.journal.events import NOTICE_SEEN, RESTORE_FINISHED, RESTORE_STARTED, Journal
 
+from engines import engine_settings, make_engine
 from jupyter_api import call
 from lab_server import LabServer, host_env, tree
 
@@ -53,7 +54,7 @@ def lost_host(store: str, project: str, workspace: Path, env: dict[str, str] | N
 
 def notice_seen(store: str, project: str) -> None:
     """What host A's preemption watcher journals when the notice comes (its own server run)."""
-    journal = Journal(SnapshotEngine(Settings.resolve(project=project, storage=store, env={})).store)
+    journal = Journal(make_engine(store, project).store)
     journal.record(NOTICE_SEEN, source="aws", fatal=True, run="host-a", window_s=120)
 
 
@@ -64,7 +65,7 @@ def assert_resume_reported(store: str, project: str, snapshot: str, via: str) ->
     (row,) = report["events"]
     assert row["restored_snapshot"] == snapshot and row["survived"] is True, row
     assert row["resume_s"] is not None and row["resume_s"] >= 0 and report["resume_s_median"] == row["resume_s"]
-    events = Journal(SnapshotEngine(Settings.resolve(project=project, storage=store, env={})).store).events()
+    events = Journal(make_engine(store, project).store).events()
     started = [e for e in events if e.event == RESTORE_STARTED]
     finished = [e for e in events if e.event == RESTORE_FINISHED]
     assert [e.details.get("via") for e in started] == [via], [e.as_dict() for e in events]
@@ -135,7 +136,7 @@ def test_a_standby_candidate_restores_but_journals_nothing(tmp_path):
 
     store = str(tmp_path / "store")
     snapshot = lost_host(store, "standby", tmp_path / "host-a", host_env(tmp_path / "home"))
-    settings = Settings.resolve(project="standby", storage=store, env={})
+    settings = engine_settings(store, "standby")
     before = [e.as_dict() for e in Journal(SnapshotEngine(settings).store).events()]
     standby = Project(SnapshotEngine(settings, fence=Fence(1, "cand-a")), str(tmp_path / "host-b"))
     result = standby.restore("latest", via=VIA_HUB, files_only=True)

@@ -5,14 +5,13 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from lab_server import LabServer, host_env, tree
+from lab_server import LabServer, host_env, kill_kernel, tree
 
 pytestmark = pytest.mark.slow  # real `spotwarp start` processes on two hosts
 
@@ -66,11 +65,7 @@ def test_spotwarp_start_on_a_new_host_brings_files_and_kernel_state_back(tmp_pat
         assert second["notebooks"] == ["train.ipynb"] and second["parent"] is not None
     finally:
         a.kill()  # host A vanishes: server, and (below) its kernel, with no chance to clean up
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
 
     ws_b = tmp_path / "host-b" / "ws"  # does not exist yet: the new-host path
     # the manual path (docs/resume.md has the automatic one): nothing resumes by itself

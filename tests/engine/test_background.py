@@ -9,13 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
-
+from engines import make_engine
 from kernels import SESSION
-
-
-def _engine(store_url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings(project="proj", storage=store_url))
 
 
 def test_mutation_during_a_background_snapshot_is_never_mixed_in(start_kernel, store_url):
@@ -29,7 +24,7 @@ def test_mutation_during_a_background_snapshot_is_never_mixed_in(start_kernel, s
                 "s.wait_in_flight(120)\nprint(still_running, s.last_error)")
     assert out.split()[-1] == "None", out
     ns: dict = {}
-    manifest, _ = _engine(store_url).restore_kernel("latest", ns)
+    manifest, _ = make_engine(store_url, resolved=False).restore_kernel("latest", ns)
     assert manifest.stats["mode"] == "background"
     assert ns["meta"] == {"gen": 1}
     assert np.all(ns["x"] == 1.0), "the snapshot saw part of a later update"
@@ -38,7 +33,7 @@ def test_mutation_during_a_background_snapshot_is_never_mixed_in(start_kernel, s
 def test_automatic_snapshots_after_cells_by_policy(start_kernel, store_url):
     k = start_kernel("host")
     k.run("%load_ext spotwarp\n%spotwarp policy --every 1s\n" + SESSION + "counter = 0")
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     deadline = time.monotonic() + 60
     seen: set[int] = set()
     i = 0
@@ -61,7 +56,7 @@ def test_off_means_no_automatic_snapshots(start_kernel, store_url):
     k = start_kernel("host")
     k.run("%load_ext spotwarp\n%spotwarp policy --every 1s\n%spotwarp off\nimport time\ntime.sleep(1.2)")
     k.run("x = 1")
-    assert _engine(store_url).manifests() == []
+    assert make_engine(store_url, resolved=False).manifests() == []
 
 
 def test_only_one_snapshot_in_flight(start_kernel):
@@ -83,7 +78,7 @@ def test_killed_background_writer_leaves_last_snapshot_intact(start_kernel, stor
                 "job.kill()\n_ = s.wait_in_flight(60)\n"
                 "print('@@', job.result.ok, s.last_error)")
     line = [ln for ln in out.splitlines() if ln.startswith("@@")][-1]
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     listing = engine.manifests()
     assert not engine.rejected
     assert engine.verify().ok
@@ -105,7 +100,7 @@ def test_without_fork_snapshots_are_synchronous(start_kernel, store_url):
     k.run("%load_ext spotwarp\n%spotwarp off\n" + SESSION + "x = [1, 2, 3]\nm = s.snapshot_in_background()")
     assert k.value("type(m).__name__") == "Manifest"
     ns: dict = {}
-    manifest, _ = _engine(store_url).restore_kernel("latest", ns)
+    manifest, _ = make_engine(store_url, resolved=False).restore_kernel("latest", ns)
     assert ns["x"] == [1, 2, 3] and "mode" not in manifest.stats
 
 
@@ -115,7 +110,7 @@ def test_keep_retention_prunes_old_snapshots(start_kernel, store_url):
     for i in range(4):
         k.run(f"v = {i}\n%spotwarp snapshot")
     k.run(SESSION + "assert s.pruner.wait(60)")  # pruning runs after the commit, in a thread of its own
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     assert len(engine.manifests()) == 2
     ns: dict = {}
     engine.restore_kernel("latest", ns)
@@ -148,7 +143,7 @@ def test_keep_prunes_outside_the_users_cell(start_kernel, store_url, how):
     k.run("assert s.pruner.wait(60)")
     threads = k.value("_gc_threads")
     assert threads and set(threads) == {"spotwarp-keep"}, threads
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     (newest,) = engine.manifests()
     ns: dict = {}
     engine.restore_kernel(newest.id, ns)
@@ -158,7 +153,7 @@ def test_keep_prunes_outside_the_users_cell(start_kernel, store_url, how):
 def test_a_failing_prune_is_reported_once_and_clears_when_it_works_again(tmp_path, caplog):
     from spotwarp_jupyter.kernel.retention import Pruner
 
-    engine = _engine(str(tmp_path / "store"))
+    engine = make_engine(tmp_path / "store", resolved=False)
     for i in range(3):
         engine.snapshot_kernel({"v": i})
     locks = tmp_path / "store" / "proj" / "locks"
@@ -167,15 +162,16 @@ def test_a_failing_prune_is_reported_once_and_clears_when_it_works_again(tmp_pat
     pruner = Pruner()
     with caplog.at_level("WARNING", logger="spotwarp"):
         for _ in range(3):
-            pruner.after_commit(lambda: _engine(str(tmp_path / "store")), 1)
+            pruner.after_commit(lambda: make_engine(tmp_path / "store", resolved=False), 1)
             assert pruner.wait(60)
     failures = [r for r in caplog.records if "--keep" in r.getMessage()]
     assert len(failures) == 1 and "\n" not in failures[0].getMessage() and pruner.last_error
     assert len(engine.manifests()) == 3  # nothing dropped by a failed pass
     locks.unlink()
     locks.mkdir()
-    pruner.after_commit(lambda: _engine(str(tmp_path / "store")), 1)
-    assert pruner.wait(60) and pruner.last_error is None and len(_engine(str(tmp_path / "store")).manifests()) == 1
+    pruner.after_commit(lambda: make_engine(tmp_path / "store", resolved=False), 1)
+    assert pruner.wait(60) and pruner.last_error is None \
+        and len(make_engine(tmp_path / "store", resolved=False).manifests()) == 1
 
 
 PRIORITY = ("import json, numpy as np, os, threading, time\n"

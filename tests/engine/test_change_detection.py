@@ -16,14 +16,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, hashing
+from spotwarp_jupyter.engine import hashing
 from spotwarp_jupyter.engine.writers.background import start_background
 
+from engines import UNSIGNED, make_engine
+
 BIG = 3_000_000  # float64: 24 MB, one chunk
-
-
-def _engine(store: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="detect", storage=str(store), env={}), key=b"")
 
 
 def _chunk_ids(manifest) -> list[str]:
@@ -38,7 +36,7 @@ def _blake3_bytes(run) -> tuple[int, object]:
 
 
 def test_an_unchanged_large_buffer_is_named_again_without_a_blake3_pass(tmp_path: Path) -> None:
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "detect", key=UNSIGNED)
     ns = {"big": np.random.default_rng(1).random(BIG), "small": [1, 2, 3]}
     hashed_first, first = _blake3_bytes(lambda: engine.snapshot_kernel(ns))
     assert hashed_first >= ns["big"].nbytes
@@ -52,7 +50,7 @@ def test_an_unchanged_large_buffer_is_named_again_without_a_blake3_pass(tmp_path
 
 
 def test_a_buffer_changed_in_one_byte_is_hashed_stored_and_restored(tmp_path: Path) -> None:
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "detect", key=UNSIGNED)
     ns = {"big": np.random.default_rng(2).random(BIG)}
     first = engine.snapshot_kernel(ns)
     ns["big"].view(np.uint8)[12_345_678] ^= 0x01
@@ -81,7 +79,7 @@ def test_no_digest_comes_from_the_store(tmp_path: Path) -> None:
     with this kernel's bytes (one byte off): this process hashes its buffer with blake3 and stores it anew."""
     store = tmp_path / "store"
     subprocess.run([sys.executable, "-c", textwrap.dedent(_OTHER_PROCESS), str(store)], check=True, timeout=120)
-    engine = _engine(store)
+    engine = make_engine(store, "detect", key=UNSIGNED)
     stored = _chunk_ids(engine.get("latest"))
     chunks = engine.get("latest").kernels["default"]["groups"][0]["buffers"][0]["chunks"]
     head = sum(c["size"] for c in chunks[:-1])  # a page-aligning head piece, if any, then the one large chunk
@@ -100,7 +98,7 @@ def test_no_digest_comes_from_the_store(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_a_forked_writer_hands_its_digests_back_to_the_kernel(tmp_path: Path) -> None:
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "detect", key=UNSIGNED)
     ns = {"big": np.random.default_rng(4).random(BIG)}
     job = start_background(lambda image, on_written: engine.commit_image(image, on_written=on_written),
                            ns, None, None, dict)

@@ -8,7 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 # ~160 MB over several variables, so the write spans many objects and takes a while
 STATE = r'''
@@ -47,7 +47,7 @@ def test_kill_during_snapshot_leaves_previous_intact(start_kernel, store_url, se
     rng = random.Random(seed)
     kernel = start_kernel(f"host{seed}")
     kernel.run(STATE + "fill(1)\n%spotwarp snapshot -m gen1")
-    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    engine = make_engine(store_url, resolved=False)
     first = engine.get("latest")
 
     # start snapshot of generation 2 and kill the kernel at a random moment while it runs
@@ -56,7 +56,7 @@ def test_kill_during_snapshot_leaves_previous_intact(start_kernel, store_url, se
     time.sleep(rng.uniform(0.0, 2.5))  # the random kill point, not a synchronisation
     kernel.kill()
 
-    fresh = SnapshotEngine(Settings(project="proj", storage=store_url))
+    fresh = make_engine(store_url, resolved=False)
     listing = fresh.manifests()
     assert listing, "the first snapshot vanished"
     assert first.id in [m.id for m in listing]

@@ -11,9 +11,11 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.files.cut import take_cut
 from spotwarp_jupyter.service import VIA_START, Project
+
+from engines import make_engine
 
 
 def age(root: Path, seconds: float = 60) -> None:
@@ -36,7 +38,7 @@ def ws(tmp_path: Path) -> Path:
 
 @pytest.fixture
 def engine(tmp_path: Path, ws: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="cut", storage=str(tmp_path / "store"), workspace=str(ws), env={}))
+    return make_engine(tmp_path / "store", "cut", workspace=str(ws))
 
 
 def read_tree(root: Path) -> dict[str, bytes]:
@@ -184,7 +186,7 @@ def test_a_cut_against_the_same_entries_scanned_earlier_reads_again_what_was_wri
 @pytest.mark.process
 def test_kernel_snapshots_without_files_restore_with_their_notebooks_rebuilt(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWARP_KEY", "the project's key")  # recorded cells go into notebooks only when it vouches
-    engine = SnapshotEngine(Settings.resolve(project="old", storage=str(tmp_path / "store"), env={}))
+    engine = make_engine(tmp_path / "store", "old")
     project = Project(engine, str(tmp_path / "empty-host"))
     assert project.restore("latest", via=VIA_START, files_only=True) is None  # no snapshot at all: nothing
     printed = [{"output_type": "stream", "name": "stdout", "text": "step 1\nstep 2\n"}]
@@ -257,8 +259,7 @@ def test_verify_finds_a_damaged_files_record_and_gc_keeps_it(engine, ws, tmp_pat
 
 
 def test_the_timed_backup_commits_nothing_after_a_kernel_snapshot_with_its_cut(tmp_path, ws):
-    engine = SnapshotEngine(Settings.resolve(project="cut", storage=str(tmp_path / "store"), workspace=str(ws),
-                                             env={}))
+    engine = make_engine(tmp_path / "store", "cut", workspace=str(ws))
     engine.snapshot_kernel({"b": 1}, notebook="closed.ipynb")
     engine.snapshot_kernel({"a": 1}, notebook="train.ipynb", cut=engine.cut_workspace())
     newest = engine.manifests()[0]

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import DamagedObjectError, ManifestError, Settings, SnapshotEngine
+from spotwarp_jupyter.engine import DamagedObjectError, ManifestError
+
+from engines import make_engine
 
 
 def _cli(*args: str, store: str) -> subprocess.CompletedProcess:
@@ -20,7 +22,7 @@ def _cli(*args: str, store: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def snapped(store_url):
-    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    engine = make_engine(store_url, resolved=False)
     ns = {"weights": np.arange(1_000_000, dtype=np.float64), "note": "hello", "table": {"a": [1, 2, 3]}}
     manifest = engine.snapshot_kernel(ns)
     return engine, manifest, ns
@@ -59,7 +61,7 @@ def test_missing_object_is_named(snapped, store_url):
     engine, manifest, _ = snapped
     victim = _object_files(store_url)[0]
     victim.unlink()
-    report = SnapshotEngine(Settings(project="proj", storage=store_url)).verify()
+    report = make_engine(store_url, resolved=False).verify()
     assert not report.ok and any(victim.name in p and "missing" in p for p in report.problems)
 
 
@@ -68,7 +70,7 @@ def test_truncated_manifest_is_not_listed_and_is_reported(snapped, store_url):
     engine, manifest, _ = snapped
     path = Path(store_url, "proj", "snapshots", manifest.name)
     path.write_bytes(path.read_bytes()[:-40])
-    fresh = SnapshotEngine(Settings(project="proj", storage=store_url))
+    fresh = make_engine(store_url, resolved=False)
     assert fresh.manifests() == []
     with pytest.raises(ManifestError, match="not valid JSON|checksum"):
         fresh.get(manifest.id)
@@ -82,7 +84,7 @@ def test_edited_manifest_fails_its_checksum(snapped, store_url):
     doc = json.loads(path.read_text())
     doc["host"] = "someone-else"
     path.write_text(json.dumps(doc))
-    fresh = SnapshotEngine(Settings(project="proj", storage=store_url))
+    fresh = make_engine(store_url, resolved=False)
     with pytest.raises(ManifestError, match="checksum"):
         fresh.get(manifest.id)
 

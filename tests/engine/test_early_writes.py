@@ -15,11 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, timings
+from spotwarp_jupyter.engine import timings
 
-
-def _engine(store: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="early", storage=str(store), env={}), key=b"")
+from engines import UNSIGNED, make_engine
 
 
 def _files(folder: Path) -> set[str]:
@@ -42,7 +40,7 @@ class _Probe:
 
 def test_a_large_buffer_is_being_written_before_its_group_is_pickled(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    engine = _engine(store)
+    engine = make_engine(store, "early", key=UNSIGNED)
     big = np.random.default_rng(0).random(4_000_000)  # 32 MB: one chunk
     # the probe comes first in the one stream that holds `big`: before the early writes, nothing of this
     # snapshot had reached the folder while its only group was being pickled
@@ -66,7 +64,7 @@ def test_what_is_written_early_is_named_once_and_hashed_once(tmp_path: Path) -> 
     wide = torch.randn(600_000)
     ns = {"model": model, "opt": opt, "most": root[:900_000], "slice": torch.randn(1_000_000)[:10],
           "wide": wide[:400_000], "frozen": frozen, "state": {"w": torch.randn(300_000), "n": 3}}
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "early", key=UNSIGNED)
     with timings.collecting() as phases:
         manifest = engine.snapshot_kernel(ns)
     # each object hashed once: announced chunks are known again by address, not hashed twice
@@ -88,7 +86,7 @@ def test_what_is_written_early_is_named_once_and_hashed_once(tmp_path: Path) -> 
 def test_a_buffer_written_early_for_a_variable_that_then_fails_to_pickle_leaves_nothing_behind(tmp_path: Path) -> None:
     big = np.random.default_rng(3).random(3_000_000)
     ns = {"bad": [big, (i for i in range(3))], "ok": np.arange(10)}  # the generator cannot be pickled
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "early", key=UNSIGNED)
     manifest = engine.snapshot_kernel(ns)
     record = manifest.kernels["default"]
     assert "generator" in record["skipped"]["bad"] and "ok" in record["variables"]
@@ -114,7 +112,7 @@ class _Refusing(torch.nn.Linear):
 def test_a_value_that_raises_when_looked_at_early_is_still_saved(tmp_path: Path) -> None:
     torch.manual_seed(1)
     odd = _Refusing(512, 1024)  # 2 MB of weights: large enough to be looked for
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "early", key=UNSIGNED)
     manifest = engine.snapshot_kernel({"odd": odd, "big": np.arange(1_000_000.0)})
     assert set(manifest.kernels["default"]["variables"]) == {"odd", "big"}
     out: dict = {}

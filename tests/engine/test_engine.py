@@ -5,12 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import CaptureOptions, Settings, SnapshotEngine, SnapshotNotFound, SpotWarpError
+from spotwarp_jupyter.engine import CaptureOptions, SnapshotNotFound, SpotWarpError
 from spotwarp_jupyter.engine.variables.grouping import shared_groups
 
-
-def _engine(url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings(project="proj", storage=url))
+from engines import make_engine
 
 
 def test_groups_join_variables_that_share_objects():
@@ -30,7 +28,7 @@ def test_cycles_and_self_references_terminate():
 
 @pytest.mark.parametrize("url", ["local", "memory://bucket/spotwarp-tests"])
 def test_round_trip_on_any_fsspec_filesystem(url, store_url):
-    engine = _engine(store_url if url == "local" else url)
+    engine = make_engine(store_url if url == "local" else url, resolved=False)
     a = np.arange(10.0)
     ns = {"a": a, "b": a, "d": {"k": [1, 2]}, "s": "text"}
     engine.snapshot_kernel(ns)
@@ -42,7 +40,7 @@ def test_round_trip_on_any_fsspec_filesystem(url, store_url):
 
 
 def test_unchanged_state_writes_nothing_and_a_change_writes_only_it(store_url):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     big = np.random.default_rng(0).random(3_000_000)
     small = np.arange(100)
     ns = {"big": big, "small": small, "cfg": {"lr": 0.1}}
@@ -61,7 +59,7 @@ def test_skipped_variables_are_reported_not_fatal(store_url):
     import socket
     import threading
 
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     with socket.socket() as sock:
         ns = {"ok": 1, "gen": (i for i in range(2)), "sock": sock, "inside": [1, (i for i in range(2))],
               "lock": threading.Lock()}
@@ -73,7 +71,7 @@ def test_skipped_variables_are_reported_not_fatal(store_url):
 
 
 def test_policy_exclude_include_and_size_limit(store_url):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     ns = {"a": 1, "b": 2, "big": np.zeros(1000), "c": 3}
     options = CaptureOptions(exclude=frozenset({"b"}), max_var_size=4000)
     manifest = engine.snapshot_kernel(ns, options=options)
@@ -86,7 +84,7 @@ def test_policy_exclude_include_and_size_limit(store_url):
 
 
 def test_gc_keeps_newest_and_what_they_reference(store_url):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     keep_me = np.ones(100_000)
     ids = []
     for i in range(4):
@@ -104,7 +102,7 @@ def test_gc_keeps_newest_and_what_they_reference(store_url):
 
 
 def test_gc_leaves_young_unreferenced_objects_for_writers_in_flight(store_url):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     engine.snapshot_kernel({"x": np.arange(10)})
     orphan, _ = engine.store.put_object(b"an object a writer has not committed yet")
     engine.gc(keep=1)  # default grace period
@@ -112,7 +110,7 @@ def test_gc_leaves_young_unreferenced_objects_for_writers_in_flight(store_url):
 
 
 def test_ids_latest_and_prefixes(store_url):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, resolved=False)
     with pytest.raises(SnapshotNotFound, match="no snapshot"):
         engine.get("latest")
     first = engine.snapshot_kernel({"x": 1})

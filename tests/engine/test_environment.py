@@ -8,17 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.manifests.environment import collect_facts, package_versions, redacted_environment
 from spotwarp_jupyter.engine.variables.capture import capture_namespace
 from spotwarp_jupyter.engine.variables.save import persist_image
 
+from engines import make_engine
+
 SECRET = "s3cr3t-value-that-must-never-be-stored"
 
-
-@pytest.fixture
-def engine(tmp_path: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
 
 
 def _every_stored_byte(root: Path) -> bytes:
@@ -85,7 +83,7 @@ def test_restore_of_same_versions_is_quiet(engine):
 
 
 def test_kernel_prints_the_version_warning(start_kernel, store_url):
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     _snapshot_from_other_host(engine, {"numpy": "0.0.1"})
     kernel = start_kernel("host-b")
     out = kernel.run("%load_ext spotwarp\n%spotwarp restore latest")

@@ -13,16 +13,17 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.coordination.fence import Fence, Fenced, Lease, write_lease
 from spotwarp_jupyter.engine.journal.events import Journal
 
-from lab_server import LabServer, host_env
+from engines import UNSIGNED, make_engine
+from lab_server import LabServer, host_env, kill_kernel
 from waiting import wait_for
 
 
 def engine_for(store: str, fence: Fence) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="fp", storage=store, env={}), key=b"", fence=fence)
+    return make_engine(store, "fp", key=UNSIGNED, fence=fence)
 
 
 def test_the_lease_decides_who_commits_and_latest_never_goes_down_a_generation(tmp_path):
@@ -73,7 +74,7 @@ def test_a_kernel_checks_the_lease_before_it_commits(start_kernel, store_url):
     _out, ename, evalue = k.run_error("%spotwarp snapshot")
     assert "standby" in evalue, (ename, evalue)
     engine = engine_for(store_url, Fence())
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"", fence=Fence())
+    engine = make_engine(store_url, key=UNSIGNED, fence=Fence())
     assert engine.manifests() == []
     write_lease(engine.store, Lease(1, "cand-k", time.time()), key=b"fencing-key")
     k.run("%spotwarp snapshot")
@@ -122,11 +123,7 @@ def test_a_sigtermed_candidate_that_is_not_the_holder_writes_nothing(tmp_path, l
         assert server.proc.wait(timeout=60) is not None
     finally:
         server.discard()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
     log = server.log()
     assert "no final snapshot" in log, log[-3000:]
     after = (engine.store.manifest_names(), [e.name for e in Journal(engine.store).events()])

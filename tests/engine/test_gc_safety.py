@@ -18,10 +18,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.pickling import main_namespace
 from spotwarp_jupyter.engine.variables.capture import capture_namespace
 
+from engines import UNSIGNED, make_engine
 from lab_server import tree
 from storage_servers import StorageTarget, make_target
 
@@ -32,12 +33,6 @@ KEY_A, KEY_B = b"team-secret-a", b"another-teams-secret"
 def target(request: pytest.FixtureRequest, tmp_path: Path) -> StorageTarget:
     """A local store and one object-store emulator."""
     return make_target(request.param, request, tmp_path)
-
-
-def engine_on(target: StorageTarget, key: bytes = b"") -> SnapshotEngine:
-    """An engine of its own (its own Store), as a separate host or process would have."""
-    settings = Settings.resolve(project="proj", storage=target.url, storage_options=target.options, env={})
-    return SnapshotEngine(settings, key=key)
 
 
 def make_old(path: Path, seconds: float = 7200) -> None:
@@ -55,7 +50,7 @@ def commit_kernel(engine: SnapshotEngine, namespace: dict, on_written=None):
 
 def check_every_snapshot_restores(target: StorageTarget, tmp_path: Path, files: dict[str, bytes] | None = None) -> None:
     """Verify every snapshot a fresh host sees, restore each one's kernel state and the newest files."""
-    reader = engine_on(target)
+    reader = make_engine(target, key=UNSIGNED)
     report = reader.verify()
     assert report.ok, report.problems
     for m in reader.manifests():
@@ -74,7 +69,7 @@ def check_every_snapshot_restores(target: StorageTarget, tmp_path: Path, files: 
 
 
 def test_gc_during_a_kernel_snapshot_keeps_the_objects_it_reuses(target, tmp_path):
-    kernel, files_writer, collector = engine_on(target), engine_on(target), engine_on(target)
+    kernel, files_writer, collector = [make_engine(target, key=UNSIGNED) for _ in range(3)]
     big = np.arange(100_000.0)
     kernel.snapshot_kernel({"big": big, "step": np.zeros(100)})
     ws = tmp_path / "ws"
@@ -89,7 +84,7 @@ def test_gc_during_a_kernel_snapshot_keeps_the_objects_it_reuses(target, tmp_pat
 
     made = commit_kernel(kernel, {"big": big, "step": np.ones(100)}, on_written=gc_meanwhile)
     assert ran, "gc did not run while the snapshot was being written"
-    reader = engine_on(target)
+    reader = make_engine(target, key=UNSIGNED)
     assert reader.verify(made.id).ok, reader.verify(made.id).problems
     ns: dict = {}
     reader.restore_kernel(made.id, ns)
@@ -98,7 +93,7 @@ def test_gc_during_a_kernel_snapshot_keeps_the_objects_it_reuses(target, tmp_pat
 
 
 def test_gc_during_a_workspace_snapshot_keeps_the_chunks_it_reuses(target, tmp_path):
-    writer, other_writer, collector = engine_on(target), engine_on(target), engine_on(target)
+    writer, other_writer, collector = [make_engine(target, key=UNSIGNED) for _ in range(3)]
     ws, ws2 = tmp_path / "ws", tmp_path / "ws2"
     ws.mkdir()
     ws2.mkdir()
@@ -115,7 +110,7 @@ def test_gc_during_a_workspace_snapshot_keeps_the_chunks_it_reuses(target, tmp_p
 
     made = writer.snapshot_project(str(ws), progress=meanwhile)
     assert ran and made.stats["files_reused"] == 1
-    reader = engine_on(target)
+    reader = make_engine(target, key=UNSIGNED)
     assert reader.verify(made.id).ok, reader.verify(made.id).problems
     reader.restore_files(reader.get(made.id), str(tmp_path / "restored"))
     assert tree(tmp_path / "restored") == tree(ws)
@@ -123,7 +118,7 @@ def test_gc_during_a_workspace_snapshot_keeps_the_chunks_it_reuses(target, tmp_p
 
 def test_gc_running_alongside_both_writers_never_breaks_a_snapshot(target, tmp_path):
     """gc in a loop while the kernel writer and the workspace writer commit, many times over."""
-    kernel, files_writer, collector = engine_on(target), engine_on(target), engine_on(target)
+    kernel, files_writer, collector = [make_engine(target, key=UNSIGNED) for _ in range(3)]
     big = np.arange(50_000.0)  # reused by every kernel snapshot
     ws = tmp_path / "ws"
     ws.mkdir()
@@ -171,7 +166,7 @@ def test_keep_policy_of_one_kernel_keeps_the_other_notebooks_newest_snapshot(sta
         a.run(f"mine = 'a-{i}'\n%spotwarp snapshot")
     for k in (a, b):  # pruning runs after each commit, in a thread of its own
         k.run("assert __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().pruner.wait(60)")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}), key=b"")
+    engine = make_engine(store_url, key=UNSIGNED)
     notebooks = {nb for m in engine.manifests() for nb in m.kernels}
     assert len(notebooks) == 2, notebooks  # each kernel's newest state survives the other's gc
     b.run("mine = 'changed'\n%spotwarp restore latest")
@@ -188,18 +183,18 @@ def _objects_of(engine: SnapshotEngine, name: str) -> set[str]:
 
 @pytest.mark.parametrize("first_key", [b"", KEY_B], ids=["unsigned", "other-key"])
 def test_gc_with_a_new_key_keeps_the_snapshots_it_refuses(target, first_key):
-    old = engine_on(target, first_key).snapshot_kernel({"weights": np.arange(1000.0), "note": "before signing"})
-    signed = engine_on(target, KEY_A)
+    old = make_engine(target, key=first_key).snapshot_kernel({"weights": np.arange(1000.0), "note": "before signing"})
+    signed = make_engine(target, key=KEY_A)
     signed.snapshot_kernel({"other": np.ones(10)})
     report = signed.gc(keep=1, grace_s=0)
     assert old.id not in report.dropped
     ns: dict = {}
-    engine_on(target, first_key).restore_kernel(old.id, ns)
+    make_engine(target, key=first_key).restore_kernel(old.id, ns)
     assert ns["note"] == "before signing" and ns["weights"].tolist() == list(np.arange(1000.0))
 
 
 def test_gc_keeps_the_objects_of_a_damaged_but_readable_manifest(target):
-    engine = engine_on(target)
+    engine = make_engine(target, key=UNSIGNED)
     old = engine.snapshot_kernel({"weights": np.arange(1000.0)})
     path = posixpath.join(engine.store.snapshots_dir, old.name)
     doc = json.loads(engine.store.fs.cat_file(path))
@@ -207,19 +202,19 @@ def test_gc_keeps_the_objects_of_a_damaged_but_readable_manifest(target):
     engine.store.fs.pipe_file(path, json.dumps(doc).encode())
     named = _objects_of(engine, old.name)
     engine.snapshot_kernel({"other": np.ones(10)})
-    engine_on(target).gc(keep=1, grace_s=0)
+    make_engine(target, key=UNSIGNED).gc(keep=1, grace_s=0)
     assert engine.store.present(named) == named
 
 
 @pytest.mark.process
 def test_gc_deletes_no_object_while_a_manifest_cannot_be_read(target, tmp_path):
-    engine = engine_on(target)
+    engine = make_engine(target, key=UNSIGNED)
     engine.snapshot_kernel({"weights": np.arange(1000.0)})
     orphan, _ = engine.store.put_object(b"an object no manifest names")
     garbled = engine.snapshot_kernel({"x": 1})
     path = posixpath.join(engine.store.snapshots_dir, garbled.name)
     engine.store.fs.pipe_file(path, engine.store.fs.cat_file(path)[:40])  # half-written: not JSON
-    report = engine_on(target).gc(keep=1, grace_s=0)
+    report = make_engine(target, key=UNSIGNED).gc(keep=1, grace_s=0)
     assert report.objects_deleted == 0 and engine.store.has_object(orphan)
     assert garbled.name in report.objects_left and "\n" not in report.objects_left
     if target.kind == "local":
@@ -235,7 +230,7 @@ def test_gc_deletes_no_object_while_a_manifest_cannot_be_read(target, tmp_path):
 
 def test_locks_of_dead_processes_block_neither_writers_nor_gc(tmp_path, monkeypatch):
     monkeypatch.setenv("SPOTWARP_GC_WAIT_S", "5")  # a writer waiting on the dead gc would fail, not hang
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=str(tmp_path / "store"), env={}), key=b"")
+    engine = make_engine(tmp_path / "store", key=UNSIGNED)
     locks = Path(engine.store.locks_dir)
     locks.mkdir(parents=True, exist_ok=True)
     dead_gc, dead_writer = locks / "gc-otherhost-1-aaaa.json", locks / "write-otherhost-2-bbbb.json"
@@ -260,7 +255,7 @@ def test_gc_says_what_the_grace_period_kept_and_grace_0s_frees_it(tmp_path):
     """`gc --keep 1` on objects all younger than the grace period deletes none, and says why and how to free them
     safely; with `--grace 0s` (no writer live) it frees them."""
     store = str(tmp_path / "store")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store, env={}), key=b"")
+    engine = make_engine(store, key=UNSIGNED)
     engine.snapshot_kernel({"weights": np.arange(200_000.0)})
     engine.snapshot_kernel({"weights": np.zeros(10)})
     base = [sys.executable, "-m", "spotwarp_jupyter.cli", "gc", "--keep", "1", "--project-id", "proj", "--storage", store]

@@ -15,7 +15,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
+
+from engines import UNSIGNED, make_engine
 
 GOLDEN = Path(__file__).parents[1] / "golden" / "store_v1"
 
@@ -23,7 +25,7 @@ GOLDEN = Path(__file__).parents[1] / "golden" / "store_v1"
 def _engine(tmp_path: Path) -> SnapshotEngine:
     store = tmp_path / "store"
     shutil.copytree(GOLDEN, store, ignore=shutil.ignore_patterns("expected.json"))
-    return SnapshotEngine(Settings(project="golden", storage=str(store)), key=b"")
+    return make_engine(store, "golden", key=UNSIGNED, resolved=False)
 
 
 def test_the_old_kernel_snapshot_restores_and_carries_on(tmp_path):

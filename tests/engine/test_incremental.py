@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import engine_settings, make_engine
 
 SETUP = "%load_ext spotwarp\n%spotwarp off\nfrom spotwarp_jupyter.kernel.session import current as _cur\n"
 
@@ -20,7 +20,7 @@ def _snapshot(k) -> dict:
 
 def _latest(store_url: str) -> dict:
     ns: dict = {}
-    SnapshotEngine(Settings(project="proj", storage=store_url)).restore_kernel("latest", ns)
+    make_engine(store_url, resolved=False).restore_kernel("latest", ns)
     return ns
 
 
@@ -205,7 +205,7 @@ def test_no_reuse_when_another_kernel_committed_the_notebooks_newest_snapshot(st
     from spotwarp_jupyter.kernel.session import KernelSession
 
     def session(ns: dict) -> KernelSession:
-        s = KernelSession(ns, {}, Settings(project="proj", storage=store_url), Policy(enabled=False), notebook="nb")
+        s = KernelSession(ns, {}, engine_settings(store_url, resolved=False), Policy(enabled=False), notebook="nb")
         s.access.hooked = s.access.attached = True  # as after a cell through the kernel's hook
         return s
 

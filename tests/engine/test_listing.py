@@ -14,6 +14,8 @@ from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.kernel.policy import Policy
 from spotwarp_jupyter.kernel.session import KernelSession
 
+from engines import UNSIGNED, engine_settings
+
 
 class CountedFileSystem(LocalFileSystem):
     """The local disk; `listings` counts each listing of a `snapshots` folder."""
@@ -36,8 +38,8 @@ register_implementation("counted", CountedFileSystem, clobber=True)
 
 
 def _store(tmp_path) -> Settings:
-    settings = Settings(project="proj", storage="counted://" + str(tmp_path / "store"))
-    engine = SnapshotEngine(settings, key=b"")
+    settings = engine_settings("counted://" + str(tmp_path / "store"), resolved=False)
+    engine = SnapshotEngine(settings, key=UNSIGNED)
     engine.snapshot_kernel({"x": np.arange(4)}, notebook="a.ipynb")
     engine.snapshot_kernel({"x": np.arange(5)}, notebook="a.ipynb")
     engine.snapshot_kernel({"y": 1}, notebook="b.ipynb")
@@ -52,7 +54,7 @@ def _listings(run) -> int:
 
 def test_an_engine_restore_lists_the_store_once(tmp_path):
     settings = _store(tmp_path)
-    engine = SnapshotEngine(settings, key=b"")  # a new host: nothing cached
+    engine = SnapshotEngine(settings, key=UNSIGNED)  # a new host: nothing cached
     ns: dict = {}
     assert _listings(lambda: engine.restore_kernel("latest", ns, notebook="a.ipynb")) == 1
     assert ns["x"].tolist() == [0, 1, 2, 3, 4]

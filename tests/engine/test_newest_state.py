@@ -9,8 +9,10 @@ record that another kernel's snapshot of the same notice holds.
 
 from __future__ import annotations
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.service import KernelAnswer, Project
+
+from engines import make_engine
 
 
 def _snapshot(engine: SnapshotEngine, step: int, state_at: float, run: str = "run-a"):
@@ -21,7 +23,7 @@ def _snapshot(engine: SnapshotEngine, step: int, state_at: float, run: str = "ru
 def test_a_project_snapshot_keeps_the_newest_state_whatever_committed_last(tmp_path):
     (tmp_path / "ws").mkdir()
     (tmp_path / "ws" / "config.yaml").write_text("lr: 0.01\n")
-    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
+    engine = make_engine(tmp_path / "store", "p")
     project = Project(engine, str(tmp_path / "ws"))
     _snapshot(engine, 100, state_at=2000.0)
     older = _snapshot(engine, 67, state_at=1000.0)  # taken first, committed last
@@ -51,8 +53,7 @@ def test_a_notices_answer_is_the_asked_kernels_own_snapshot_not_a_copy_in_anothe
     from spotwarp_jupyter.server.kernel_link import snapshot_answering
 
     (tmp_path / "ws").mkdir()
-    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"),
-                                             workspace=str(tmp_path / "ws"), env={}))
+    engine = make_engine(tmp_path / "store", "p", workspace=str(tmp_path / "ws"))
     _snapshot(engine, 6, state_at=1000.0)  # train.ipynb's periodic snapshot
     # one notice, one id, two kernels: idle.ipynb commits first, its snapshot holding the workspace copies
     # train.ipynb's newest record

@@ -14,18 +14,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine import DamagedObjectError, StorageError
 from spotwarp_jupyter.engine.hashing import object_id
 from spotwarp_jupyter.engine.storage import store as store_module
 from spotwarp_jupyter.engine.storage.store import Store
 
+from engines import make_engine
 from kernels import SESSION
 from storage_servers import StorageServer, StorageTarget
-
-
-def engine_for(target: StorageTarget, project: str = "proj") -> SnapshotEngine:
-    """An engine on `target`, as a host with no configuration but the target's would open it."""
-    return SnapshotEngine(Settings.resolve(project=project, storage=target.url, storage_options=target.options, env={}))
 
 
 def stored_objects(target: StorageTarget, project: str = "proj") -> set[str]:
@@ -81,7 +77,7 @@ def test_background_snapshot_writes_to_object_storage(object_storage: StorageTar
         assert error is None, error
     assert snapshots, "no automatic snapshot reached the bucket"
     a.kill()
-    engine = engine_for(object_storage)
+    engine = make_engine(object_storage)
     latest = engine.get("latest")
     assert latest.stats.get("mode") == "background"
     ns: dict = {}
@@ -99,7 +95,7 @@ def test_a_loops_staged_snapshot_writes_to_object_storage(object_storage: Storag
     assert out.split() == ["staged", "None"], out
     a.kill()
     ns: dict = {}
-    engine_for(object_storage).restore_kernel("latest", ns)
+    make_engine(object_storage).restore_kernel("latest", ns)
     assert np.all(ns["big"] == 2.0), "the snapshot is not the state at its step"
 
 
@@ -113,7 +109,7 @@ def test_a_server_that_stops_answering_fails_the_snapshot_instead_of_holding_it(
     monkeypatch.setenv("SPOTWARP_STORAGE_RETRIES", "1")
     monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.1")
     monkeypatch.setenv("SPOTWARP_STORAGE_REQUEST_TIMEOUT", "2")
-    engine = engine_for(target)
+    engine = make_engine(target)
     first = engine.snapshot_kernel({"step": 1}, message="before the server hung")
     link.stall()  # a hung server, or a partition that drops packets: no reset, no answer
     outcome: dict = {}
@@ -132,10 +128,10 @@ def test_a_server_that_stops_answering_fails_the_snapshot_instead_of_holding_it(
     message = outcome.get("error", "")
     assert message and "\n" not in message and target.url in message, outcome
     with pytest.raises(StorageError) as reading:  # a new host restoring meanwhile: one line too, in bounded time
-        engine_for(target).restore_kernel(first.id, {})
+        make_engine(target).restore_kernel(first.id, {})
     assert "\n" not in str(reading.value) and target.url in str(reading.value)
     link.restore()
-    assert [m.id for m in engine_for(target).manifests()] == [first.id]
+    assert [m.id for m in make_engine(target).manifests()] == [first.id]
 
 
 # -- a storage server that stops in the middle of a large snapshot -------------------------------------
@@ -155,7 +151,7 @@ def test_storage_stops_mid_snapshot(kind, request, link_to, monkeypatch):
     # gcsfs alone retries a refused connection for ~34 s; our own retries come on top of the backend's
     monkeypatch.setenv("SPOTWARP_STORAGE_RETRIES", "1" if kind == "gcs" else "2")
     monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.1")
-    engine = engine_for(target)
+    engine = make_engine(target)
     first = engine.snapshot_kernel({"step": 41, "small": np.arange(1000)}, message="before the outage")
 
     ns = big_namespace()
@@ -170,7 +166,7 @@ def test_storage_stops_mid_snapshot(kind, request, link_to, monkeypatch):
     link.restore()  # the server is back
 
     # another host sees only the committed snapshot, and it restores
-    other = engine_for(target)
+    other = make_engine(target)
     assert [m.id for m in other.manifests()] == [first.id]
     restored: dict = {}
     other.restore_kernel("latest", restored)
@@ -188,7 +184,7 @@ def test_storage_stops_mid_snapshot(kind, request, link_to, monkeypatch):
     store.clear_interrupted_uploads(older_than_s=0)
     assert store.interrupted_uploads() == []
     back: dict = {}
-    engine_for(target).restore_kernel(second.id, back)
+    make_engine(target).restore_kernel(second.id, back)
     assert all(np.array_equal(back[k], ns[k]) for k in ns if k.startswith("layer")) and back["blob"] == ns["blob"]
 
 
@@ -198,7 +194,7 @@ def test_short_outage_is_ridden_out(kind, request, link_to, monkeypatch):
     link = link_to(server)
     target = server.target(port=link.port)
     monkeypatch.setenv("SPOTWARP_STORAGE_BACKOFF", "0.2")
-    engine = engine_for(target)
+    engine = make_engine(target)
     ns = {f"a{i}": np.full(1_000_000, i, dtype=np.float64) for i in range(6)}
     link.cut_after(10 * 1024 * 1024)
     result: dict = {}
@@ -216,7 +212,7 @@ def test_short_outage_is_ridden_out(kind, request, link_to, monkeypatch):
     writer.join(120)
     assert "error" not in result, result.get("error")
     back: dict = {}
-    engine_for(target).restore_kernel(result["manifest"].id, back)
+    make_engine(target).restore_kernel(result["manifest"].id, back)
     assert all(np.array_equal(back[k], ns[k]) for k in ns)
 
 
@@ -226,7 +222,7 @@ def test_unreachable_storage_is_one_clear_line(s3_server, monkeypatch):
     target = s3_server.target()
     target.options["client_kwargs"]["endpoint_url"] = "http://127.0.0.1:9"  # nothing listens there
     with pytest.raises(StorageError) as failure:
-        engine_for(target)
+        make_engine(target)
     message = str(failure.value)
     assert "\n" not in message and "unreachable" in message and target.url in message
 
@@ -237,7 +233,7 @@ def test_missing_bucket_says_so(kind, request):
     target = server.target()
     target.url = target.url.replace(server.bucket, "no-such-bucket-spotwarp")
     with pytest.raises(StorageError, match="does not exist"):
-        engine_for(target)
+        make_engine(target)
 
 
 # -- two writers on one project ------------------------------------------------------------------
@@ -270,7 +266,7 @@ def test_two_writers_lose_nothing_and_agree_on_latest(storage: StorageTarget, st
         t.join(300)
     assert set(ids) == {"old", "new"} and all(len(v) == n for v in ids.values())
 
-    engine = engine_for(storage)
+    engine = make_engine(storage)
     listing = engine.manifests()
     assert sorted(m.id for m in listing) == sorted(ids["old"] + ids["new"])  # none lost, none extra
     assert not engine.rejected
@@ -285,17 +281,17 @@ def test_two_writers_lose_nothing_and_agree_on_latest(storage: StorageTarget, st
     # latest: newest by creation time, ties broken by id; every host agrees
     newest = max(listing, key=lambda m: (m.created, m.id))
     assert engine.get("latest").id == newest.id == listing[0].id
-    assert engine_for(storage).get("latest").id == newest.id
+    assert make_engine(storage).get("latest").id == newest.id
 
 
 def test_latest_breaks_a_time_tie_by_id(storage: StorageTarget):
-    engine = engine_for(storage)
+    engine = make_engine(storage)
     made = []
     for snapshot_id in ("bbbbbbbb", "aaaaaaaa", "cccccccc"):
         m = engine.new_manifest("kernel", snapshot_id)
         m.id, m.created = snapshot_id, 1_800_000_000.5  # three hosts committing in the same millisecond
         made.append(engine.commit_manifest(m))
-    other = engine_for(storage)
+    other = make_engine(storage)
     assert other.get("latest").id == "cccccccc"
     assert [m.id for m in other.manifests()] == ["cccccccc", "bbbbbbbb", "aaaaaaaa"]
 
@@ -373,11 +369,11 @@ def test_equal_tensors_are_read_once_and_restored_apart(kind, request):
     server: StorageServer = request.getfixturevalue(f"{kind}_server")
     target = server.target()
     ns = {"steps": [torch.tensor(7.0) for _ in range(20)], "weights": torch.arange(256.0)}
-    manifest = engine_for(target).snapshot_kernel(ns)
+    manifest = make_engine(target).snapshot_kernel(ns)
     oid = object_id(torch.tensor(7.0).numpy().tobytes())
     since = len(server.log.read_text())
     back: dict = {}
-    engine_for(target).restore_kernel(manifest.id, back)
+    make_engine(target).restore_kernel(manifest.id, back)
     assert [float(t) for t in back["steps"]] == [7.0] * 20 and torch.equal(back["weights"], ns["weights"])
     lines = requests_logged(server, since, oid, "GET")
     assert len(lines) == 1, lines

@@ -18,16 +18,14 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, pages
+from spotwarp_jupyter.engine import pages
 from spotwarp_jupyter.engine.variables import capture_namespace
 from spotwarp_jupyter.engine.variables.save import chunk_views
 from spotwarp_jupyter.engine.writers import staged
 
+from engines import UNSIGNED, make_engine
+
 PAGE = pages.PAGE
-
-
-def _engine(store: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="aligned", storage=store, env={}), key=b"")
 
 
 def _buffers(store: Path) -> list[dict]:
@@ -47,7 +45,7 @@ def test_a_tensor_past_a_page_is_stored_from_its_page_and_restored_at_the_same_o
     offsets = {"tensor": tensor.data_ptr() % PAGE, "array": array.ctypes.data % PAGE}
     assert all(offsets.values()), f"the allocators placed these on pages ({offsets}): nothing here to test"
     store = tmp_path / "store"
-    engine = _engine(str(store))
+    engine = make_engine(store, "aligned", key=UNSIGNED)
     engine.snapshot_kernel({"tensor": tensor, "array": array})
 
     sizes = _chunk_sizes(store, tensor.nbytes)
@@ -63,11 +61,11 @@ def test_a_tensor_past_a_page_is_stored_from_its_page_and_restored_at_the_same_o
 
 def test_a_restored_state_is_known_again_and_writes_nothing_large(tmp_path: Path) -> None:
     store = tmp_path / "store"
-    engine = _engine(str(store))
+    engine = make_engine(store, "aligned", key=UNSIGNED)
     engine.snapshot_kernel({"tensor": torch.randn(5_000_000), "n": 1})
     out: dict = {}
     engine.restore_kernel("latest", out)
-    again = _engine(str(store)).snapshot_kernel({"tensor": out["tensor"], "n": 2})
+    again = make_engine(store, "aligned", key=UNSIGNED).snapshot_kernel({"tensor": out["tensor"], "n": 2})
     assert again.stats["bytes_written"] < 100_000, again.stats  # the same chunks, cut at the same places
 
 

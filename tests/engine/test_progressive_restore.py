@@ -13,10 +13,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.kernel.cell_names import after_restore, looks_only, may_touch
 
 import gated_fs
+from engines import UNSIGNED, engine_settings, make_engine
 
 SUPPORT = str(Path(__file__).resolve().parents[1] / "support")  # gated_fs, for the kernels
 BIG = 40_000_000  # bytes of the large array: over the 4 MiB a group may hold to be bound at once
@@ -32,7 +33,7 @@ def gate(tmp_path: Path, monkeypatch) -> str:
 
 def _snapshot_small_and_big(store_url: str) -> dict:
     ns = {"n": 5, "words": ["a", "b"], "big": np.arange(BIG // 8, dtype=np.float64)}
-    SnapshotEngine(Settings(project="proj", storage=store_url)).snapshot_kernel(ns)
+    make_engine(store_url, resolved=False).snapshot_kernel(ns)
     return ns
 
 
@@ -50,7 +51,7 @@ def _damage_biggest_object(store_url: str) -> Path:
 
 def test_small_variables_are_bound_while_the_large_one_is_held_back(store_url, gate):
     _snapshot_small_and_big(store_url)
-    engine = SnapshotEngine(Settings(project="proj", storage="gated://" + store_url), create=False)
+    engine = make_engine("gated://" + store_url, create=False, resolved=False)
     ns: dict = {}
     _m, result, load = engine.restore_kernel_progressive("latest", ns)
     assert ns["n"] == 5 and ns["words"] == ["a", "b"] and "big" not in ns
@@ -68,7 +69,7 @@ def test_a_damaged_large_object_is_reported_once_and_the_rest_stays(store_url):
     _snapshot_small_and_big(store_url)
     victim = _damage_biggest_object(store_url)
     ns: dict = {"big": "old value"}
-    _m, result, load = SnapshotEngine(Settings(project="proj", storage=store_url)).restore_kernel_progressive("latest", ns)
+    _m, result, load = make_engine(store_url, resolved=False).restore_kernel_progressive("latest", ns)
     assert ns["n"] == 5 and load is not None and load.wait(60)
     assert load.bind_ready(ns) == []
     assert ns["big"] == "old value", "a group that failed must not be bound, nor its name dropped"
@@ -80,7 +81,7 @@ def test_a_damaged_large_object_is_reported_once_and_the_rest_stays(store_url):
 
 def _restore_at_once(store_url: str, project: str, ns: dict) -> tuple[dict, object, object]:
     """Snapshot `ns`, restore it progressively: (what was bound at once, the result, the background load)."""
-    engine = SnapshotEngine(Settings(project=project, storage=store_url))
+    engine = make_engine(store_url, project, resolved=False)
     engine.snapshot_kernel(ns)
     restored: dict = {}  # what the deferred groups load is bound only by bind_ready: no gate needed
     _m, result, load = engine.restore_kernel_progressive("latest", restored)
@@ -232,15 +233,15 @@ def test_a_variable_that_failed_to_restore_is_carried_forward_and_its_snapshot_k
     a restore of the newest snapshot reports `big` again instead of lacking it silently. On a local folder and on
     object storage alike (a store writer damages the object in place)."""
     env: dict[str, str] = {}
-    settings = Settings.resolve(project="proj", storage=store_url, env={})
+    settings = engine_settings(store_url)
     if kind == "s3":
         target = request.getfixturevalue("s3_server").target()
         env = target.kernel_env()
-        settings = Settings.resolve(project="proj", storage=target.url, storage_options=target.options, env={})
+        settings = engine_settings(target)
     a = start_kernel("host-a", **env)
     a.run(MAKE)
     a.close()
-    engine = SnapshotEngine(settings, key=b"")
+    engine = SnapshotEngine(settings, key=UNSIGNED)
     objects = engine.store.fs.find(engine.store.objects_dir, detail=True)
     victim = max(objects, key=lambda p: objects[p]["size"])
     data = bytearray(engine.store.fs.cat_file(victim))

@@ -15,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import UNSIGNED, make_engine
 
 
 def _mapped(address: int) -> bool:
@@ -42,11 +42,11 @@ def test_restored_large_buffers_stay_alive_with_their_objects(tmp_path):
     rng = np.random.default_rng(3)
     array = rng.random((3_000_000,))  # 24 MB: read into a buffer of its own
     tensor = torch.from_numpy(rng.random((2_000, 1_500)).astype(np.float32))
-    engine = SnapshotEngine(Settings(project="proj", storage=str(tmp_path / "store")), key=b"")
+    engine = make_engine(tmp_path / "store", key=UNSIGNED, resolved=False)
     engine.snapshot_kernel({"array": array, "tensor": tensor})
 
     ns: dict = {}
-    SnapshotEngine(Settings(project="proj", storage=str(tmp_path / "store")), key=b"").restore_kernel("latest", ns)
+    make_engine(tmp_path / "store", key=UNSIGNED, resolved=False).restore_kernel("latest", ns)
     restored_array, restored_tensor = ns.pop("array"), ns.pop("tensor")
     ns.clear()
     gc.collect()

@@ -18,16 +18,13 @@ import numpy as np
 import pytest
 import torch
 
-from spotwarp_jupyter.engine import DamagedObjectError, Settings, SnapshotEngine
+from spotwarp_jupyter.engine import DamagedObjectError
 
+from engines import UNSIGNED, make_engine
 from waiting import wait_for
 
 MIB = 1024 * 1024
 BIG = 2 * 64 * MIB + 8 * MIB + 3 * 4096 + 123  # two whole objects, a partial one, a partial page
-
-
-def _engine(store: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings(project="proj", storage=store), key=b"")
 
 
 def _state() -> dict:
@@ -52,7 +49,7 @@ def snapped(tmp_path_factory) -> tuple[str, dict, list[Path]]:
     """One snapshot of the state for the whole module; its large array's objects, largest first."""
     store = str(tmp_path_factory.mktemp("pipeline") / "store")
     state = _state()
-    _engine(store).snapshot_kernel(state)
+    make_engine(store, key=UNSIGNED, resolved=False).snapshot_kernel(state)
     objects = sorted((p for p in Path(store, "proj", "objects").rglob("*") if p.is_file()),
                      key=lambda p: p.stat().st_size, reverse=True)
     return store, state, objects
@@ -83,7 +80,7 @@ def test_damage_anywhere_in_a_large_object_refuses_the_restore(snapped, which, o
         _evict(Path(store))
         ns = {"note": "keep me"}
         with pytest.raises(DamagedObjectError, match=victim.name):
-            _engine(store).restore_kernel("latest", ns)
+            make_engine(store, key=UNSIGNED, resolved=False).restore_kernel("latest", ns)
         assert ns == {"note": "keep me"}, "a refused restore bound something"
     finally:
         _flip(victim, at)
@@ -108,11 +105,11 @@ def test_restored_arrays_own_small_pages_that_outlive_the_pipeline(snapped):
     store, state, _objects = snapped
     _evict(Path(store))
     first: dict = {}
-    _engine(store).restore_kernel("latest", first)
+    make_engine(store, key=UNSIGNED, resolved=False).restore_kernel("latest", first)
     big, weights = first.pop("big"), first.pop("weights")
     first.clear()
     second: dict = {}  # a second restore: the pipeline's threads and any memory it freed are used again
-    _engine(store).restore_kernel("latest", second)
+    make_engine(store, key=UNSIGNED, resolved=False).restore_kernel("latest", second)
     second["big"][:] = 0
     second["weights"].zero_()
     del second
@@ -177,6 +174,6 @@ def test_a_restore_killed_midway_leaves_the_store_whole_for_the_next(snapped, tm
     assert killed_midway, "every restore ended before the kill"
     assert _tree(Path(store)) == before, "a killed restore changed the store"
     ns: dict = {}
-    _engine(store).restore_kernel("latest", ns)
+    make_engine(store, key=UNSIGNED, resolved=False).restore_kernel("latest", ns)
     assert sorted(ns) == sorted(state) and np.array_equal(ns["big"], state["big"])
     assert torch.equal(ns["weights"], state["weights"]) and ns["note"] == "hello"

@@ -17,17 +17,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import ManifestError, Settings, SnapshotEngine
+from spotwarp_jupyter.engine import ManifestError, SnapshotEngine
 from spotwarp_jupyter.engine.manifests.manifest import _canonical
 
+from engines import make_engine
 from storage_servers import StorageTarget
 
 KEY = b"one-key-for-the-whole-team"
-
-
-def engine_at(target: StorageTarget, project: str = "proj") -> SnapshotEngine:
-    settings = Settings.resolve(project=project, storage=target.url, storage_options=target.options, env={})
-    return SnapshotEngine(settings, key=KEY)
 
 
 def elsewhere(target: StorageTarget, suffix: str) -> StorageTarget:
@@ -49,9 +45,9 @@ def copy_project(source: SnapshotEngine, dest: SnapshotEngine) -> int:
 
 def planted(target: StorageTarget, to: StorageTarget, project: str = "proj", to_project: str = "proj"):
     """A signed snapshot made at `target`, copied to `to`; the engine reading it there."""
-    made = engine_at(target, project).snapshot_kernel({"payload": np.arange(5.0), "who": "theirs"})
-    reader = engine_at(to, to_project)
-    assert copy_project(engine_at(target, project), reader) >= 2
+    made = make_engine(target, project, key=KEY).snapshot_kernel({"payload": np.arange(5.0), "who": "theirs"})
+    reader = make_engine(to, to_project, key=KEY)
+    assert copy_project(make_engine(target, project, key=KEY), reader) >= 2
     assert reader.store.manifest_names(), "the copy is there to be read"
     return made, reader
 
@@ -69,7 +65,7 @@ def test_a_signed_snapshot_copied_to_another_prefix_is_refused(storage: StorageT
     assert ns == {"mine": 1}  # nothing was loaded
     with pytest.raises(ManifestError):
         reader.restore_kernel("latest", ns)
-    assert engine_at(storage).get(made.id).signed  # where it was made, it is fine
+    assert make_engine(storage, key=KEY).get(made.id).signed  # where it was made, it is fine
 
 
 def test_a_signed_snapshot_copied_to_another_project_is_refused(storage: StorageTarget):
@@ -81,15 +77,15 @@ def test_a_signed_snapshot_copied_to_another_project_is_refused(storage: Storage
 def test_a_signed_snapshot_of_another_hub_user_is_refused(tmp_path: Path, monkeypatch):
     shared = StorageTarget("local", str(tmp_path / "shared-store"))  # one prefix for everyone: the risky layout
     monkeypatch.setenv("JUPYTERHUB_USER", "bob")
-    made = engine_at(shared).snapshot_kernel({"who": "bob"})
+    made = make_engine(shared, key=KEY).snapshot_kernel({"who": "bob"})
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-    reader = engine_at(shared)
+    reader = make_engine(shared, key=KEY)
     with pytest.raises(ManifestError) as refused:
         reader.restore_kernel(made.id, {})
     assert "bob" in str(refused.value) and "alice" in str(refused.value) and "\n" not in str(refused.value)
     monkeypatch.setenv("JUPYTERHUB_USER", "bob")
     ns: dict = {}
-    engine_at(shared).restore_kernel(made.id, ns)
+    make_engine(shared, key=KEY).restore_kernel(made.id, ns)
     assert ns == {"who": "bob"}
 
 
@@ -98,13 +94,13 @@ def test_the_same_store_from_another_host_is_accepted(tmp_path: Path, monkeypatc
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "laptop-home"))
     laptop = StorageTarget("local", str(tmp_path / "laptop-home" / ".spotwarp" / "store"))
-    made = engine_at(laptop).snapshot_kernel({"weights": np.arange(4.0)})
+    made = make_engine(laptop, key=KEY).snapshot_kernel({"weights": np.arange(4.0)})
     monkeypatch.setenv("HOME", str(tmp_path / "vm-home"))
     vm = StorageTarget("local", str(tmp_path / "vm-home" / ".spotwarp" / "store"))
-    copy_project(engine_at(laptop), engine_at(vm))
+    copy_project(make_engine(laptop, key=KEY), make_engine(vm, key=KEY))
     ns: dict = {}
-    engine_at(vm).restore_kernel("latest", ns)
-    assert ns["weights"].tolist() == [0.0, 1.0, 2.0, 3.0] and made.id == engine_at(vm).get("latest").id
+    make_engine(vm, key=KEY).restore_kernel("latest", ns)
+    assert ns["weights"].tolist() == [0.0, 1.0, 2.0, 3.0] and made.id == make_engine(vm, key=KEY).get("latest").id
 
 
 def test_the_same_folder_read_with_another_home_is_accepted(tmp_path: Path, monkeypatch):
@@ -112,10 +108,10 @@ def test_the_same_folder_read_with_another_home_is_accepted(tmp_path: Path, monk
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path / "alice"))
     store = StorageTarget("local", str(tmp_path / "alice" / ".spotwarp" / "store"))
-    made = engine_at(store).snapshot_kernel({"x": 7})
+    made = make_engine(store, key=KEY).snapshot_kernel({"x": 7})
     monkeypatch.setenv("HOME", str(tmp_path / "root"))
     ns: dict = {}
-    engine_at(store).restore_kernel(made.id, ns)
+    make_engine(store, key=KEY).restore_kernel(made.id, ns)
     assert ns == {"x": 7}
 
 
@@ -130,7 +126,7 @@ def test_kernels_on_two_hosts_share_one_signed_store(start_kernel):
 
 def test_a_signed_manifest_without_a_binding_is_refused(storage: StorageTarget):
     """What an older SpotWarp signed (no storage binding) cannot be told apart from a copy: re-make it."""
-    engine = engine_at(storage)
+    engine = make_engine(storage, key=KEY)
     made = engine.snapshot_kernel({"x": 1})
     path = posixpath.join(engine.store.snapshots_dir, made.name)
     doc = json.loads(engine.store.fs.cat_file(path))
@@ -141,5 +137,5 @@ def test_a_signed_manifest_without_a_binding_is_refused(storage: StorageTarget):
     doc["signature"] = hmac.new(KEY, payload, hashlib.sha256).hexdigest()  # signed as before, with the key
     engine.store.fs.pipe_file(path, json.dumps(doc).encode())
     with pytest.raises(ManifestError, match="storage location") as refused:
-        engine_at(storage).restore_kernel(made.id, {})
+        make_engine(storage, key=KEY).restore_kernel(made.id, {})
     assert "\n" not in str(refused.value) and made.id in str(refused.value)

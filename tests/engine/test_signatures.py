@@ -11,18 +11,13 @@ import sys
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import DamagedObjectError, ManifestError, Settings, SnapshotEngine
+from spotwarp_jupyter.engine import DamagedObjectError, ManifestError, SnapshotEngine
 from spotwarp_jupyter.engine.manifests.manifest import Manifest, _canonical, key_id
 
+from engines import UNSIGNED, make_engine
 from storage_servers import StorageTarget
 
 KEY_A, KEY_B = b"team-secret-a", b"another-teams-secret"
-
-
-def engine_for(target: StorageTarget, key: bytes | None) -> SnapshotEngine:
-    """An engine on `target`, with `key` as its SPOTWARP_KEY (b"" for none)."""
-    settings = Settings.resolve(project="proj", storage=target.url, storage_options=target.options, env={})
-    return SnapshotEngine(settings, key=key if key is not None else b"")
 
 
 def manifest_path(engine: SnapshotEngine, manifest: Manifest) -> str:
@@ -40,13 +35,13 @@ def rewrite(engine: SnapshotEngine, manifest: Manifest, change, fix_checksum: bo
     engine.store.fs.pipe_file(path, json.dumps(doc).encode())
 
 
-def first_snapshot(target: StorageTarget, key: bytes | None) -> Manifest:
-    return engine_for(target, key).snapshot_kernel({"weights": np.arange(10.0), "note": "mine"}, message="ok")
+def first_snapshot(target: StorageTarget, key: bytes) -> Manifest:
+    return make_engine(target, key=key).snapshot_kernel({"weights": np.arange(10.0), "note": "mine"}, message="ok")
 
 
 def test_a_host_with_the_key_restores_a_signed_snapshot(storage: StorageTarget):
     made = first_snapshot(storage, KEY_A)
-    reader = engine_for(storage, KEY_A)
+    reader = make_engine(storage, key=KEY_A)
     assert reader.get("latest").signed
     ns: dict = {}
     reader.restore_kernel(made.id, ns)
@@ -55,7 +50,7 @@ def test_a_host_with_the_key_restores_a_signed_snapshot(storage: StorageTarget):
 
 def test_a_valid_snapshot_signed_with_another_key_is_refused(storage: StorageTarget):
     made = first_snapshot(storage, KEY_B)  # intact, correctly signed, by a host with a different key
-    reader = engine_for(storage, KEY_A)
+    reader = make_engine(storage, key=KEY_A)
     assert reader.manifests() == []
     with pytest.raises(ManifestError, match="signed with another key") as refused:
         reader.restore_kernel(made.id, {})
@@ -64,9 +59,9 @@ def test_a_valid_snapshot_signed_with_another_key_is_refused(storage: StorageTar
 
 
 def test_an_unsigned_snapshot_is_refused_when_a_key_is_set(storage: StorageTarget):
-    made = first_snapshot(storage, None)
-    assert not engine_for(storage, None).get(made.id).signed
-    reader = engine_for(storage, KEY_A)
+    made = first_snapshot(storage, UNSIGNED)
+    assert not make_engine(storage, key=UNSIGNED).get(made.id).signed
+    reader = make_engine(storage, key=KEY_A)
     assert reader.manifests() == []
     with pytest.raises(ManifestError, match="unsigned, but SPOTWARP_KEY is set"):
         reader.restore_kernel(made.id, {})
@@ -75,14 +70,14 @@ def test_an_unsigned_snapshot_is_refused_when_a_key_is_set(storage: StorageTarge
 @pytest.mark.parametrize("fix_checksum", [True, False], ids=["checksum-recomputed", "checksum-left"])
 def test_an_altered_manifest_is_refused(storage: StorageTarget, fix_checksum: bool):
     made = first_snapshot(storage, KEY_A)
-    writer = engine_for(storage, KEY_A)
+    writer = make_engine(storage, key=KEY_A)
 
     def alter(doc: dict) -> None:  # claim the snapshot is something else
         doc["message"] = "a trusted snapshot, honest"
         doc["kernels"]["default"]["variables"]["note"]["type"] = "builtins.int"
 
     rewrite(writer, made, alter, fix_checksum)
-    reader = engine_for(storage, KEY_A)
+    reader = make_engine(storage, key=KEY_A)
     assert reader.manifests() == []
     with pytest.raises(ManifestError, match="altered after it was signed"):
         reader.restore_kernel(made.id, {})
@@ -91,16 +86,16 @@ def test_an_altered_manifest_is_refused(storage: StorageTarget, fix_checksum: bo
 
 def test_stripping_the_signature_does_not_help(storage: StorageTarget):
     made = first_snapshot(storage, KEY_A)
-    rewrite(engine_for(storage, KEY_A), made, lambda doc: (doc.pop("signature"), doc.pop("key_id")))
+    rewrite(make_engine(storage, key=KEY_A), made, lambda doc: (doc.pop("signature"), doc.pop("key_id")))
     with pytest.raises(ManifestError, match="unsigned"):
-        engine_for(storage, KEY_A).restore_kernel(made.id, {})
+        make_engine(storage, key=KEY_A).restore_kernel(made.id, {})
 
 
 def test_a_swapped_object_is_caught_by_its_hash(storage: StorageTarget):
     # the manifest is signed and names objects by blake3: replacing an object's bytes cannot go unseen
-    made = engine_for(storage, KEY_A).snapshot_kernel({"weights": np.arange(1000.0), "note": "mine"})
-    evil = engine_for(storage, KEY_A).snapshot_kernel({"weights": np.zeros(1000), "note": "theirs"})
-    writer = engine_for(storage, KEY_A)
+    made = make_engine(storage, key=KEY_A).snapshot_kernel({"weights": np.arange(1000.0), "note": "mine"})
+    evil = make_engine(storage, key=KEY_A).snapshot_kernel({"weights": np.zeros(1000), "note": "theirs"})
+    writer = make_engine(storage, key=KEY_A)
     record = made.kernels["default"]
     evil_record = evil.kernels["default"]
     victim = next(c["id"] for g in record["groups"] for b in g["buffers"] for c in b["chunks"])
@@ -111,18 +106,18 @@ def test_a_swapped_object_is_caught_by_its_hash(storage: StorageTarget):
     writer.store.fs.pipe_file(writer.store.object_path(victim), bytes_in)
     ns = {"note": "untouched"}
     with pytest.raises(DamagedObjectError, match="does not match its hash") as caught:
-        engine_for(storage, KEY_A).restore_kernel(made.id, ns)
+        make_engine(storage, key=KEY_A).restore_kernel(made.id, ns)
     assert victim in str(caught.value)
     assert ns == {"note": "untouched"}  # nothing was loaded
-    report = engine_for(storage, KEY_A).verify(made.id)
+    report = make_engine(storage, key=KEY_A).verify(made.id)
     assert not report.ok and any(victim in p for p in report.problems)
 
 
 def test_a_garbled_manifest_is_refused_as_damaged(storage: StorageTarget):
     made = first_snapshot(storage, KEY_A)
-    engine = engine_for(storage, KEY_A)
+    engine = make_engine(storage, key=KEY_A)
     engine.store.fs.pipe_file(manifest_path(engine, made), b'{"format": 1, "id": "x", "half')
-    reader = engine_for(storage, KEY_A)
+    reader = make_engine(storage, key=KEY_A)
     assert reader.manifests() == []
     with pytest.raises(ManifestError, match="not valid JSON"):
         reader.get(made.id)
@@ -161,20 +156,20 @@ def test_a_deleted_or_replaced_newest_manifest_is_a_rollback_on_every_backend(st
     is refused for `latest` in one line naming it; an explicit id still restores; a newer commit settles it."""
     from spotwarp_jupyter.engine import RolledBack
 
-    writer = engine_for(storage, KEY_A)
+    writer = make_engine(storage, key=KEY_A)
     older = writer.snapshot_kernel({"step": 1}, message="older")
     newest = writer.snapshot_kernel({"step": 2}, message="newest")
     writer.store.fs.rm_file(manifest_path(writer, newest))  # the store's writer, without the key, rolls it back
-    reader = engine_for(storage, KEY_A)
+    reader = make_engine(storage, key=KEY_A)
     with pytest.raises(RolledBack) as refused:
         reader.check_head()
     assert newest.id in str(refused.value) and "\n" not in str(refused.value)
     ns: dict = {}
     reader.restore_kernel(older.id, ns)  # by explicit id: the older state, accepted knowingly
     assert ns["step"] == 1
-    later = engine_for(storage, KEY_A).snapshot_kernel({"step": 3}, message="after")
-    engine_for(storage, KEY_A).check_head()  # a newer signed commit: the head is passed, nothing refused
-    assert engine_for(storage, KEY_A).get("latest").id == later.id
+    later = make_engine(storage, key=KEY_A).snapshot_kernel({"step": 3}, message="after")
+    make_engine(storage, key=KEY_A).check_head()  # a newer signed commit: the head is passed, nothing refused
+    assert make_engine(storage, key=KEY_A).get("latest").id == later.id
 
 
 @pytest.mark.parametrize("planted", [(10**12 - 1,), (500,), tuple(range(2, 22))],
@@ -187,7 +182,7 @@ def test_head_entries_planted_without_the_key_neither_hide_nor_freeze_the_signed
     from spotwarp_jupyter.engine import RolledBack
     from spotwarp_jupyter.engine.coordination.head import head_path
 
-    writer = engine_for(storage, KEY_A)
+    writer = make_engine(storage, key=KEY_A)
     writer.snapshot_kernel({"step": 1}, message="first")
     for counter in planted:
         writer.store.fs.pipe_file(head_path(writer.store, counter), b'{"counter": 1, "snapshot": "x", "name": "x"}')
@@ -195,5 +190,5 @@ def test_head_entries_planted_without_the_key_neither_hide_nor_freeze_the_signed
     newest = writer.snapshot_kernel({"step": 3}, message="newest")
     writer.store.fs.rm_file(manifest_path(writer, newest))
     with pytest.raises(RolledBack) as refused:
-        engine_for(storage, KEY_A).check_head()
+        make_engine(storage, key=KEY_A).check_head()
     assert newest.id in str(refused.value)

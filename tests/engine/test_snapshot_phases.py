@@ -10,18 +10,16 @@ from pathlib import Path
 
 import numpy as np
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, timings
+from spotwarp_jupyter.engine import timings
 
-
-def _engine(store: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="phases", storage=str(store), env={}), key=b"")
+from engines import UNSIGNED, make_engine
 
 
 def test_a_full_snapshot_reports_each_phase_with_its_bytes(tmp_path: Path) -> None:
     rng = np.random.default_rng(0)
     ns = {"big": rng.random(3_000_000), "small": rng.random(10), "n": 1}  # 24 MB: one chunk, written direct
     with timings.collecting() as phases:
-        manifest = _engine(tmp_path / "store").snapshot_kernel(ns)
+        manifest = make_engine(tmp_path / "store", "phases", key=UNSIGNED).snapshot_kernel(ns)
     got = phases.as_dict()
     assert {"serialize", "hash", "write", "fsync"} <= set(got)
     written = manifest.stats["bytes_written"]
@@ -31,7 +29,7 @@ def test_a_full_snapshot_reports_each_phase_with_its_bytes(tmp_path: Path) -> No
 
 
 def test_nothing_is_gathered_unless_asked(tmp_path: Path) -> None:
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "phases", key=UNSIGNED)
     with timings.collecting() as asked:
         pass
     engine.snapshot_kernel({"a": np.arange(1_000_000)})
@@ -39,7 +37,7 @@ def test_nothing_is_gathered_unless_asked(tmp_path: Path) -> None:
 
 
 def test_an_unchanged_snapshot_writes_nothing_large_and_reads_each_byte_once(tmp_path: Path) -> None:
-    engine = _engine(tmp_path / "store")
+    engine = make_engine(tmp_path / "store", "phases", key=UNSIGNED)
     ns = {"big": np.random.default_rng(1).random(2_000_000)}
     engine.snapshot_kernel(ns)
     with timings.collecting() as phases:

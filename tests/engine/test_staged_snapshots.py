@@ -8,15 +8,11 @@ import pickle
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.variables.capture import capture_namespace
 from spotwarp_jupyter.engine.writers import staged
 
+from engines import engine_settings, make_engine
 from kernels import SESSION
-
-
-def _engine(store_url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings(project="proj", storage=store_url))
 
 
 def test_a_loops_snapshot_is_a_copy_taken_at_the_step(start_kernel, store_url):
@@ -30,7 +26,7 @@ def test_a_loops_snapshot_is_a_copy_taken_at_the_step(start_kernel, store_url):
                 "s.wait_in_flight(120)\nprint(job.writer, job.pid, still_running, s.last_error)")
     assert out.split()[0:2] == ["staged", "None"] and out.split()[-1] == "None", out
     ns: dict = {}
-    _engine(store_url).restore_kernel("latest", ns)
+    make_engine(store_url, resolved=False).restore_kernel("latest", ns)
     assert ns["meta"] == {"gen": 1}
     assert np.all(ns["x"] == 1.0), "the snapshot saw part of a later update"
     assert bool((ns["w"] == 1.0).all()), "the snapshot saw part of a later update"
@@ -106,7 +102,7 @@ def test_when_memory_is_short_the_serialized_image_goes_to_a_forked_writer(tmp_p
     from spotwarp_jupyter.kernel.session import KernelSession
 
     ns = {"x": np.full(5_000_000, 1.0), "note": "kept"}
-    session = KernelSession(ns, {}, Settings(project="proj", storage=str(tmp_path / "store")), Policy(enabled=False))
+    session = KernelSession(ns, {}, engine_settings(tmp_path / "store", resolved=False), Policy(enabled=False))
     session.snapshot()
     monkeypatch.setattr(staged, "memory_for_staging", lambda: 0)
     job = session.snapshot_in_background(in_loop=True)
@@ -114,7 +110,7 @@ def test_when_memory_is_short_the_serialized_image_goes_to_a_forked_writer(tmp_p
     assert session.wait_in_flight(120) and session.last_error is None
     assert job.writer == "fork" and job.pid is not None
     restored: dict = {}
-    _engine(str(tmp_path / "store")).restore_kernel("latest", restored)
+    make_engine(tmp_path / "store", resolved=False).restore_kernel("latest", restored)
     assert np.all(restored["x"] == 1.0) and restored["note"] == "kept"
 
 
@@ -164,7 +160,7 @@ def test_consecutive_staged_snapshots_copy_into_one_region_kept_between_them(sta
         sizes.append(int(size))
         free_after.append(int(lazily_free))
         ns: dict = {}
-        _engine(store_url).restore_kernel("latest", ns)
+        make_engine(store_url, resolved=False).restore_kernel("latest", ns)
         assert np.all(ns["x"] == value), f"the snapshot of {value} holds {np.unique(ns['x'])}"
     assert sizes[0] >= 240_000_000 and sizes == [sizes[0]] * 3, sizes  # one region, not one per snapshot
     # the stored copy's pages stay with the kernel, free to the host: the next copy takes no page faults

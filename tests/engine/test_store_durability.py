@@ -15,15 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, StorageError
+from spotwarp_jupyter.engine import StorageError
 from spotwarp_jupyter.engine.hashing import object_id
 from spotwarp_jupyter.engine.storage.local_files import TMP_MARK
 
+from engines import UNSIGNED, make_engine
+
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/fd")
-
-
-def _engine(store_url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="durable", storage=store_url, env={}), key=b"")
 
 
 def _namespace(seed: int) -> dict:
@@ -67,7 +65,7 @@ class SyscallLog:
 
 
 def test_every_object_is_durable_under_its_name_before_the_manifest_commits(store_url, monkeypatch):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, "durable", key=UNSIGNED)
     for seed in (1, 2):  # a first snapshot (new folders) and one that changes part of the state
         calls = SyscallLog(monkeypatch)
         manifest = engine.snapshot_kernel(_namespace(seed), "nb.ipynb")
@@ -92,7 +90,7 @@ def test_every_object_is_durable_under_its_name_before_the_manifest_commits(stor
 
 
 def test_a_failed_sync_commits_nothing_and_names_no_object(store_url, monkeypatch):
-    engine = _engine(store_url)
+    engine = make_engine(store_url, "durable", key=UNSIGNED)
     first = engine.snapshot_kernel(_namespace(1), "nb.ipynb")
     before = sorted(p.name for p in Path(engine.store.objects_dir).rglob("*") if p.is_file())
     SyscallLog(monkeypatch, fail_sync_under=engine.store.objects_dir)
@@ -110,7 +108,7 @@ def test_a_failed_sync_commits_nothing_and_names_no_object(store_url, monkeypatc
 
 
 def test_a_batch_of_workspace_objects_is_durable_before_put_objects_returns(store_url, monkeypatch):
-    store = _engine(store_url).store
+    store = make_engine(store_url, "durable", key=UNSIGNED).store
     calls = SyscallLog(monkeypatch)
     blobs = [os.urandom(100_000) for _ in range(6)]
     results = store.put_objects(blobs)
@@ -165,7 +163,7 @@ def _opened_direct(monkeypatch: pytest.MonkeyPatch, refuse: str | None = None) -
 
 @pytest.mark.parametrize("refuse", [None, "open", "write"])
 def test_large_objects_bypass_the_page_cache_and_keep_every_byte(store_url, monkeypatch, refuse):
-    store = _engine(store_url).store
+    store = make_engine(store_url, "durable", key=UNSIGNED).store
     buffers = _unaligned_buffers()
     opened = _opened_direct(monkeypatch, refuse)
     calls = SyscallLog(monkeypatch)

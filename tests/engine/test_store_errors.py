@@ -17,9 +17,9 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.server.hub import restore_on_start
 
+from engines import UNSIGNED, make_engine
 from lab_server import tree
 
 KEY = "a-team-secret"
@@ -49,7 +49,7 @@ def two_snapshots(tmp_path: Path) -> tuple[Path, Path, list[str]]:
     """A workspace snapshotted twice by the CLI; (store, workspace, [older id, newer id])."""
     store, ws = tmp_path / "store", tmp_path / "ws"
     ws.mkdir()
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=str(store), env={}), key=b"")
+    engine = make_engine(store, key=UNSIGNED)
     ids = []
     for text in ("first", "second"):
         (ws / "notes.txt").write_text(text)
@@ -95,7 +95,7 @@ def test_start_refuses_a_damaged_newest_snapshot(two_snapshots, tmp_path):
 def test_hub_restore_on_start_refuses_a_damaged_newest_snapshot(two_snapshots, tmp_path):
     store, _ws, _ids = two_snapshots
     damaged = damage_newest(store)
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=str(store), env={}), key=b"")
+    engine = make_engine(store, key=UNSIGNED)
     fresh = tmp_path / "fresh"
     outcome = restore_on_start(engine, str(fresh), "if-empty", None)
     assert outcome["restored"] is False and damaged in outcome["error"] and "--snapshot ID" in outcome["error"]
@@ -214,7 +214,7 @@ def test_a_record_area_that_is_not_a_folder_is_one_line(tmp_path, area):
     """A store whose hosts/ or events/ is a file (a stray copy, a writer's mistake): `spotwarp hosts`
     and `report` say so in one line; nothing in the store changes."""
     store = tmp_path / "store"
-    SnapshotEngine(Settings.resolve(project="proj", storage=str(store), env={}), key=b"").snapshot_kernel(
+    make_engine(store, key=UNSIGNED).snapshot_kernel(
         {"x": 1}, "train.ipynb")
     (store / "proj" / area).write_text("not a folder")
     before = tree(store)

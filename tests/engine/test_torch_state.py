@@ -5,19 +5,13 @@ and snapshots from a GPU host restored on this CPU-only one (to CPU, with a warn
 from __future__ import annotations
 
 import copy
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
 import torch
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine, pickling
-
-
-@pytest.fixture
-def engine(tmp_path: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
+from spotwarp_jupyter.engine import SnapshotEngine, pickling
 
 
 def _round_trip(engine: SnapshotEngine, namespace: dict) -> tuple[dict, list[str]]:

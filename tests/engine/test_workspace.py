@@ -10,12 +10,13 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import ManifestError, Settings, SnapshotEngine, SpotWarpError
+from spotwarp_jupyter.engine import ManifestError, SnapshotEngine, SpotWarpError
 from spotwarp_jupyter.engine.errors import DamagedObjectError
 from spotwarp_jupyter.engine.files.backup import backup_workspace
 from spotwarp_jupyter.engine.files.ignore import IgnoreRules
 from spotwarp_jupyter.engine.files.restore import UnsafePathError, restore_files
 
+from engines import make_engine
 from lab_server import tree
 
 CHUNK = 64 * 1024
@@ -31,7 +32,7 @@ def age(root: Path, seconds: float = 60) -> None:
 
 @pytest.fixture
 def engine(tmp_path: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="ws", storage=str(tmp_path / "store"), env={}))
+    return make_engine(tmp_path / "store", "ws")
 
 
 @pytest.fixture
@@ -76,7 +77,7 @@ def test_spotwarpignore_gitignore_syntax_and_local_store_inside_workspace(tmp_pa
     (ws / "keep.csv").write_text("kept")
     (ws / "outputs").mkdir()
     (ws / "outputs" / "log.txt").write_text("x")
-    engine = SnapshotEngine(Settings.resolve(project="p", storage=str(ws / "store"), env={}))
+    engine = make_engine(ws / "store", "p")
     files, _objects, _stats = backup_workspace(engine.store, str(ws), rules=IgnoreRules.for_workspace(
         str(ws), [engine.store.base]), chunk_size=CHUNK)
     names = set(files["entries"])

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.files.backup import backup_workspace
 
+from engines import UNSIGNED, make_engine
 from lab_server import LabServer, host_env
 
 KEY = "test-signing-key"
@@ -73,7 +74,7 @@ def store(tmp_path: Path) -> str:
 @pytest.fixture
 def engine(store: str) -> SnapshotEngine:
     """The same project as the CLI's, signing with the same key (a crafted manifest must be signed to be loaded)."""
-    return SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=KEY.encode())
+    return make_engine(store, PROJECT, key=KEY)
 
 
 # -- item 3: names that are not UTF-8 -------------------------------------------------------------------
@@ -124,7 +125,7 @@ def test_automatic_and_final_snapshots_of_names_that_are_not_utf8(tmp_path, stor
     (ws / "plain.txt").write_text("plain")
     env = host_env(tmp_path / "home", SPOTWARP_BACKUP_INTERVAL="1", SPOTWARP_WATCHERS="signals", SPOTWARP_KEY=KEY)
     server = LabServer(ws, store, PROJECT, env, tmp_path / "lab.log")
-    engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}))
+    engine = make_engine(store, PROJECT)
     try:
         server.wait_ready()
         deadline = time.monotonic() + 120
@@ -411,7 +412,7 @@ def test_a_malformed_mode_or_mtime_is_refused_in_one_line(tmp_path, store, engin
 
 @pytest.mark.process
 def test_a_malformed_mode_in_an_unsigned_manifest_is_refused_in_one_line(tmp_path, store):
-    unsigned = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=b"")
+    unsigned = make_engine(store, PROJECT, key=UNSIGNED)
     malformed_metadata_is_refused(tmp_path, store, unsigned, {"mode": "0644", "mtime_ns": -1.5}, None)
 
 
@@ -544,5 +545,5 @@ def test_the_temporary_of_a_restore_still_running_is_left_alone(tmp_path, store)
 
 
 def engine_entries(store: str) -> list[str]:
-    engine = SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=KEY.encode())
+    engine = make_engine(store, PROJECT, key=KEY)
     return list(engine.get("latest").files["entries"])

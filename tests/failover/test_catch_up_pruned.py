@@ -4,14 +4,16 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.coordination.fence import Fence
 from spotwarp_jupyter.service import VIA_HUB, Project
+
+from engines import engine_settings
 
 
 def test_catch_up_restores_the_newest_files_when_the_restored_snapshot_was_pruned(tmp_path: Path) -> None:
     """Catch-up must not fail forever on a pruned `restored`: the newest files come back, stale ones stay."""
-    settings = Settings.resolve(project="pruned", storage=str(tmp_path / "store"), env={})
+    settings = engine_settings(tmp_path / "store", "pruned")
     holder = SnapshotEngine(settings)
     old = tmp_path / "old-holder"
     old.mkdir()

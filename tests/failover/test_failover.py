@@ -29,7 +29,7 @@ from spotwarp_jupyter.engine.coordination.fence import Fence, read_lease
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeat, read_heartbeats
 from spotwarp_jupyter.engine.journal.events import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
 
-from lab_server import TOKEN, LabServer, host_env, tree
+from lab_server import TOKEN, LabServer, host_env, kill_kernel, tree
 from waiting import wait_for
 
 pytestmark = pytest.mark.slow  # real `spotwarp start` servers raced, killed and partitioned: minutes in all
@@ -159,11 +159,7 @@ def test_the_holder_killed_without_notice_is_replaced_and_the_session_comes_back
         assert launch.proc.returncode == 0, launch.stderr_path.read_text()
     finally:
         launch.stop()
-        if kernel_pid:
-            try:
-                os.kill(kernel_pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        kill_kernel(kernel_pid)
         cleanup(store, tmp_path)
 
 

@@ -19,9 +19,9 @@ from pathlib import Path
 import pytest
 from failover_hosts import attach
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeats
 
+from engines import UNSIGNED, make_engine
 from lab_server import TOKEN, carried_key, host_env
 from new_hosts import kill_host, notebook, resume_entry, start_host, wait_for
 
@@ -84,7 +84,7 @@ def test_launch_carries_the_key_to_its_candidates_and_nowhere_else(tmp_path):
     finally:
         os.killpg(launch.pid, signal.SIGTERM)
         launch.wait(timeout=120)
-        engine = SnapshotEngine(Settings.resolve(project="proj", storage=store, env={}), key=b"")
+        engine = make_engine(store, key=UNSIGNED)
         for doc in read_heartbeats(engine.store):  # the promoted candidate serves on: its group goes down
             try:
                 os.killpg(int(doc["pid"]), signal.SIGKILL)

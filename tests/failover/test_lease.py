@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.coordination.fence import (
     DamagedLease,
     Fence,
@@ -22,6 +22,8 @@ from spotwarp_jupyter.engine.coordination.fence import (
 )
 from spotwarp_jupyter.engine.storage import Store
 from spotwarp_jupyter.failover.lease import LeaseConflict, move_lease, next_generation
+
+from engines import UNSIGNED, make_engine
 
 
 def promote_concurrently(url: str, options: dict, generation: int) -> list[str]:
@@ -104,7 +106,7 @@ def test_s3_create_only_sends_if_none_match(s3_server, link_to):
 
 
 def engine_for(url: str, fence: Fence = Fence()) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="p", storage=url, env={}), key=b"", fence=fence)
+    return make_engine(url, "p", key=UNSIGNED, fence=fence)
 
 
 def test_a_deleted_lease_keeps_generations_above_every_snapshot(tmp_path):

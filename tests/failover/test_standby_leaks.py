@@ -8,12 +8,12 @@ from typing import Any, Sequence
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.failover.provider import GONE, LaunchSpec, Offer
 from spotwarp_jupyter.failover.providers.local import LocalProvider
 from spotwarp_jupyter.failover.race import race
 from spotwarp_jupyter.failover.standby import WarmStandby
 
+from engines import make_engine
 from waiting import wait_for
 
 
@@ -29,7 +29,7 @@ class OffersFailLater(LocalProvider):
 
 
 def standby_of(tmp_path: Path, provider: LocalProvider) -> tuple[WarmStandby, Any]:
-    store = SnapshotEngine(Settings.resolve(project="leaks", storage=str(tmp_path / "store"), env={})).store
+    store = make_engine(tmp_path / "store", "leaks").store
     spec = LaunchSpec("leaks", str(tmp_path / "store"))
     return WarmStandby(provider, spec, store, 1, lambda kind, data: None, None, threading.Event(), poll_s=0.05), spec
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.kernel.policy import FIRST_STEP_S, MAX_OVERHEAD, LoopMeter, Policy, cadence
 
+from engines import make_engine
 from kernels import SESSION
 
 WAIT = "assert s.wait_in_flight(120)"
@@ -21,7 +21,7 @@ LOOP = ("import itertools, time\nloop_start = time.time()\nacc = 0\n"
 
 
 def _step_snapshots(store_url: str, since: float) -> list:
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     return sorted((m for m in engine.manifests() if m.created >= since
                    and m.kernels.get("train.ipynb", {}).get("at") == "step"), key=lambda m: m.created)
 
@@ -181,7 +181,7 @@ def test_a_loop_started_while_the_previous_cells_snapshot_is_written_is_protecte
     k.run(LOOP.format(seconds=12))
     k.run(WAIT)
     loop_start = k.value("loop_start")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     cell_end = [m for m in engine.manifests() if m.kernels.get("train.ipynb", {}).get("at") == "cell"]
     assert cell_end and min(m.created for m in cell_end) > loop_start  # committed once the loop ran
     first = _step_snapshots(store_url, loop_start)

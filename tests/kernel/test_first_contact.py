@@ -2,16 +2,11 @@
 
 from __future__ import annotations
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
-
+from engines import make_engine
 from kernels import SESSION
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 NOTEBOOK = {"JPY_SESSION_NAME": "train.ipynb"}
-
-
-def _engine(store_url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
 
 
 def _widgets_shown(kernel, code: str) -> int:
@@ -26,16 +21,16 @@ def test_first_cell_is_snapshotted_at_once(start_kernel, store_url):
     k = start_kernel("host-a", **NOTEBOOK)
     k.run("weights = list(range(100))\n%load_ext spotwarp")
     k.run(SESSION + "assert s.wait_in_flight(120)")
-    manifests = _engine(store_url).manifests("train.ipynb")
+    manifests = make_engine(store_url).manifests("train.ipynb")
     assert len(manifests) == 1, "the first cell did not leave a snapshot behind (the policy waited 5 minutes)"
     ns: dict = {}
-    _engine(store_url).restore_kernel(manifests[0].id, ns, "train.ipynb")
+    make_engine(store_url).restore_kernel(manifests[0].id, ns, "train.ipynb")
     assert ns["weights"] == list(range(100))
     assert k.value("s.status()['last_snapshot']['id']") == manifests[0].id
     # later cells wait for the policy's interval again
     k.run("more = 1")
     k.run("assert s.wait_in_flight(120)")
-    assert len(_engine(store_url).manifests("train.ipynb")) == 1
+    assert len(make_engine(store_url).manifests("train.ipynb")) == 1
 
 
 def test_first_cell_never_shadows_a_snapshot_not_yet_restored(start_kernel, store_url):
@@ -45,7 +40,7 @@ def test_first_cell_never_shadows_a_snapshot_not_yet_restored(start_kernel, stor
     b = start_kernel("host-b", **NOTEBOOK)  # a new host: the widget offers A's snapshot
     b.run("%load_ext spotwarp")
     b.run(SESSION + "assert s.wait_in_flight(120)")
-    manifests = _engine(store_url).manifests("train.ipynb")
+    manifests = make_engine(store_url).manifests("train.ipynb")
     assert len(manifests) == 1, "an empty new session became the notebook's newest snapshot"
     b.run("%spotwarp restore latest")
     assert b.value("weights") == [1, 2, 3]
@@ -55,7 +50,7 @@ def test_off_in_the_first_cell_takes_nothing(start_kernel, store_url):
     k = start_kernel("host-a", **NOTEBOOK)
     k.run("%load_ext spotwarp\n%spotwarp off\nx = 1")
     k.run(SESSION + "assert s.wait_in_flight(120)")
-    assert _engine(store_url).manifests() == []
+    assert make_engine(store_url).manifests() == []
 
 
 def test_widget_is_drawn_once_when_asked_for_in_the_loading_cell(start_kernel):

@@ -5,23 +5,15 @@ from __future__ import annotations
 
 import time
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
+from waiting import wait_for
 
 WAIT = "assert __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().wait_in_flight(120)"
 
 
 def _manifests(store_url: str) -> list:
-    return SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={})).manifests()
+    return make_engine(store_url).manifests()
 
-
-def _until(condition, what: str, timeout: float):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = condition()
-        if value:
-            return value
-        time.sleep(0.1)  # poll interval of a deadline-bounded wait
-    raise AssertionError(f"{what}: not within {timeout:.0f} s")
 
 
 def test_state_a_cell_left_before_the_interval_is_saved_once_it_passes_while_the_kernel_idles(start_kernel, store_url):
@@ -33,7 +25,7 @@ def test_state_a_cell_left_before_the_interval_is_saved_once_it_passes_while_the
     k.run("weights = [1, 2]\nsteps = 200")  # ends long before the interval has passed: nothing is due yet
     assert time.monotonic() - started < 4 and len(_manifests(store_url)) == 1
     # the kernel idles: within the interval (and a margin for a loaded machine) the cell's state is stored
-    newest = _until(lambda: next((m for m in _manifests(store_url) if m.id != first.id), None),
-                    "an automatic snapshot of the idle kernel", timeout=30)
+    newest = wait_for(lambda: next((m for m in _manifests(store_url) if m.id != first.id), None),
+                      "automatic snapshot of the idle kernel", timeout=30, every=0.1)
     assert "steps" in newest.kernels["train.ipynb"]["variables"]
     assert newest.created - first.created >= 3.5  # when the interval had passed, not at the cell's end

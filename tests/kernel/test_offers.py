@@ -4,17 +4,13 @@ restored kernel keeps its policy and is protected at once."""
 
 from __future__ import annotations
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.manifests import newest_kernel_records
 
+from engines import make_engine
 from kernels import SESSION
 
 OFFER = SESSION + "from spotwarp_jupyter.widget.status import newer_snapshot, protection"
 WAIT = "assert __import__('spotwarp_jupyter.kernel.session', fromlist=['x']).current().wait_in_flight(120)"
-
-
-def _engine(store_url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
 
 
 def test_an_empty_session_never_becomes_the_newest_snapshot(start_kernel, store_url):
@@ -24,19 +20,19 @@ def test_an_empty_session_never_becomes_the_newest_snapshot(start_kernel, store_
     b = start_kernel("host-b", JPY_SESSION_NAME="fresh.ipynb")  # a notebook with nothing saved of its own
     b.run("%load_ext spotwarp\nimport json")  # the tour's first cell: only imports
     b.run(WAIT)  # binds nothing: a test's own variable would be state to protect
-    (only,) = _engine(store_url).manifests()
+    (only,) = make_engine(store_url).manifests()
     assert "train.ipynb" in only.kernels, "an empty session became the project's newest snapshot"
     # the first cell that holds something is protected at once
     b.run("x = 1")
     b.run(WAIT)
-    newest = _engine(store_url).manifests()[0]
+    newest = make_engine(store_url).manifests()[0]
     assert "fresh.ipynb" in newest.kernels and "x" in newest.kernels["fresh.ipynb"]["variables"]
 
 
 def test_no_offer_for_the_kernels_own_state_copied_into_a_newer_project_snapshot(start_kernel, store_url, tmp_path):
     k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
     k.run("%load_ext spotwarp\n%spotwarp off\nweights = [1, 2, 3]\n%spotwarp snapshot")
-    engine = _engine(store_url)
+    engine = make_engine(store_url)
     (tmp_path / "ws").mkdir()
     # the server's automatic backup: files plus each notebook's newest kernel record, in a newer manifest
     backup = engine.snapshot_project(str(tmp_path / "ws"), newest_kernel_records(engine.manifests()), "automatic backup")
@@ -87,7 +83,8 @@ def test_a_restored_kernel_keeps_its_policy_and_is_protected_at_once(start_kerne
     assert b.value("s.policy.as_dict()") == {"enabled": True, "every_s": 45.0, "after_cell": False, "include": None,
                                              "exclude": ["junk"], "max_var_size": 8 * 10**9, "keep": None,
                                              "resume": False, "max_redo_s": 90.0}
-    assert b.value("protection(s.status())") == [True, f"protected: restored from {_engine(store_url).manifests()[0].id}"]
+    assert b.value("protection(s.status())") == [
+        True, f"protected: restored from {make_engine(store_url).manifests()[0].id}"]
     assert b.value("s.automatic.due([])") is False  # the restored state is stored: the next snapshot is an interval away
 
 
@@ -97,7 +94,7 @@ def test_a_fresh_kernel_says_a_newer_snapshot_of_its_notebook_exists_in_its_stat
     a = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
     a.run("%load_ext spotwarp\n%spotwarp off\nweights = list(range(100))\n%spotwarp snapshot")
     a.kill()
-    (newest,) = _engine(store_url).manifests()
+    (newest,) = make_engine(store_url).manifests()
     b = start_kernel("host-b", JPY_SESSION_NAME="train.ipynb")
     out = b.run("%load_ext spotwarp\n%spotwarp status")
     line = next((ln for ln in out.splitlines() if ln.strip().startswith("newer")), "")

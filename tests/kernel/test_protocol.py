@@ -13,7 +13,6 @@ import uuid
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.protocol import (
     COMM_TARGET,
     SERVER_REQUEST,
@@ -26,6 +25,7 @@ from spotwarp_jupyter.protocol import (
 )
 from spotwarp_jupyter.server.watchers import Notice
 
+from engines import make_engine
 from jupyter_api import execute, open_notebook
 from kernels import notice_request
 
@@ -42,7 +42,7 @@ async def test_the_final_snapshot_is_the_one_taken_for_the_notice_even_when_a_us
         jp_fetch, jp_ws_fetch, jp_serverapp, store_dir, monkeypatch):
     await jp_serverapp.extension_manager.start_all_extensions()
     service = jp_serverapp.web_app.settings["spotwarp"]
-    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
+    engine = make_engine(store_dir, "api")
     kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "train.ipynb")
     try:
         # every id the server makes from here on is the same: a user who wrote the id the server will use
@@ -106,7 +106,7 @@ def test_a_kernel_answers_each_request_with_its_id(start_kernel, store_url):
     assert answer.ok and answer.request_id == notice.request_id and answer.notebook == "default"
     k.run("x = 1")  # the end of a cell is a safe point: the notice's snapshot starts there
     k.run("from spotwarp_jupyter.kernel import session; session.current().wait_in_flight(60)")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     (taken,) = [m for m in engine.manifests("default") if notice.request_id in m.requests]
     assert taken.message == "requested: preemption"
 
@@ -121,7 +121,7 @@ def test_a_kernel_answers_each_request_with_its_id(start_kernel, store_url):
 def test_a_malformed_request_gets_one_line_and_changes_nothing(start_kernel, store_url, data, error):
     k = start_kernel("host")
     k.run("%load_ext spotwarp\n%spotwarp policy --every 1h --no-after-cell\nweights = [1, 2]\n%spotwarp snapshot")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     before = [m.id for m in engine.manifests()]
     k.run("weights = [3]")
     answer = comm_request(k, data)
@@ -139,7 +139,7 @@ def test_a_malformed_request_gets_one_line_and_changes_nothing(start_kernel, sto
 def test_a_malformed_notice_gets_one_line_and_queues_no_snapshot(start_kernel, store_url, content, error):
     k = start_kernel("host")
     k.run("%load_ext spotwarp\n%spotwarp policy --every 1h --no-after-cell\nweights = [1, 2]\n%spotwarp snapshot")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     before = [m.id for m in engine.manifests()]
     answer = notice_request(k, content)
     assert answer["ok"] is False and error in answer["error"] and "\n" not in answer["error"]

@@ -3,7 +3,7 @@ and where: at a `resumable` loop's step, at a cell's end, or elsewhere inside a 
 
 from __future__ import annotations
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 SETUP = "%load_ext spotwarp\n%spotwarp policy --every 1h --no-after-cell\nimport spotwarp\nfrom spotwarp_jupyter import safepoints\n"
 # the source exactly as sent, trailing spaces and all: the record must not be the notebook's later text
@@ -11,29 +11,16 @@ LOOP = ("total = 0\nfor i in spotwarp.resumable(range(6), name='train'):   \n"
         "    total += i\n    if i == 2:\n        safepoints.request('test')\n")
 
 
-def _run_cell(kernel, cell_id: str | None, code: str) -> None:
-    """Run `code` as JupyterLab runs a cell: an execute_request whose metadata names the cell."""
-    msg = kernel.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
-                                                    "user_expressions": {}, "allow_stdin": False,
-                                                    "stop_on_error": True},
-                                metadata={"cellId": cell_id} if cell_id else {})
-    kernel.kc.shell_channel.send(msg)
-    while True:
-        reply = kernel.kc.get_shell_msg(timeout=120)
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            assert reply["content"]["status"] == "ok", reply["content"]
-            return
-
 
 def _newest_record(store_url: str) -> dict:
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     return engine.manifests()[0].kernels["train.ipynb"]
 
 
 def test_a_snapshot_at_a_loop_step_records_the_running_cell_and_where(start_kernel, store_url):
     k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
-    _run_cell(k, "setup", SETUP)
-    _run_cell(k, "loop", LOOP)
+    k.run_cell("setup", SETUP)
+    k.run_cell("loop", LOOP)
     k.run("from spotwarp_jupyter.kernel.session import current\nassert current().wait_in_flight(60)")
     record = _newest_record(store_url)
     assert record["at"] == "step"
@@ -43,12 +30,12 @@ def test_a_snapshot_at_a_loop_step_records_the_running_cell_and_where(start_kern
 
 def test_a_snapshot_inside_a_cell_or_at_its_end_is_not_at_a_step(start_kernel, store_url):
     k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
-    _run_cell(k, "setup", SETUP)
-    _run_cell(k, "snap", "x = 1\n%spotwarp snapshot")
+    k.run_cell("setup", SETUP)
+    k.run_cell("snap", "x = 1\n%spotwarp snapshot")
     record = _newest_record(store_url)
     assert (record["at"], record["running"]) == ("call", {"id": "snap", "source": "x = 1\n%spotwarp snapshot"})
     # asked for during a cell, taken at its end: nothing was running any more
-    _run_cell(k, "end", "y = 2\nsafepoints.request('test')")
+    k.run_cell("end", "y = 2\nsafepoints.request('test')")
     k.run("from spotwarp_jupyter.kernel.session import current\nassert current().wait_in_flight(60)")
     record = _newest_record(store_url)
     assert record["at"] == "cell" and "running" not in record
@@ -57,8 +44,8 @@ def test_a_snapshot_inside_a_cell_or_at_its_end_is_not_at_a_step(start_kernel, s
 
 def test_the_kernel_restored_by_the_server_says_what_was_running_and_what_comes_next(start_kernel, store_url):
     a = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
-    _run_cell(a, "setup", SETUP)
-    _run_cell(a, "loop", LOOP)
+    a.run_cell("setup", SETUP)
+    a.run_cell("loop", LOOP)
     a.run("from spotwarp_jupyter.kernel.session import current\nassert current().wait_in_flight(60)")
     a.kill()
     b = start_kernel("host-b", JPY_SESSION_NAME="train.ipynb")

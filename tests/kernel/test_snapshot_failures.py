@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -28,6 +28,6 @@ def test_an_unexpected_error_inside_a_snapshot_is_one_line_naming_what_to_do(sta
     assert "Traceback" not in output and "File " not in output, output
     assert "Numpy is not available" in evalue and "pip install numpy" in evalue, evalue
     assert "nothing was saved" in evalue
-    assert SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={})).manifests() == []
+    assert make_engine(store_url).manifests() == []
     # the kernel keeps working; its status names the failure
     assert "Numpy is not available" in k.run("%spotwarp status")

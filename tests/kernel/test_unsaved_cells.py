@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.manifests import newest_kernel_records
 from spotwarp_jupyter.service import VIA_CLI, Project
+
+from engines import make_engine
 
 ON_DISK = {"cells": [
     {"cell_type": "code", "execution_count": None, "id": "setup", "metadata": {}, "outputs": [],
@@ -19,29 +20,17 @@ ON_DISK = {"cells": [
 ], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 
-def _run_cell(kernel, cell_id: str, code: str) -> None:
-    """Run `code` as JupyterLab runs a cell: an execute_request whose metadata names the cell."""
-    msg = kernel.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
-                                                    "user_expressions": {}, "allow_stdin": False,
-                                                    "stop_on_error": True}, metadata={"cellId": cell_id})
-    kernel.kc.shell_channel.send(msg)
-    while True:
-        reply = kernel.kc.get_shell_msg(timeout=120)
-        if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
-            assert reply["content"]["status"] == "ok", reply["content"]
-            return
-
 
 def test_a_new_host_gets_the_cells_that_ran_not_only_the_saved_ones(start_kernel, store_url, tmp_path):
     ws_a = tmp_path / "ws-a"
     ws_a.mkdir()
     (ws_a / "train.ipynb").write_text(json.dumps(ON_DISK))  # saved before the edits below
     k = start_kernel("host-a", JPY_SESSION_NAME="train.ipynb")
-    _run_cell(k, "setup", "%load_ext spotwarp\nlr = 0.1")
-    _run_cell(k, "train", "steps = 20  # edited, run, not saved")
-    _run_cell(k, "eval", "score = steps * lr  # a new cell, never saved")
+    k.run_cell("setup", "%load_ext spotwarp\nlr = 0.1")
+    k.run_cell("train", "steps = 20  # edited, run, not saved")
+    k.run_cell("eval", "score = steps * lr  # a new cell, never saved")
     k.run("%spotwarp snapshot")
-    engine = SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
+    engine = make_engine(store_url)
     # the server's final snapshot: the notebook file as it is on disk, and the kernel's newest record
     engine.snapshot_project(str(ws_a), newest_kernel_records(engine.manifests()), "final")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 WIDGET_MIME = "application/vnd.jupyter.widget-view+json"
 WIDGET_DIR = Path(__file__).parents[2] / "spotwarp_jupyter" / "widget"
@@ -63,10 +63,6 @@ def send_action(kernel, comm_id: str, state: dict, content: dict[str, Any], dead
     raise AssertionError(f"no answer to {content} within {deadline_s}s")
 
 
-def engine_for(store_url: str) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="proj", storage=store_url, env={}))
-
-
 @pytest.fixture
 def nb_env() -> dict[str, str]:
     return {"JPY_SESSION_NAME": "train.ipynb"}
@@ -90,7 +86,7 @@ def test_load_ext_shows_widget_and_snapshot_button_protects(start_kernel, store_
     assert state["notice"].startswith(f"Snapshot {last['id']}:")
     assert "sock" in state["status"]["skipped"] and "weights" not in state["status"]["skipped"]
     # the newest of two: the first cell's automatic snapshot, then the button's
-    assert [m.id for m in engine_for(store_url).manifests("train.ipynb")][:1] == [last["id"]]
+    assert [m.id for m in make_engine(store_url).manifests("train.ipynb")][:1] == [last["id"]]
 
 
 def test_second_load_and_magic(start_kernel, nb_env):

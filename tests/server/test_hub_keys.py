@@ -8,8 +8,9 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from spotwarp_jupyter.engine import ManifestError, Settings, SnapshotEngine
+from spotwarp_jupyter.engine import ManifestError, SnapshotEngine
 
+from engines import engine_settings
 from hub_configs import load, spawner_environment
 
 HUB_SECRET = "hub-side-secret-" + "s" * 32
@@ -43,7 +44,7 @@ def test_a_snapshot_signed_with_bobs_key_is_refused_by_alice(monkeypatch, tmp_pa
     monkeypatch.delenv("JUPYTERHUB_USER", raising=False)
     config = load("jupyterhub_config.py", monkeypatch=monkeypatch, env={"SPOTWARP_HUB_KEY_SECRET": HUB_SECRET})
     env = spawner_environment(config)
-    settings = Settings.resolve(project="p", storage=str(tmp_path / "store"), env={})
+    settings = engine_settings(tmp_path / "store", "p")
     made = SnapshotEngine(settings, key=key_for(env, "bob").encode()).snapshot_kernel({"x": np.arange(3)})
     with pytest.raises(ManifestError, match="signed with another key"):
         SnapshotEngine(settings, key=key_for(env, "alice").encode()).restore_kernel(made.id, {})
@@ -54,7 +55,7 @@ def test_under_a_hub_the_refusal_speaks_of_the_users_own_key(monkeypatch, tmp_pa
     config = load("jupyterhub_config.py", monkeypatch=monkeypatch, env={"SPOTWARP_HUB_KEY_SECRET": HUB_SECRET})
     env = spawner_environment(config)
     monkeypatch.setenv("JUPYTERHUB_USER", "alice")
-    settings = Settings.resolve(project="p", storage=str(tmp_path / "store"), env={})
+    settings = engine_settings(tmp_path / "store", "p")
     made = SnapshotEngine(settings, key=key_for(env, "bob").encode()).snapshot_kernel({"x": np.arange(3)})
     with pytest.raises(ManifestError) as refused:
         SnapshotEngine(settings, key=key_for(env, "alice").encode()).restore_kernel(made.id, {})

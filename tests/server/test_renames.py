@@ -8,8 +8,7 @@ import json
 import time
 from pathlib import Path
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
-
+from engines import make_engine
 from jupyter_api import call, execute, open_notebook
 from kernels import SESSION
 
@@ -68,7 +67,7 @@ async def test_a_renamed_notebooks_kernel_takes_the_new_name_and_keeps_its_snaps
         await jp_fetch("api", "kernels", kid, method="DELETE")
 
     # the next host: a kernel of runs/train.ipynb finds both snapshots, and `latest` is the newest
-    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
+    engine = make_engine(store_dir, "api")
     newest = engine.manifests()[0]
     assert sorted(newest.kernels["runs/train.ipynb"]["aliases"]) == ["Untitled.ipynb", "train.ipynb"]
     kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "runs/train.ipynb")

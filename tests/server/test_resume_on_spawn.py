@@ -8,9 +8,9 @@ import re
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.coordination import write_heartbeat
 
+from engines import UNSIGNED, make_engine
 from jupyter_api import call
 from server_config import spotwarp_server_config
 
@@ -24,7 +24,7 @@ def jp_server_config(store_dir, tmp_path, monkeypatch) -> dict:
     origin.mkdir()
     (origin / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}))
     # signed with the project's key, which the server is given too: it resumes only what the key vouches for
-    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}), key=KEY.encode())
+    engine = make_engine(store_dir, "api", key=KEY)
     kernel = engine.snapshot_kernel({"weights": [0.5, 1.5], "step": 7}, "train.ipynb")
     engine.snapshot_project(str(origin), kernels={"train.ipynb": kernel.kernels["train.ipynb"]})
     # the host that took it served 30 s longer, then vanished (no notice): its last heartbeat stays in the store
@@ -67,7 +67,7 @@ class TestOptedInByConfig:
         origin.mkdir()
         (origin / "train.ipynb").write_text(json.dumps({"cells": [], "metadata": {}, "nbformat": 4,
                                                         "nbformat_minor": 5}))
-        engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}), key=b"")
+        engine = make_engine(store_dir, "api", key=UNSIGNED)
         kernel = engine.snapshot_kernel({"x": 1}, "train.ipynb")
         record = {**kernel.kernels["train.ipynb"], "cells": [{"id": "setup", "source": "x = 1"}]}
         engine.snapshot_project(str(origin), kernels={"train.ipynb": record})

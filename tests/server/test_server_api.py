@@ -11,9 +11,9 @@ import pytest
 from tornado.httpclient import HTTPClientError
 
 from spotwarp_jupyter import __version__
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 
 from api_contract import check as check_contract
+from engines import make_engine
 from jupyter_api import call, execute, open_notebook
 from lab_server import Execution
 
@@ -85,7 +85,7 @@ async def test_snapshot_list_and_restore_files(jp_fetch, workspace, store_dir):
     code, latest = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots", "latest", "restore")
     assert code == 200 and latest["id"] == second["id"] and (workspace / "notes.md").read_text() == "# changed\n"
     # the snapshot the API committed verifies like any other
-    assert SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={})).verify().ok
+    assert make_engine(store_dir, "api").verify().ok
 
 
 @pytest.mark.parametrize("body", ["{not json", "[1, 2]", '"text"', '{"message": 5}', '{"message": "x", "force": true}',
@@ -121,7 +121,7 @@ async def test_running_an_interrupted_cell_on_a_host_that_resumed_nothing_is_ref
 
 async def test_a_snapshot_naming_paths_outside_the_workspace_is_refused(jp_fetch, workspace, store_dir, tmp_path):
     _code, good = await call(jp_fetch, "POST", "spotwarp", "api", "snapshots")
-    engine = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}))
+    engine = make_engine(store_dir, "api")
     manifest = engine.get(good["id"])
     entry = manifest.files["entries"]["notes.md"]
     evil = engine.new_manifest("project", "evil", files={"entries": {"../escaped.md": entry, "ok.md": entry}},
@@ -274,7 +274,7 @@ def record_preemption(store_dir: Path, snapshot_id: str) -> None:
     from spotwarp_jupyter.engine.signing import sign_record, signing_key
     from spotwarp_jupyter.engine.storage import Layout
 
-    journal = Journal(SnapshotEngine(Settings(project="api", storage=str(store_dir))).store)
+    journal = Journal(make_engine(store_dir, "api", resolved=False).store)
     base = 1_800_000_000.0
     journal.store.fs.makedirs(journal.dir, exist_ok=True)
     for event, when, host, details in [

@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
-
+from engines import make_engine
 from server_config import spotwarp_server_config
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
@@ -42,7 +41,7 @@ async def test_the_servers_own_signed_snapshot_is_reported_signed(jp_fetch, work
 
 async def test_restore_latest_refuses_a_damaged_newest_snapshot(jp_fetch, workspace, store_dir):
     # snapshots from another host of the project, the newest one then damaged in the store
-    other_host = SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={}), key=KEY.encode())
+    other_host = make_engine(store_dir, "api", key=KEY)
     older = other_host.snapshot_project(str(workspace))
     (workspace / "notes.md").write_text("# changed\n")
     newer = other_host.snapshot_project(str(workspace))

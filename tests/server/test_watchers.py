@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
 from spotwarp_jupyter.engine.journal.events import FINAL_SNAPSHOT_COMMITTED, NOTICE_SEEN, Journal
 from spotwarp_jupyter.server.watchers import AwsWatcher, AzureWatcher, GcpWatcher, Notice
 
+from engines import make_engine
 from jupyter_api import call, execute, open_notebook
 from lab_server import Execution
 from metadata_servers import FakeAws, FakeAzure, FakeGcp, dead_url
@@ -249,16 +249,12 @@ def jp_server_config(store_dir, cloud, monkeypatch):
     }
 
 
-def engine_for(store_dir: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="watch", storage=str(store_dir), env={}))
-
-
 async def test_a_notice_mid_loop_commits_the_progress_since_the_last_periodic_snapshot(
         jp_fetch, jp_ws_fetch, jp_serverapp, jp_root_dir, store_dir, tmp_path, cloud):
     name, server = cloud
     (jp_root_dir / "data.csv").write_text("x\n1\n")
     await jp_serverapp.extension_manager.start_all_extensions()  # what a running server does once serving
-    engine = engine_for(store_dir)
+    engine = make_engine(store_dir, "watch")
     progress, stop = tmp_path / "progress", tmp_path / "stop"
     kid, ws = await open_notebook(jp_fetch, jp_ws_fetch, "train.ipynb")
     extra: list[tuple[str, object]] = []
@@ -331,7 +327,7 @@ def test_report_counts_preemptions_work_lost_resume_time_and_compute_saved(tmp_p
     from spotwarp_jupyter.engine import Manifest
     from spotwarp_jupyter.engine.journal.report import report
 
-    engine = SnapshotEngine(Settings.resolve(project="rep", storage=str(tmp_path / "store"), env={}))
+    engine = make_engine(tmp_path / "store", "rep")
     journal = Journal(engine.store)
     r1, r2 = {"variables": {"w": 1}}, {"variables": {"w": 2}}
 

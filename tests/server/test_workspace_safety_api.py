@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from tornado.httpclient import HTTPClientError
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from engines import make_engine
 
 pytest_plugins = ("pytest_jupyter.jupyter_server",)
 
@@ -61,7 +61,7 @@ async def test_snapshot_and_restore_of_names_that_are_not_utf8(jp_fetch, workspa
     for i, name in enumerate(ODD):
         with open(os.path.join(base, name), "rb") as f:
             assert f.read() == b"row %d\n" % i
-    assert SnapshotEngine(Settings.resolve(project="api", storage=str(store_dir), env={})).verify().ok
+    assert make_engine(store_dir, "api").verify().ok
 
 
 @pytest.mark.parametrize("body", [

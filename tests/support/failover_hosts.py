@@ -14,10 +14,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.engine.coordination.fence import Fence
 from spotwarp_jupyter.engine.coordination.heartbeats import read_heartbeats
 
+from engines import make_engine
 from lab_server import TOKEN, LabServer, host_env
 
 PROJECT = "fo"
@@ -26,7 +27,7 @@ NOTEBOOK = {"cells": [], "metadata": {}, "nbformat": 4, "nbformat_minor": 5}
 
 def engine_for(store: str, key: str = "") -> SnapshotEngine:
     """The project's engine in this test process: unsigned, or signing with `key` (the project's, as its hosts')."""
-    return SnapshotEngine(Settings.resolve(project=PROJECT, storage=store, env={}), key=key.encode(), fence=Fence())
+    return make_engine(store, PROJECT, key=key, fence=Fence())
 
 
 def seed_project(tmp_path: Path, store: str, key: str = "") -> Path:

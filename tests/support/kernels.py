@@ -53,6 +53,19 @@ class Kernel:
             raise KernelError(f"{content.get('ename')}: {content.get('evalue')}\n" + "".join(out))
         return "".join(out)
 
+    def run_cell(self, cell_id: str | None, code: str) -> None:
+        """Run `code` as JupyterLab runs a cell: an execute_request whose metadata names the cell (none: no id)."""
+        msg = self.kc.session.msg("execute_request", {"code": code, "silent": False, "store_history": True,
+                                                      "user_expressions": {}, "allow_stdin": False,
+                                                      "stop_on_error": True},
+                                  metadata={"cellId": cell_id} if cell_id else {})
+        self.kc.shell_channel.send(msg)
+        while True:
+            reply = self.kc.get_shell_msg(timeout=120)
+            if reply["parent_header"].get("msg_id") == msg["header"]["msg_id"]:
+                assert reply["content"]["status"] == "ok", reply["content"]
+                return
+
     def run_error(self, code: str, timeout: float = 120) -> tuple[str, str, str]:
         """Execute `code` that should fail; return (ename, evalue, output)."""
         out: list[str] = []

@@ -45,6 +45,16 @@ def carried_key(*homes: Path, project: str) -> dict[str, str]:
     return {}
 
 
+def kill_kernel(pid: int | None) -> None:
+    """SIGKILL to a server's kernel, which may outlive a killed server: no test leaves one running. `pid` None
+    (no kernel was started) or a kernel already gone is nothing to do."""
+    if pid:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
 def _decode(raw: bytes) -> Any:
     try:
         return json.loads(raw) if raw else None

@@ -21,9 +21,10 @@ from typing import Any
 import pytest
 import torch
 
-from spotwarp_jupyter.engine import Manifest, Settings, SnapshotEngine
+from spotwarp_jupyter.engine import Manifest
 from spotwarp_jupyter.protocol import NoticeRequest
 
+from engines import make_engine
 from kernels import notice_request
 from storage_servers import free_port
 from waiting import wait_for
@@ -63,7 +64,7 @@ def start(tmp: Path, store: Path, out: Path, **cfg: Any) -> subprocess.Popen:
 
 
 def collective(store: Path) -> list[Manifest]:
-    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    engine = make_engine(store, PROJECT, key=KEY, resolved=False)
     return [m for m in engine.manifests() if m.kind == "collective"]
 
 
@@ -111,7 +112,7 @@ def test_killed_run_continues_bit_identical(tmp_path: Path, baseline: Path) -> N
     before = steps_logged(out, 0)
     assert before == STEPS + 3
     # newer snapshots of other kinds, then gc: a loop's newest collective snapshot and its objects stay
-    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    engine = make_engine(store, PROJECT, key=KEY, resolved=False)
     engine.snapshot_kernel({"x": 1})
     engine.gc(keep=1, grace_s=0)
     assert [m.id for m in collective(store)] == [snapshot.id] and engine.verify().ok
@@ -139,7 +140,7 @@ def test_rank_killed_mid_snapshot_leaves_the_previous_one(tmp_path: Path, baseli
     assert done.returncode != 0
     [snapshot] = collective(store)
     assert snapshot.collective["step"] == 6
-    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    engine = make_engine(store, PROJECT, key=KEY, resolved=False)
     assert engine.verify().ok
     before = steps_logged(out, 0)
     done = launch(tmp_path, store, out)
@@ -155,7 +156,7 @@ def test_rank_killed_in_a_snapshots_write_store_or_commit(tmp_path: Path, baseli
     done = launch(tmp_path, store, out, request_at=[[0, 5], [0, 20]], die_at=[rank, 2, where])
     assert done.returncode != 0
     assert [m.collective["step"] for m in collective(store)] == [6]
-    engine = SnapshotEngine(Settings(project=PROJECT, storage=str(store)), key=KEY.encode())
+    engine = make_engine(store, PROJECT, key=KEY, resolved=False)
     assert engine.verify().ok
     before = steps_logged(out, 0)
     assert before == 21  # killed in the snapshot after step 21
@@ -171,8 +172,7 @@ def test_rank_killed_storing_into_an_object_store_leaves_the_previous_one(tmp_pa
     env, out = _env(tmp_path, **object_storage.kernel_env()), tmp_path / "out"
     done = launch(tmp_path, tmp_path, out, env=env, request_at=[[0, 5], [0, 20]], die_at=[1, 2, "store"])
     assert done.returncode != 0 and steps_logged(out, 0) == 21
-    settings = Settings(project=PROJECT, storage=object_storage.url, storage_options=object_storage.options)
-    engine = SnapshotEngine(settings, key=KEY.encode())
+    engine = make_engine(object_storage, PROJECT, key=KEY, resolved=False)
     assert [m.collective["step"] for m in engine.manifests() if m.kind == "collective"] == [6]
     assert engine.verify().ok
     done = launch(tmp_path, tmp_path, out, env=env)
@@ -254,7 +254,7 @@ def test_a_notice_to_the_kernel_reaches_every_rank(start_kernel, store_url: str,
         (out / "gate").touch()
         launched.join(timeout=300)
     assert (out / "result-0.json").exists() and (out / "result-1.json").exists()
-    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    engine = make_engine(store_url, resolved=False)
     [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
     assert (snapshot.collective["reason"], snapshot.collective["step"], snapshot.collective["world_size"]) == ("notice", 11, 2)
 
@@ -273,7 +273,7 @@ def test_accelerate_notebook_launcher_ranks_resume_in_a_new_kernel(start_kernel,
     first = start_kernel("a", SPOTWARP_EVERY="1h")
     first.run(setup)
     assert "Launching training on 2 CPUs" in first.run(cell.format(cfg=cfg, port=str(free_port())))
-    engine = SnapshotEngine(Settings(project="proj", storage=store_url))
+    engine = make_engine(store_url, resolved=False)
     [snapshot] = [m for m in engine.manifests() if m.kind == "collective"]
     assert (snapshot.collective["step"], snapshot.collective["world_size"]) == (6, 2)
     assert steps_logged(out, 0) == 6 and not (out / "result-0.json").exists()

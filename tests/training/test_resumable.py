@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 import warnings
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -17,7 +16,7 @@ import torch
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 from spotwarp_jupyter import safepoints
-from spotwarp_jupyter.engine import Settings, SnapshotEngine
+from spotwarp_jupyter.engine import SnapshotEngine
 from spotwarp_jupyter.training import (
     capture_positions,
     pending_positions,
@@ -55,10 +54,6 @@ def _scramble() -> None:
     np.random.seed(12345)
     torch.manual_seed(12345)
 
-
-@pytest.fixture
-def engine(tmp_path: Path) -> SnapshotEngine:
-    return SnapshotEngine(Settings.resolve(project="p", storage=str(tmp_path / "store"), env={}))
 
 
 @pytest.fixture(autouse=True)
