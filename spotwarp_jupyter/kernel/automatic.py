@@ -16,18 +16,10 @@ from contextlib import AbstractContextManager
 from typing import Any, Callable, Mapping, NamedTuple, Protocol
 
 from .. import safepoints
-from ..engine import CaptureOptions, Manifest, SnapshotEngine
+from ..engine import CaptureOptions, Manifest, SnapshotEngine, writers
 from ..engine.incremental import ReusePlan, StaleBaseline
 from ..engine.variables import LoadResult
-from ..engine.writers import (
-    BackgroundSnapshot,
-    Commit,
-    cuda_in_use,
-    fork_unavailable_reason,
-    start_background,
-    start_in_thread,
-    start_staged,
-)
+from ..engine.writers import BackgroundSnapshot, Commit
 from .arrivals import Arrivals
 from .busy import still_busy
 from .increments import Increments
@@ -116,7 +108,7 @@ class AutomaticSnapshots:
         """
         session = self.session
         session.settle_key()
-        if fork_unavailable_reason():
+        if writers.fork_unavailable_reason():
             return session.snapshot(message, requests, at="step" if in_loop else "call")
         with session.lock:
             if self.in_flight is not None:
@@ -140,10 +132,10 @@ class AutomaticSnapshots:
         session = self.session
         left = session.increments.left_to_serialize(session.namespace, session.hidden, plan, options)
         if session.increments.little_left(left, plan):
-            return start_in_thread
-        if in_loop and not cuda_in_use() and session.increments.quick_to_serialize(left):
-            return start_staged
-        return start_background
+            return writers.start_in_thread
+        if in_loop and not writers.cuda_in_use() and session.increments.quick_to_serialize(left):
+            return writers.start_staged
+        return writers.start_background
 
     def _background_done(self, job: BackgroundSnapshot) -> None:
         """Runs in the reaper thread once the child has exited."""

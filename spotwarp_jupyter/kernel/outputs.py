@@ -96,21 +96,21 @@ class CellOutputs:
 
 def install(ipython: Any, outputs: CellOutputs) -> None:
     """Hook `outputs` into the kernel's publishers: displays (the cell's thread) and streams (the IO thread)."""
-    publisher = getattr(ipython, "display_pub", None)
-    if hasattr(publisher, "register_hook"):
-        publisher.register_hook(outputs.hook)
-    for stream in (sys.stdout, sys.stderr):
-        pub_thread = getattr(stream, "pub_thread", None)
-        if hasattr(stream, "register_hook") and hasattr(pub_thread, "schedule"):
-            pub_thread.schedule(lambda stream=stream: stream.register_hook(outputs.hook))
+    _hooks(ipython, outputs, "register_hook")
 
 
 def uninstall(ipython: Any, outputs: CellOutputs) -> None:
     """Take the hooks out again."""
+    _hooks(ipython, outputs, "unregister_hook")
+
+
+def _hooks(ipython: Any, outputs: CellOutputs, method: str) -> None:
+    """Call `method` (register_hook or unregister_hook) with the hook on the display publisher and, from their IO
+    thread, on the output streams."""
     publisher = getattr(ipython, "display_pub", None)
-    if hasattr(publisher, "unregister_hook"):
-        publisher.unregister_hook(outputs.hook)
+    if hasattr(publisher, method):
+        getattr(publisher, method)(outputs.hook)
     for stream in (sys.stdout, sys.stderr):
         pub_thread = getattr(stream, "pub_thread", None)
-        if hasattr(stream, "unregister_hook") and hasattr(pub_thread, "schedule"):
-            pub_thread.schedule(lambda stream=stream: stream.unregister_hook(outputs.hook))
+        if hasattr(stream, method) and hasattr(pub_thread, "schedule"):
+            pub_thread.schedule(lambda stream=stream: getattr(stream, method)(outputs.hook))

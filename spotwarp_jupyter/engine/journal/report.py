@@ -9,21 +9,11 @@ import statistics
 from typing import Any, Sequence
 
 from ..manifests import Manifest
-from .events import (
-    FAILOVER_FINISHED,
-    FINAL_SNAPSHOT_COMMITTED,
-    HOST_LOST,
-    KERNEL_RESUMED,
-    NOTICE_SEEN,
-    PREEMPTION_DETECTED,
-    RESTORE_FINISHED,
-    RESTORE_STARTED,
-    TRAINING_RESUMED,
-    Event,
-    _iso,
-)
+from . import events as kinds  # the event kinds, by name
+from .events import Event, _iso
 
-RECOVERIES = (RESTORE_STARTED, KERNEL_RESUMED, PREEMPTION_DETECTED)  # each begins a new host's run of a project
+# each begins a new host's run of a project
+RECOVERIES = (kinds.RESTORE_STARTED, kinds.KERNEL_RESUMED, kinds.PREEMPTION_DETECTED)
 
 
 def capture_time(manifests: Sequence[Manifest], snapshot_id: str | None, notebook: str | None) -> float | None:
@@ -52,9 +42,9 @@ def _first_fatal_notice_per_run(events: Sequence[Event]) -> list[tuple[Event, Ev
     finals: dict[Any, Event] = {}
     for e in events:
         run = (e.host, e.details.get("run"))
-        if e.event == NOTICE_SEEN and e.details.get("fatal", True) and run not in notices:
+        if e.event == kinds.NOTICE_SEEN and e.details.get("fatal", True) and run not in notices:
             notices[run] = e
-        elif e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True) and run in notices \
+        elif e.event == kinds.FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True) and run in notices \
                 and run not in finals:
             finals[run] = e
     return [(n, finals.get(run)) for run, n in notices.items()]
@@ -75,9 +65,9 @@ def _recovery(notice: Event, next_notice: float, restores: Sequence[Event], used
     if start is not None:
         used.add(id(start))
     later = [e for e in events if e.time >= (start.time if start else notice.time) and e.time < next_notice]
-    finished = next((e for e in later if e.event == RESTORE_FINISHED and start is not None
+    finished = next((e for e in later if e.event == kinds.RESTORE_FINISHED and start is not None
                      and e.host == start.host and e.details.get("ok", True)), None)
-    resumed = next((e for e in later if e.event == TRAINING_RESUMED), None)
+    resumed = next((e for e in later if e.event == kinds.TRAINING_RESUMED), None)
     return start, finished, resumed
 
 
@@ -90,7 +80,7 @@ def _totals(rows: list[dict[str, Any]], events: Sequence[Event]) -> dict[str, An
         "work_lost_s": round(sum(r["work_lost_s"] or 0.0 for r in survived_rows), 3),
         "resume_s_median": round(statistics.median(resumes), 3) if resumes else None,
         "compute_saved_s": round(sum(r["compute_saved_s"] or 0.0 for r in survived_rows), 3),
-        "warnings": sum(1 for e in events if e.event == NOTICE_SEEN and not e.details.get("fatal", True)),
+        "warnings": sum(1 for e in events if e.event == kinds.NOTICE_SEEN and not e.details.get("fatal", True)),
     }
 
 
@@ -106,8 +96,9 @@ def loss_without_notice(events: Sequence[Event], started_at: float, lost_run_beg
                 default=float("-inf"))
     if lost_run_began is not None:
         began = max(began, lost_run_began)
-    return not any(e.time > began and (e.event == FINAL_SNAPSHOT_COMMITTED
-                                       or (e.event == NOTICE_SEEN and e.details.get("fatal", True))) for e in events)
+    return not any(e.time > began and (e.event == kinds.FINAL_SNAPSHOT_COMMITTED
+                                       or (e.event == kinds.NOTICE_SEEN and e.details.get("fatal", True)))
+                   for e in events)
 
 
 def _lost_at(event: Event) -> float | None:
@@ -118,20 +109,20 @@ def _lost_at(event: Event) -> float | None:
 def _losses(events: Sequence[Event]) -> list[tuple[float, Event, Event | None]]:
     """Every preemption, by when it happened: (time, its notice or detection, the final snapshot on notice)."""
     noticed = [(n.time, n, final) for n, final in _first_fatal_notice_per_run(events)]
-    detected = [(_lost_at(e) or e.time, e, None) for e in events if e.event == PREEMPTION_DETECTED]
+    detected = [(_lost_at(e) or e.time, e, None) for e in events if e.event == kinds.PREEMPTION_DETECTED]
     return sorted(noticed + detected, key=lambda loss: loss[0])
 
 
 def _detected_recovery(loss: Event, events: Sequence[Event], until: float) -> tuple[Event | None, Event | None]:
     """The restore that began the resume which detected `loss` (on the detecting host, before it), and the first
     sign of the training running again after that restore."""
-    start = next((r for r in reversed(events) if r.event == RESTORE_STARTED and r.host == loss.host
+    start = next((r for r in reversed(events) if r.event == kinds.RESTORE_STARTED and r.host == loss.host
                   and r.time <= loss.time), None)
     since = start.time if start is not None else loss.time
-    running = next((e for e in events if e.event in (TRAINING_RESUMED, KERNEL_RESUMED) and since <= e.time < until),
-                   None)
-    finished = next((e for e in events if e.event == RESTORE_FINISHED and start is not None and e.host == start.host
-                     and since <= e.time < until and e.details.get("ok", True)), None)
+    running = next((e for e in events if e.event in (kinds.TRAINING_RESUMED, kinds.KERNEL_RESUMED)
+                    and since <= e.time < until), None)
+    finished = next((e for e in events if e.event == kinds.RESTORE_FINISHED and start is not None
+                     and e.host == start.host and since <= e.time < until and e.details.get("ok", True)), None)
     return start, running or finished or loss
 
 
@@ -140,19 +131,20 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
     event, time to resume, compute saved (see docs/preemption.md)."""
     events = sorted(events, key=lambda e: e.time)
     losses = _losses(events)
-    restores = [e for e in events if e.event == RESTORE_STARTED]
+    restores = [e for e in events if e.event == kinds.RESTORE_STARTED]
     rows: list[dict[str, Any]] = []
     embodied = 0.0  # compute held by the restored state: what restarting from scratch would have to redo
     work_since = _work_origin(manifests)  # when the current run's work started
     used: set[int] = set()
     for index, (when, notice, final) in enumerate(losses):
         next_loss = losses[index + 1][0] if index + 1 < len(losses) else float("inf")
-        if notice.event == PREEMPTION_DETECTED:
+        if notice.event == kinds.PREEMPTION_DETECTED:
             start, running_again = _detected_recovery(notice, events, next_loss)
             restored_id, notebook = notice.snapshot, notice.notebook
             lost_at = _lost_at(notice)
             host = str(notice.details.get("lost_host") or "?")
-            resumed = running_again if running_again is not None and running_again.event == TRAINING_RESUMED else None
+            resumed = (running_again if running_again is not None and running_again.event == kinds.TRAINING_RESUMED
+                       else None)
         else:
             start, finished, resumed = _recovery(notice, next_loss, restores, used, events)
             restored_id = (resumed.snapshot if resumed and resumed.snapshot else None) or (start.snapshot if start else None)
@@ -167,9 +159,9 @@ def report(events: Sequence[Event], manifests: Sequence[Manifest]) -> dict[str, 
             saved = round(embodied, 3)
             work_since = running_again.time
         rows.append({
-            "time": _iso(when), "with_notice": notice.event == NOTICE_SEEN,
-            "notice": notice.as_dict()["time"] if notice.event == NOTICE_SEEN else None, "host": host,
-            "source": notice.details.get("source") if notice.event == NOTICE_SEEN else None,
+            "time": _iso(when), "with_notice": notice.event == kinds.NOTICE_SEEN,
+            "notice": notice.as_dict()["time"] if notice.event == kinds.NOTICE_SEEN else None, "host": host,
+            "source": notice.details.get("source") if notice.event == kinds.NOTICE_SEEN else None,
             "final_snapshot": final.snapshot if final else None,
             "notice_to_final_s": final.details.get("notice_to_commit_s") if final else None,
             "restored_snapshot": restored_id, "restored_on": start.host if start else (resumed.host if resumed else None),
@@ -186,7 +178,7 @@ def failover_rows(events: Sequence[Event]) -> list[dict[str, Any]]:
     """One row per race of `spotwarp launch`: why, and detect / provision / restore-and-serve / total seconds."""
     rows = []
     for e in events:
-        if e.event != FAILOVER_FINISHED:
+        if e.event != kinds.FAILOVER_FINISHED:
             continue
         d = e.details
         rows.append({
@@ -205,7 +197,7 @@ def resume_rows(events: Sequence[Event], manifests: Sequence[Manifest] = ()) -> 
     events = sorted(events, key=lambda e: e.time)
     rows = []
     for e in events:
-        if e.event != KERNEL_RESUMED:
+        if e.event != kinds.KERNEL_RESUMED:
             continue
         redone, how = steps_redone(e, events, manifests)
         rows.append({"time": e.as_dict()["time"], "host": e.host, "notebook": e.notebook, "snapshot": e.snapshot,
@@ -232,10 +224,10 @@ def steps_redone(resumed: Event, events: Sequence[Event], manifests: Sequence[Ma
         return None, "unknown: fewer than two snapshots at a loop's step before it (no step rate)"
     loop, per_s = rate
     started = resumed.time - float(resumed.details.get("start_to_running_s") or 0.0)
-    finals = [e.time for e in events if e.event == FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True)
+    finals = [e.time for e in events if e.event == kinds.FINAL_SNAPSHOT_COMMITTED and e.details.get("fatal", True)
               and captured <= e.time <= started]
     # the loss recorded after the capture (its last heartbeat change may come before it: then nothing was redone)
-    lost = [max(captured, lost_at) for e in events if e.event in (HOST_LOST, PREEMPTION_DETECTED)
+    lost = [max(captured, lost_at) for e in events if e.event in (kinds.HOST_LOST, kinds.PREEMPTION_DETECTED)
             and (lost_at := _lost_at(e)) is not None and captured <= e.time <= resumed.time]
     if finals:
         end, until = finals[0], "the final snapshot's commit on notice (its kernels stopped there)"

@@ -124,12 +124,7 @@ def _rebuild_strided(storage: _LoadedStorage, dtype: str, shape: tuple, device: 
     target = restore_device(device)
     t = torch.empty(0, dtype=getattr(torch, dtype), device=target)
     t.set_(storage.at(target), offset, shape, stride)
-    if is_param:
-        t = torch.nn.Parameter(t, requires_grad=requires_grad)
-    elif requires_grad:
-        t.requires_grad_(True)
-    if grad is not None:
-        t.grad = grad
+    t = _as_saved(t, requires_grad, is_param, grad)
     if attrs:
         t.__dict__.update(attrs)
     return t
@@ -150,6 +145,13 @@ def _rebuild_tensor(buf: Any, dtype: str, shape: tuple, device: str, requires_gr
     target = restore_device(device)
     if target != "cpu":
         t = t.to(target)
+    return _as_saved(t, requires_grad, is_param, grad)
+
+
+def _as_saved(t: Any, requires_grad: bool, is_param: bool, grad: Any) -> Any:
+    """The rebuilt tensor as it was saved: a Parameter or a tensor that requires grad, with its gradient."""
+    import torch
+
     if is_param:
         t = torch.nn.Parameter(t, requires_grad=requires_grad)
     elif requires_grad:
