@@ -4,7 +4,8 @@ Ranks (gloo, forked as a notebook cell forks them) each time, alternating, on th
 folder (every parameter moved before each rep, as a training step moves it: no rep reuses an earlier one's
 objects): a plain `dcp.save` to a folder of the store against SpotWarp's collective snapshot (DCP, objects, signed
 manifest), then a plain `dcp.load` from that folder against SpotWarp's restore (each file checked against its
-hash). Both include the DCP state-dict helpers. The arms alternate which goes first. Figures are medians of `--reps`, as
+hash), with the files in the page cache as written and again with it dropped, as on a new host. Both include the
+DCP state-dict helpers. The arms alternate which goes first. Figures are medians of `--reps`, as
 ratios of the medians and as the median of each rep's own ratio (goal: 1.1). Also the
 price of every step (the ranks' agreement on whether to snapshot), as a share of a training step of the model.
 
@@ -23,7 +24,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import common  # noqa: E402, F401  (puts tests/support and the checkout on the import path)
+import common  # noqa: E402  (puts tests/support and the checkout on the import path; drop_cache)
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -66,7 +67,8 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         dcp.load(sd, storage_reader=dcp.FileSystemReader(f"{plain_dir}/{rep}"))
         set_state_dict(model, opt, model_state_dict=sd["model"], optim_state_dict=sd["optim"])
 
-    times: dict[str, list[float]] = {"plain_save": [], "save": [], "plain_load": [], "load": []}
+    times: dict[str, list[float]] = {k: [] for k in ("plain_save", "save", "plain_load", "load", "plain_cold_load",
+                                                     "cold_load")}
     for rep in range(args.reps):
         with torch.no_grad():  # each rep saves new state, as training does (no object of an earlier rep is reused)
             for param in model.parameters():
@@ -80,6 +82,10 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
         loads = {"plain_": lambda: plain_load(rep), "": lambda: loop._load(manifest)}
         for arm in (first, second):
             times[f"{arm}load"].append(_timed(loads[arm]))
+        for arm in (first, second):  # as on a new host: nothing of the files in the page cache
+            if rank == 0:
+                common.drop_cache(Path(args.dir))
+            times[f"{arm}cold_load"].append(_timed(loads[arm]))
     # the price of every step: the ranks' agreement (one all-reduce of a flag), against a step of this model
     steps = 500
     bare = _timed(lambda: [None for _ in collective.CollectivePass(range(steps), "agreement", state)]) / steps
@@ -103,6 +109,9 @@ def rank_main(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
                            s / p for s, p in zip(times["save"], times["plain_save"])), 3),
                        "load_pair_ratio": round(statistics.median(
                            s / p for s, p in zip(times["load"], times["plain_load"])), 3),
+                       "cold_load_ratio": round(medians["cold_load"] / medians["plain_cold_load"], 3),
+                       "cold_load_pair_ratio": round(statistics.median(
+                           s / p for s, p in zip(times["cold_load"], times["plain_cold_load"])), 3),
                        "agreement_us": round(bare * 1e6, 1), "train_step_s": round(step_s, 4),
                        "step_overhead_pct": round(100 * bare / step_s, 3)}, f)
 
@@ -137,6 +146,9 @@ def main() -> None:
           f"-> {result['save_ratio']:.2f}x, median of each rep's ratio {result['save_pair_ratio']:.2f}x (goal 1.1x)")
     print(f"  load: plain dcp.load {result['plain_load_s']:.3f} s, collective restore {result['load_s']:.3f} s "
           f"-> {result['load_ratio']:.2f}x, median of each rep's ratio {result['load_pair_ratio']:.2f}x (goal 1.1x)")
+    print(f"  cold load (page cache dropped): plain dcp.load {result['plain_cold_load_s']:.3f} s, collective restore "
+          f"{result['cold_load_s']:.3f} s -> {result['cold_load_ratio']:.2f}x, median of each rep's ratio "
+          f"{result['cold_load_pair_ratio']:.2f}x (goal 1.1x)")
     print(f"  each step: the ranks' agreement {result['agreement_us']:.0f} us, {result['step_overhead_pct']:.2f}% of a "
           f"training step of this model ({result['train_step_s'] * 1e3:.0f} ms)")
 

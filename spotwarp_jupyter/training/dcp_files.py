@@ -1,7 +1,7 @@
 """DCP's files as the store's content-addressed objects: hashed as DCP writes them, checked before DCP reads them.
 
-Writing, each file's object id (engine.hashing's blake3) is computed from the bytes as they go out to the file,
-so that storing it needs no second pass over it. Reading, the object files of a local store are split among the
+Writing, each file's object id (engine.hashing's blake3) is computed from the page cache while the file's fsync
+runs, so that DCP's writes do not wait on hashing and storing the file needs no further pass over it. Reading, the object files of a local store are split among the
 ranks; each rank hashes its share while DCP plans the load, and no rank reads a file before every rank reported
 its share sound (nothing unchecked is unpickled). From an object store each file a rank reads is downloaded once,
 checked by the store, and handed to DCP from memory. Imported only where torch is.
@@ -25,7 +25,7 @@ from ..engine import DamagedObjectError, SpotWarpError
 from ..engine.storage.store import Store
 
 METADATA = ".metadata"
-PARALLEL_MIN = 1 << 20  # a write at least this large is hashed in a thread while it goes to the file
+PARALLEL_MIN = 1 << 20  # a file at least 8x this large is hashed by several threads
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
@@ -39,7 +39,8 @@ def hash_file(path: str) -> str:
 
 
 def _hasher_thread() -> ThreadPoolExecutor:
-    """This process's hashing thread (a forked rank starts its own: threads do not survive a fork)."""
+    """This process's helper thread for a written file's fsync (a forked rank starts its own: threads do not
+    survive a fork)."""
     global _pool
     if _pool is None or _pool[0] != os.getpid():
         _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="spotwarp-hash"))
@@ -48,68 +49,26 @@ def _hasher_thread() -> ThreadPoolExecutor:
 
 # -- writing -------------------------------------------------------------------------------------------
 
-class _HashingStream(io.RawIOBase):
-    """A file being written, whose bytes feed a hash on their way out (only appended: it cannot seek)."""
-
-    def __init__(self, raw: Any):
-        super().__init__()
-        self.raw, self.hasher, self.size = raw, blake3.blake3(), 0
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, data: Any) -> int:
-        """Writes all of `data`; a large buffer is hashed in a thread meanwhile (both release the GIL)."""
-        view = memoryview(data)
-        hashing = _hasher_thread().submit(self.hasher.update, view) if view.nbytes >= PARALLEL_MIN else None
-        try:
-            written = self.raw.write(view)
-        finally:
-            if hashing is not None:
-                hashing.result()  # the buffer is the caller's again only once both are done
-        if hashing is None:
-            self.hasher.update(view)
-        if written is not None and written != view.nbytes:
-            raise OSError(f"short write ({written} of {view.nbytes} bytes)")
-        self.size += view.nbytes
-        return view.nbytes
-
-    def tell(self) -> int:
-        return self.size
-
-    def flush(self) -> None:
-        if not self.closed:
-            self.raw.flush()
-
-    def fileno(self) -> int:
-        return self.raw.fileno()
-
-    def close(self) -> None:
-        if not self.closed:
-            super().close()
-            self.raw.close()
-
-
 class _HashedFiles(FileSystem):
-    """DCP's local file system, recording the object id and size of each file as written under its last name."""
+    """DCP's local file system, recording the object id and size of each file it wrote under its last name.
 
-    def __init__(self) -> None:
+    DCP writes each file straight to disk, uncontended; the file is then hashed from the page cache while the
+    disk makes it durable (its fsync in a thread), so the hash costs CPU the fsync leaves idle."""
+
+    def __init__(self, sync_files: bool) -> None:
         super().__init__()
+        self.sync_files = sync_files
         self.hashed: dict[str, tuple[str, int]] = {}
         self.lock = threading.Lock()  # DCP may write with several threads
 
     @contextlib.contextmanager
     def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        with super().create_stream(path, mode) as raw:
-            stream = _HashingStream(raw)
+        with super().create_stream(path, mode) as stream:
             yield stream
-            stream.close()
-        with self.lock:
-            self.hashed[os.path.basename(str(path))] = (stream.hasher.hexdigest(), stream.size)
+        if mode == "wb":
+            done = _durable_and_hashed(str(path), self.sync_files)
+            with self.lock:
+                self.hashed[os.path.basename(str(path))] = done
 
     def rename(self, path: str | os.PathLike, new_path: str | os.PathLike) -> None:
         super().rename(path, new_path)
@@ -119,10 +78,25 @@ class _HashedFiles(FileSystem):
                 self.hashed[os.path.basename(str(new_path))] = done
 
 
+def _durable_and_hashed(path: str, sync: bool) -> tuple[str, int]:
+    """A written file's object id and size, hashed while its fsync (with `sync`) runs in a thread."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        syncing = _hasher_thread().submit(os.fsync, fd) if sync else None
+        try:
+            return hash_file(path), os.fstat(fd).st_size
+        finally:
+            if syncing is not None:
+                syncing.result()  # raises what fsync raised: the file is not durable
+    finally:
+        os.close(fd)
+
+
 def hashing_writer(folder: str, sync_files: bool) -> tuple[FileSystemWriter, dict[str, tuple[str, int]]]:
-    """A DCP writer into `folder`, and the (object id, size) of each file it wrote, by name, once it is done."""
-    writer = FileSystemWriter(folder, sync_files=sync_files)
-    files = _HashedFiles()
+    """A DCP writer into `folder`, and the (object id, size) of each file it wrote, by name, once it is done.
+    With `sync_files` each file is durable before DCP goes on (DCP's own fsync is replaced by the one above)."""
+    writer = FileSystemWriter(folder, sync_files=False)
+    files = _HashedFiles(sync_files)
     writer.fs = files
     return writer, files.hashed
 
