@@ -1,4 +1,4 @@
-"""The adaptive cadence with default settings: training overhead and redo window on the reference workload (BENCH.md).
+"""The adaptive cadence with default settings: training overhead and redo window on the reference workload (workload.py).
 
     python benchmarks/bench_cadence.py --scale 0.25 --pairs 12 --window 10     # ~500 MB, about 5 minutes
 

@@ -10,7 +10,7 @@ repetition, in the same run:
   - changed: --changed files (4 KiB each) rewritten, then a kernel snapshot with the cut, minus one without it,
     against the reference: writing those bytes as as many files into the same store folder, each made durable
     (written, fdatasync'd, renamed into place, the folder fsync'd once), which is what storing them must do.
-Goals (BENCH.md, issue "one consistent cut"): unchanged at most 50 ms added for 10,000 files; changed at most 1.2x
+Goals (benchmarks/README.md): unchanged at most 50 ms added for 10,000 files; changed at most 1.2x
 the reference. Medians of --reps repetitions.
 
     python benchmarks/bench_cut.py --files 10000 --changed 1000 --reps 5

@@ -7,7 +7,7 @@ snapshot, trains on for half an interval (so the last snapshot is at most one in
 notice arrives: an AWS spot interruption from a local IMDSv2 server (tests/support/metadata_servers.py), and
 for the last repetition SIGTERM to the server. Figures:
 
-  notice -> commit      from the server seeing the notice to the final manifest committed (BENCH.md: < 5 s)
+  notice -> commit      from the server seeing the notice to the final manifest committed (goal: < 5 s)
   posted -> commit      from the metadata server starting to announce it (adds the watcher's polling)
   to the safe point     notice seen -> the kernel's snapshot starting (the rest of the running training step)
   kernel write          the kernel's background snapshot, start to commit

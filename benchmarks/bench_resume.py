@@ -18,7 +18,7 @@ kernel started / state restored / cell started / first step; against `--dead-aft
 
 Run: python benchmarks/bench_resume.py [--repeat 3] [--variant small | --scale 0.1] [--failover [--standby N]]
      (--scale: the reference workload beside the model, benchmarks/workload.py, 0 leaves it out; --variant small
-     is BENCH.md's smaller variant, --scale 0.1, about 200 MB)
+     is the reference workload's smaller variant, --scale 0.1, about 200 MB)
 """
 
 from __future__ import annotations
@@ -258,7 +258,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--repeat", type=int, default=3, help="runs; medians are reported (default 3)")
     parser.add_argument("--scale", type=float, default=0.0, help="reference workload beside the model (0: none)")
-    parser.add_argument("--variant", choices=("small",), help="BENCH.md's smaller variant of the reference "
+    parser.add_argument("--variant", choices=("small",), help="the smaller variant of the reference "
                         "workload (--scale 0.1, about 200 MB)")
     parser.add_argument("--failover", action="store_true", help="kill to running again through `spotwarp launch "
                         "--provider local --watch` instead (one run)")

@@ -7,7 +7,7 @@
     PYTHONPATH=/other/tree python benchmarks/bench_scaling.py ...   # restores by another tree's package (before/after)
     python benchmarks/bench_scaling.py --sizes 1,4 --counts none --trees /main,/branch   # both, alternated, same snapshots
 
-Sizes are the reference workload of BENCH.md (model + Adam, array, DataFrame, small objects, code)
+Sizes are the reference workload (workload.py) (model + Adam, array, DataFrame, small objects, code)
 scaled to about that many GB of state; counts are a dict of that many small notebook objects.
 Every figure is the median of --reps runs divided by a raw reference of the same byte count measured
 in the same run: full and unchanged snapshots against this disk's best sequential write, a restore into a

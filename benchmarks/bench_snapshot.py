@@ -1,4 +1,4 @@
-"""Snapshot and restore speed, pause and memory on the reference workload (BENCH.md), as ratios.
+"""Snapshot and restore speed, pause and memory on the reference workload (workload.py), as ratios.
 
     python benchmarks/bench_snapshot.py            # the reference workload (~2 GB)
     python benchmarks/bench_snapshot.py --scale 0.1 --train-pairs 2 --every 15   # quick (~200 MB)

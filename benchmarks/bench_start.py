@@ -7,7 +7,7 @@ Measured against references taken in the same run (medians of --repeat runs):
 Figures:
   start+restore   `spotwarp start` until spotwarp/api/status answers, files restored byte-identical
   kernel restore  the notebook's kernel started, `%load_ext spotwarp` + `%spotwarp restore latest` done
-  overhead        start+restore - lab start - raw copy  (BENCH.md goal: under 10 s)
+  overhead        start+restore - lab start - raw copy  (goal: under 10 s, benchmarks/README.md)
 
 Run: python benchmarks/bench_start.py [--size-mb 200] [--repeat 3]
 """

@@ -11,7 +11,7 @@ Starts gcp-storage-emulator and moto on 127.0.0.1 (as the tests do), builds the 
   - put/get of the same objects: plain fsspec moving the snapshot's own object sizes (one `pipe_file` each from
               that many threads; one `cat_ranges` of them, whole, as many in flight): what the object count costs on this
               server, apart from the bytes (an emulator's cost per request dominates many small objects).
-Two workloads: BENCH.md's reference notebook (many tensors: request latency counts) and one large
+Two workloads: the reference notebook (benchmarks/README.md) (many tensors: request latency counts) and one large
 array (few 64 MiB objects: bandwidth counts). The ratios are SpotWarp throughput over plain fsspec's best
 throughput on the same bytes (1.0 = as fast as the best plain transfer; the goal for a restore is at
 most 1.1x its time, a ratio of at least 0.91). The "one call" ratios against a single put/get (the
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"building the workloads at scale {args.scale} ...", flush=True)
     workloads = {
-        # BENCH.md's notebook: a model, Adam state, a DataFrame, many small objects: many small requests
+        # the reference notebook: a model, Adam state, a DataFrame, many small objects: many small requests
         "reference": workload.build(args.scale),
         # one large array (64 MiB chunks): what transfer itself costs, with few requests
         "bulk": {"array": np.random.default_rng(0).random(int(2e9 * args.scale) // 4, dtype=np.float32)},

@@ -1,4 +1,4 @@
-"""The reference workload of BENCH.md: what a real deep-learning notebook holds.
+"""The reference workload (benchmarks/README.md): what a real deep-learning notebook holds.
 
 `build(scale)` returns a namespace: scale 1.0 is about 2 GB, 0.1 about 200 MB.
 """
