@@ -84,3 +84,12 @@ def test_the_writer_sees_the_values_left_after_the_takeover_before_any_group_is_
     restored: dict = {}
     engine.restore_kernel("latest", restored)
     assert restored == ns
+
+
+def test_a_group_a_restore_refuses_still_has_its_objects_named():
+    # no codec: GroupRecord.from_dict refuses it, but the manifest carrying it still names its objects
+    stored = {"names": ["x"], "pickle": {"id": "a" * 64, "size": 3},
+              "buffers": [{"size": 5, "chunks": [{"id": "b" * 64, "size": 5}]}]}
+    with pytest.raises(MalformedRecord):
+        GroupRecord.from_dict(stored)
+    assert record_objects({"groups": [stored]}) == {"a" * 64: 3, "b" * 64: 5}

@@ -12,7 +12,7 @@ from datetime import datetime, timezone
 from typing import Any, Mapping
 
 from ..errors import ManifestError, SignatureError, SnapshotNotFound, UnreadableManifest
-from ..records import readable_groups
+from ..records import stored_objects
 from ..signing import key_advice, key_id, signing_key  # noqa: F401 - signing_key re-exported (engine.manifests)
 from .files_record import stored_form
 from .scope import check_scope
@@ -254,10 +254,10 @@ def _check_signature(ident: str, payload: bytes, signature: Any, signer: Any, ke
 
 
 def record_objects(record: Mapping[str, Any]) -> dict[str, int]:
-    """Every object a kernel record's groups name, with its size (of the groups that can be read)."""
+    """Every object a kernel record's groups name, with its size (a group otherwise unreadable included)."""
     out: dict[str, int] = {}
-    for group in readable_groups(record.get("groups") or ()):
-        out.update(group.objects())
+    for group in record.get("groups") or ():
+        out.update(stored_objects(group))
     return out
 
 
