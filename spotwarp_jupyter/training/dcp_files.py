@@ -25,25 +25,25 @@ from ..engine import DamagedObjectError, SpotWarpError
 from ..engine.storage.store import Store
 
 METADATA = ".metadata"
-PARALLEL_MIN = 1 << 20  # a file at least 8x this large is hashed by several threads
+PARALLEL_MIN = 8 << 20  # a file at least this large is hashed by several threads
 _pool: tuple[int, ThreadPoolExecutor] | None = None
 
 
 def hash_file(path: str) -> str:
     """The file's object id; a large file hashed by as many threads as help (a small one by this thread alone:
     it does not queue behind another hash for the shared pool)."""
-    big = os.path.getsize(path) >= PARALLEL_MIN * 8
+    big = os.path.getsize(path) >= PARALLEL_MIN
     hasher = blake3.blake3(max_threads=blake3.blake3.AUTO if big else 1)
     hasher.update_mmap(path)
     return hasher.hexdigest()
 
 
-def _hasher_thread() -> ThreadPoolExecutor:
-    """This process's helper thread for a written file's fsync (a forked rank starts its own: threads do not
-    survive a fork)."""
+def _fsync_thread() -> ThreadPoolExecutor:
+    """This process's thread for a written file's fsync (a forked rank starts its own: threads do not survive a
+    fork)."""
     global _pool
     if _pool is None or _pool[0] != os.getpid():
-        _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="spotwarp-hash"))
+        _pool = (os.getpid(), ThreadPoolExecutor(1, thread_name_prefix="spotwarp-fsync"))
     return _pool[1]
 
 
@@ -82,7 +82,7 @@ def _durable_and_hashed(path: str, sync: bool) -> tuple[str, int]:
     """A written file's object id and size, hashed while its fsync (with `sync`) runs in a thread."""
     fd = os.open(path, os.O_RDONLY)
     try:
-        syncing = _hasher_thread().submit(os.fsync, fd) if sync else None
+        syncing = _fsync_thread().submit(os.fsync, fd) if sync else None
         try:
             return hash_file(path), os.fstat(fd).st_size
         finally:
