@@ -7,14 +7,17 @@ middle, last piece, tail), a damaged, shortened or lengthened object is refused.
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import Future
 from pathlib import Path
 
 import pytest
 
 from spotwarp_jupyter.engine import DamagedObjectError
+from spotwarp_jupyter.engine.pages import POPULATE_PIECE
 from spotwarp_jupyter.engine.storage.local_reads import _cached_fraction
 from spotwarp_jupyter.engine.storage.store import Store
-from spotwarp_jupyter.engine.variables.load import _allocate
+from spotwarp_jupyter.engine.variables.load import _allocate, _pieces_mostly_in
 
 SIZE = 24 * 1024 * 1024 + 1234  # several read pieces and a partial one
 
@@ -52,12 +55,16 @@ def test_large_object_reads_back_whole(stored, cold):
     assert _read(store, oid) == data
 
 
-def test_a_cold_object_is_read_past_the_page_cache(stored):
-    store, oid, data, path = stored
+def _skip_without_direct_io(path: Path) -> None:
     try:
         os.close(os.open(path, os.O_RDONLY | os.O_DIRECT))
     except OSError:
         pytest.skip("this filesystem has no O_DIRECT")
+
+
+def test_a_cold_object_is_read_past_the_page_cache(stored):
+    store, oid, data, path = stored
+    _skip_without_direct_io(path)
     _evict(path)
     assert _read(store, oid) == data
     fd = os.open(path, os.O_RDONLY)
@@ -137,3 +144,28 @@ def test_restore_buffers_are_populated_chunk_by_chunk_by_the_reads(stored):
     store.read_object_into(oid, chunk)
     assert bytes(chunk) == data
     assert SIZE <= _resident_bytes(buf) < size // 2
+
+
+def _helpers() -> set[int]:
+    return {t.ident for t in threading.enumerate() if t.name.startswith("spotwarp-direct")}
+
+
+def test_cold_reads_share_helper_threads_started_once(stored):
+    store, oid, data, path = stored
+    _skip_without_direct_io(path)
+    _evict(path)
+    assert _read(store, oid) == data
+    first = _helpers()
+    _evict(path)
+    assert _read(store, oid) == data
+    # the helpers outlive each object's read, and the next object's pieces go to the same threads
+    assert first and _helpers() == first
+
+
+def test_a_chunk_read_drops_only_the_population_of_pages_it_mostly_fills():
+    size = 2 * POPULATE_PIECE + 4096
+    pieces = [Future() for _ in range(3)]
+    head = 4032  # the bytes before the buffer's first page, stored as a chunk of their own
+    assert _pieces_mostly_in(pieces, size, 0, head) == []
+    assert _pieces_mostly_in(pieces, size, head, size - head) == pieces
+    assert _pieces_mostly_in(pieces, size, head, POPULATE_PIECE) == pieces[:1]

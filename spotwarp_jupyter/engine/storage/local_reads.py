@@ -2,10 +2,12 @@
 
 An object not in the page cache (a new host, a restore after the snapshot's O_DIRECT writes) is read
 with O_DIRECT into the destination itself when that is page-aligned: the disk's DMA fills the final
-memory, with no copy out of the page cache and no page cache to fill and evict. Two helper threads per
-object keep its next pieces in flight while the reading thread hashes the pieces already in, in order;
-the last partial block comes with the last piece, into a scratch page. An object the page cache mostly holds (asked of the kernel with mincore, which reads
-nothing) is copied from there, which is faster than the disk; so is anything O_DIRECT refuses.
+memory, with no copy out of the page cache and no page cache to fill and evict. Helper threads (one set
+for the process, started once) keep an object's next pieces in flight while the reading thread hashes the
+pieces already in, in order; an object of one piece is read by the reading thread itself, with nothing to
+overlap. The last partial block comes with the last piece, into a scratch page. An object the page cache
+mostly holds (asked of the kernel with mincore, which reads nothing) is copied from there, which is faster
+than the disk; so is anything O_DIRECT refuses.
 Either way a size or hash that differs is refused before the caller uses any byte.
 SPOTWARP_DIRECT_READS=0 reads everything through the page cache.
 
@@ -22,8 +24,10 @@ import ctypes
 import errno
 import mmap
 import os
+import threading
 from collections import deque
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
+from typing import Any, Callable
 
 from .. import pages
 from ..errors import DamagedObjectError
@@ -35,6 +39,9 @@ from ..timings import phase
 READ_PIECE = 8 * 1024 * 1024
 # Pieces of one object being read at once, while the reading thread hashes the pieces already in.
 IN_FLIGHT = 2
+# Helper threads reading pieces for the whole process: IN_FLIGHT for each of a restore's reading threads
+# (load.read_pool). A piece waits for nothing but its disk, so readers sharing them never deadlock.
+HELPERS = 4 * IN_FLIGHT
 # Objects from this size up are read with O_DIRECT when cold and their destination is aligned.
 DIRECT_MIN = 4 * 1024 * 1024
 # A destination the CPU copies into (from the page cache, or an object store's bytes) gets its pages
@@ -111,14 +118,50 @@ def _cached_fraction(fd: int, size: int) -> float | None:
         _libc.munmap(address, size)
 
 
+_helpers: ThreadPoolExecutor | None = None
+_helpers_lock = threading.Lock()
+
+
+def _forget_helpers() -> None:
+    """A forked child has none of its parent's threads: it starts its own helpers when it needs them (and
+    its own lock: a parent thread may have held this one at the fork)."""
+    global _helpers, _helpers_lock
+    _helpers = None
+    _helpers_lock = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_helpers)
+
+
+def _helper_pool() -> ThreadPoolExecutor:
+    """The process's helper threads: started once, not per object (a thread's start waits until it runs,
+    milliseconds on two busy cores, and a restore reads hundreds of objects)."""
+    global _helpers
+    with _helpers_lock:
+        if _helpers is None:
+            _helpers = ThreadPoolExecutor(max_workers=HELPERS, thread_name_prefix="spotwarp-direct")
+        return _helpers
+
+
+def _run_here(fn: Callable[..., Any], *args: Any) -> Future:
+    """Run `fn` on this thread; its outcome as a finished future (the shape a pool's submit returns)."""
+    done: Future = Future()
+    try:
+        done.set_result(fn(*args))
+    except BaseException as exc:  # noqa: BLE001 - handed to the caller through the future
+        done.set_exception(exc)
+    return done
+
+
 def _read_direct(path: str, target: memoryview, hasher) -> int:
     """Read the object into `target` with O_DIRECT, IN_FLIGHT pieces at a time, hashing each in order as it
     lands; how many bytes it read (0 if refused: the rest, if any, goes through the page cache).
 
-    Helper threads read the pieces, so the disk always has this object's next pieces to read while this
-    thread hashes the last one; each read faults in its own piece's pages. The last partial block rides
-    along with the last piece into a scratch page (one request, no separate small read queued behind the
-    large ones) and is copied into place.
+    Helper threads read the pieces of an object of several, so the disk always has its next pieces to read
+    while this thread hashes the last one; each read faults in its own piece's pages. The last partial
+    block rides along with the last piece into a scratch page (one request, no separate small read queued
+    behind the large ones) and is copied into place.
     """
     whole = target.nbytes // pages.PAGE * pages.PAGE
     try:
@@ -126,43 +169,52 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
     except OSError:
         return 0  # a filesystem without O_DIRECT (tmpfs before 6.6, some overlays): read through the cache
     scratch = mmap.mmap(-1, pages.PAGE) if target.nbytes > whole else None
-    starts = iter(range(0, whole, READ_PIECE))
-    got = 0
+    submit = _helper_pool().submit if whole > READ_PIECE else _run_here
+    started: list[Future] = []
     try:
-        with ThreadPoolExecutor(max_workers=IN_FLIGHT, thread_name_prefix="spotwarp-direct") as pool:
-            queued: deque[tuple[int, int, Future]] = deque()
-
-            def queue_next() -> None:
-                start = next(starts, None)
-                if start is not None:
-                    end = min(start + READ_PIECE, whole)
-                    tail = scratch if end == whole else None
-                    queued.append((start, end, pool.submit(_read_piece, fd, target, start, end, tail)))
-
-            for _ in range(IN_FLIGHT):
-                queue_next()
-            try:
-                while queued:
-                    start, end, future = queued.popleft()
-                    n = future.result()
-                    if start != got or n <= 0:
-                        break
-                    queue_next()
-                    landed = min(n, target.nbytes - start)
-                    if landed > end - start:  # the tail, read into the scratch page
-                        target[end:start + landed] = scratch[:landed - (end - start)]
-                    with phase("hash", landed):
-                        hasher.update(target[start:start + landed])
-                    got = start + landed
-                    if landed < end - start:
-                        break  # short (the file is shorter than its size said): the rest through the cache
-            finally:
-                for _start, _end, future in queued:
-                    future.cancel()
+        got = _read_pieces(fd, target, whole, scratch, submit, started, hasher)
     finally:
-        os.close(fd)  # after the pool has finished: no read is left on this descriptor
+        for future in started:
+            future.cancel()
+        wait(started)  # no read is left on this descriptor or into the scratch page
+        os.close(fd)
         if scratch is not None:
             scratch.close()
+    return got
+
+
+def _read_pieces(fd: int, target: memoryview, whole: int, scratch: mmap.mmap | None,
+                 submit: Callable[..., Future], started: list[Future], hasher) -> int:
+    """`_read_direct`'s loop: queue IN_FLIGHT pieces (each future also put in `started`), hash each in order
+    as it lands and queue the next; the bytes read and hashed."""
+    starts = iter(range(0, whole, READ_PIECE))
+    queued: deque[tuple[int, int, Future]] = deque()
+    got = 0
+
+    def queue_next() -> None:
+        start = next(starts, None)
+        if start is not None:
+            end = min(start + READ_PIECE, whole)
+            tail = scratch if end == whole else None
+            queued.append((start, end, submit(_read_piece, fd, target, start, end, tail)))
+            started.append(queued[-1][2])
+
+    for _ in range(IN_FLIGHT):
+        queue_next()
+    while queued:
+        start, end, future = queued.popleft()
+        n = future.result()
+        if start != got or n <= 0:
+            break
+        queue_next()
+        landed = min(n, target.nbytes - start)
+        if landed > end - start:  # the tail, read into the scratch page
+            target[end:start + landed] = scratch[:landed - (end - start)]
+        with phase("hash", landed):
+            hasher.update(target[start:start + landed])
+        got = start + landed
+        if landed < end - start:
+            break  # short (the file is shorter than its size said): the rest through the cache
     return got
 
 

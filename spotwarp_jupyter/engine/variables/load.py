@@ -113,6 +113,21 @@ def _populate(piece: memoryview) -> None:
         pages.populate_view(piece)
 
 
+def _pieces_mostly_in(ahead: list[Future], size: int, offset: int, length: int) -> list[Future]:
+    """The population pieces of a `size`-byte buffer (POPULATE_PIECE bytes each, in order) lying mostly in
+    [offset, offset + length): those the chunk's read fills and would fault in itself. A buffer's head chunk
+    (the bytes before its first page) leaves the piece holding it to the populating thread: the next chunk's
+    read fills nearly all of that piece."""
+    piece = pages.POPULATE_PIECE
+    end = offset + length
+    out = []
+    for i in range(offset // piece, min(len(ahead), -(-end // piece))):
+        start, stop = i * piece, min((i + 1) * piece, size)
+        if 2 * (min(stop, end) - max(start, offset)) >= stop - start:
+            out.append(ahead[i])
+    return out
+
+
 # a chunk already queued in this group: its read and where it lands (a later equal chunk is copied from there)
 Placed = tuple[Future, memoryview]
 
@@ -168,7 +183,7 @@ def _fill(store: Store, buf: BufferRecord, pool: ThreadPoolExecutor, placed: dic
     offset = 0
     for chunk in chunks:
         oid, part = chunk.id, view[offset:offset + chunk.size]
-        pieces = ahead[offset // pages.POPULATE_PIECE:-(-(offset + chunk.size) // pages.POPULATE_PIECE)]
+        pieces = _pieces_mostly_in(ahead, view.nbytes, offset, chunk.size)
         offset += chunk.size
         first = placed.get(oid)
         if first is not None and first[1].nbytes == part.nbytes:
