@@ -127,14 +127,25 @@ def _main_attr(name: str) -> Any:
 
 
 class _Reducer:
-    """The reducer_override shared by the C and the dill picklers."""
+    """The reducer_override shared by the C and the dill picklers.
+
+    The C pickler calls it for every object that is not a plain str, number, list, tuple, dict or set (each
+    instance of a notebook class, say): each type's route is looked up once per pickler, in a plain dict
+    (`_routes`), so an object of a type with no route of its own costs one dict lookup here."""
 
     _by_value: set[int]
+    _routes: dict[type, str | None]
     requires: set[str]
     autograd: dict[int, str]
 
     def reducer_override(self, obj: Any):  # noqa: D401 - pickle hook
-        kind = _kind_of(type(obj))
+        cls = type(obj)
+        try:
+            kind = self._routes[cls]
+        except KeyError:
+            kind = self._routes[cls] = _kind_of(cls)
+        except TypeError:  # a metaclass that leaves its classes unhashable
+            kind = _kind_of(cls)
         if kind is None:
             return NotImplemented
         if kind == "tensor":
@@ -191,6 +202,7 @@ class _CPickler(_Reducer, pickle.Pickler):
     def __init__(self, file, buffers: list, by_value: set[int]):
         super().__init__(file, protocol=PROTOCOL, buffer_callback=buffers.append)
         self._by_value = by_value
+        self._routes = {}
         self.requires = set()
         self.autograd = {}
 
@@ -202,6 +214,7 @@ class _DillPickler(_Reducer, dill.Pickler):
         dill.Pickler.__init__(self, file, protocol=PROTOCOL, buffer_callback=callback, recurse=False, byref=False)
         self._main = _main_module()
         self._by_value = by_value
+        self._routes = {}
         self.requires = set()
         self.autograd = {}
 

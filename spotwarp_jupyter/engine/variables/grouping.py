@@ -21,6 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 _ATOMIC = frozenset({int, float, complex, str, bytes, bool, type(None), range, slice, type(Ellipsis)})
 _STOP = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
          types.CodeType, types.FrameType)
+_METHODS = frozenset({types.MethodType, types.BuiltinMethodType})
 
 
 def _bound_to(obj: Any) -> Any:
@@ -176,6 +177,8 @@ def shared_groups(values: Mapping[str, Any], budget: int = 3_000_000) -> list[li
                 if type(obj) in _ATOMIC:
                     continue
                 if isinstance(obj, _STOP):
+                    if type(obj) not in _METHODS:  # a class (each instance's), a function, a module: not walked
+                        continue
                     obj = _bound_to(obj)
                     if obj is None:
                         continue
