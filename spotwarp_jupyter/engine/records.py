@@ -154,7 +154,6 @@ def readable_groups(groups: Iterable[Any]) -> list[GroupRecord]:
     return out
 
 
-
 def stored_objects(doc: Mapping[str, Any]) -> dict[str, int]:
     """object id -> size of every object a stored group names, read from its refs alone: a group whose other
     fields cannot be read (a restore refuses it) still has its objects named in the manifests that carry it,

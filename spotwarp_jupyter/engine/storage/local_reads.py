@@ -170,23 +170,20 @@ def _read_direct(path: str, target: memoryview, hasher) -> int:
         return 0  # a filesystem without O_DIRECT (tmpfs before 6.6, some overlays): read through the cache
     scratch = mmap.mmap(-1, pages.PAGE) if target.nbytes > whole else None
     submit = _helper_pool().submit if whole > READ_PIECE else _run_here
-    started: list[Future] = []
     try:
-        got = _read_pieces(fd, target, whole, scratch, submit, started, hasher)
+        got = _read_pieces(fd, target, whole, scratch, submit, hasher)
     finally:
-        for future in started:
-            future.cancel()
-        wait(started)  # no read is left on this descriptor or into the scratch page
-        os.close(fd)
+        os.close(fd)  # _read_pieces has waited for its reads: none is left on this descriptor
         if scratch is not None:
             scratch.close()
     return got
 
 
 def _read_pieces(fd: int, target: memoryview, whole: int, scratch: mmap.mmap | None,
-                 submit: Callable[..., Future], started: list[Future], hasher) -> int:
-    """`_read_direct`'s loop: queue IN_FLIGHT pieces (each future also put in `started`), hash each in order
-    as it lands and queue the next; the bytes read and hashed."""
+                 submit: Callable[..., Future], hasher) -> int:
+    """`_read_direct`'s loop: queue IN_FLIGHT pieces, hash each in order as it lands and queue the next; the
+    bytes read and hashed. It returns (or raises) only once no read it queued is left running: the helper
+    threads outlive it, and a read still running would land in `target` or `scratch` after the caller is done."""
     starts = iter(range(0, whole, READ_PIECE))
     queued: deque[tuple[int, int, Future]] = deque()
     got = 0
@@ -197,24 +194,29 @@ def _read_pieces(fd: int, target: memoryview, whole: int, scratch: mmap.mmap | N
             end = min(start + READ_PIECE, whole)
             tail = scratch if end == whole else None
             queued.append((start, end, submit(_read_piece, fd, target, start, end, tail)))
-            started.append(queued[-1][2])
 
-    for _ in range(IN_FLIGHT):
-        queue_next()
-    while queued:
-        start, end, future = queued.popleft()
-        n = future.result()
-        if start != got or n <= 0:
-            break
-        queue_next()
-        landed = min(n, target.nbytes - start)
-        if landed > end - start:  # the tail, read into the scratch page
-            target[end:start + landed] = scratch[:landed - (end - start)]
-        with phase("hash", landed):
-            hasher.update(target[start:start + landed])
-        got = start + landed
-        if landed < end - start:
-            break  # short (the file is shorter than its size said): the rest through the cache
+    try:
+        for _ in range(IN_FLIGHT):
+            queue_next()
+        while queued:
+            start, end, future = queued.popleft()
+            n = future.result()
+            if start != got or n <= 0:
+                break
+            queue_next()
+            landed = min(n, target.nbytes - start)
+            if landed > end - start:  # the tail, read into the scratch page
+                target[end:start + landed] = scratch[:landed - (end - start)]
+            with phase("hash", landed):
+                hasher.update(target[start:start + landed])
+            got = start + landed
+            if landed < end - start:
+                break  # short (the file is shorter than its size said): the rest through the cache
+    finally:
+        left = [future for _start, _end, future in queued]
+        for future in left:
+            future.cancel()
+        wait(left)
     return got
 
 

@@ -28,7 +28,7 @@ def _bound_to(obj: Any) -> Any:
     """The object a bound method (`r.random`, `model.forward`) is bound to; None for anything else.
 
     Code is not walked (it is saved by name), but what a method is bound to is shared with it."""
-    if type(obj) is types.MethodType or type(obj) is types.BuiltinMethodType:
+    if type(obj) in _METHODS:
         bound = obj.__self__
         if bound is not None and not isinstance(bound, (types.ModuleType, type)):
             return bound
